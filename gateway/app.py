@@ -1,0 +1,84 @@
+"""The gateway's HTTP surfaces: the public OpenAI API and the operator listener (/metrics)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.errors import InvalidRequest
+from gateway.observability.metrics import Metrics
+from gateway.proxy.handler import ProxyHandler
+from gateway.units import UnitRegistry
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def public_app(
+    config: Config, proxy: ProxyHandler, units: UnitRegistry, draining: Callable[[], bool]
+) -> web.Application:
+    app = web.Application(client_max_size=config.gateway.max_body_bytes, middlewares=[_json_errors])
+    created = int(time.time())
+    models_body = orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": created, "owned_by": "unitgate"}
+                for m in config.gateway.models
+            ],
+        }
+    )
+
+    async def models(_: web.Request) -> web.Response:
+        return web.Response(body=models_body, content_type="application/json")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return _json(200, {"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if draining():
+            return _json(503, {"status": "draining"})
+        if not units.any_routable():
+            return _json(503, {"status": "no routable unit"})
+        return _json(200, {"status": "ready"})
+
+    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
+    app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def ops_app(metrics: Metrics) -> web.Application:
+    app = web.Application(middlewares=[_json_errors])
+
+    async def render(_: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
+        )
+
+    app.router.add_get("/metrics", render)
+    return app
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 404/405 pages are HTML; OpenAI clients expect a JSON error body."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        err = InvalidRequest(f"{request.method} {request.path}: {exc.reason}", status=exc.status)
+        response = err.response()
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return response
+
+
+def _json(status: int, payload: object) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")

@@ -1,0 +1,102 @@
+"""`unitgate` command line: one entry point, subcommands resolved lazily.
+
+Subcommands import their implementation only when chosen, so `unitgate gateway` does not pay
+for (or require) the engine's or the load tester's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gateway.config import Config, ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "sim":  # the simulator owns its flags
+        from loadtest.simunits.cli import main as sim_main
+
+        code: int = sim_main(args[1:])
+        return code
+    parser = _parser()
+    ns = parser.parse_args(args)
+    logging.basicConfig(
+        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(ns.config)
+    except ConfigError as exc:
+        print(f"unitgate: {exc}", file=sys.stderr)
+        return 2
+    if ns.command == "gateway":
+        return _run_gateway(config, ns.ready_file)
+    return _up(config, Path(ns.config))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unitgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gw = sub.add_parser("gateway", help="run the gateway")
+    up = sub.add_parser("up", help="run a local cluster of units plus the gateway (the demo)")
+    for p in (gw, up):
+        p.add_argument(
+            "--config", default="config.toml", help="TOML config (default: ./config.toml)"
+        )
+        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    gw.add_argument(
+        "--ready-file", type=Path, help="write bound addresses here as JSON once listening"
+    )
+    up.add_argument(
+        "--simulated",
+        action="store_true",
+        required=True,
+        help="serve simulated units (a test tool) at the unit URLs of the config",
+    )
+    sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
+    return parser
+
+
+def _run_gateway(config: Config, ready_file: Path | None) -> int:
+    import uvloop
+
+    from gateway.server import serve
+
+    uvloop.run(serve(config, ready_file))
+    return 0
+
+
+def _up(config: Config, config_path: Path) -> int:
+    """Start simulated units on the config's unit URLs, then the gateway in the foreground."""
+    ready = config_path.with_name(".unitgate-sim.ready")
+    ready.unlink(missing_ok=True)
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loadtest.simunits",
+            "--from-config",
+            str(config_path),
+            "--ready-file",
+            str(ready),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if sim.poll() is not None or time.monotonic() > deadline:
+                print("unitgate: simulated units failed to start", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+        return _run_gateway(config, None)
+    finally:
+        sim.terminate()
+        try:
+            sim.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+        ready.unlink(missing_ok=True)

@@ -1,0 +1,1 @@
+"""Metrics and logs. Observers read the request path's state; they never steer it."""

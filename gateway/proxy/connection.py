@@ -1,0 +1,219 @@
+"""Raw HTTP/1.1 keep-alive connections to leaders, parsed with httptools.
+
+Why not aiohttp's client: it parses and de-chunks each upstream read into a StreamReader and
+wakes the handler task once per SSE event; the server side then re-chunks it. On a 64-token
+stream that is most of the gateway's CPU. Here the connection's own `data_received` callback
+hands body bytes straight to a sink (the client's transport, see relay.py), with no task
+switch per event, and the request task sleeps until the answer ends or needs attention.
+
+A connection serves one request at a time; `ConnectionPool` keeps idle ones per leader (LIFO,
+so a few warm connections serve a light load and the rest expire).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import httptools
+
+# (body pieces, answer complete) -> None; called from data_received while relaying.
+Sink = Callable[[list[bytes], bool], None]
+
+
+class ConnectionBroken(ConnectionError):
+    """The connection closed or sent something that is not HTTP."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.head_done = False
+        self.complete = False
+        self.error: BaseException | None = None
+        self.body: list[bytes] = []
+        self.sink: Sink | None = None
+        self.last_data = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(ConnectionBroken(f"invalid HTTP from the unit: {exc}"))
+            self.abort()
+            return
+        if self.sink is not None:
+            if self.body or self.complete:
+                pieces, self.body = self.body, []
+                self.sink(pieces, self.complete)
+        else:
+            self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.head_done and not self.complete and not self._framed():
+            self.on_message_complete()  # a close-delimited body ends with the connection
+            if self.sink is not None:
+                pieces, self.body = self.body, []
+                self.sink(pieces, True)
+        elif not self.complete:
+            self.fail(
+                ConnectionBroken("the unit closed the connection" + (f": {exc}" if exc else ""))
+            )
+        self._wake()
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    # -- used by the request task -----------------------------------------------------------
+
+    def send(self, head: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(head + body)
+
+    async def wait_for(self, ready: Callable[[], bool]) -> None:
+        """Sleep until `ready()` holds, re-checked after each read; raise if the answer failed."""
+        while True:
+            if self.error is not None:
+                raise self.error
+            if ready():
+                return
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        self._wake()
+
+    def wake(self) -> None:
+        self._wake()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def reusable(self) -> bool:
+        return self.complete and not self.closed and self.parser.should_keep_alive()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _framed(self) -> bool:
+        return b"content-length" in self.headers or b"chunked" in self.headers.get(
+            b"transfer-encoding", b""
+        )
+
+
+class Endpoint:
+    """A leader's address, parsed once; `target` is the request line's prefix path."""
+
+    __slots__ = ("host", "host_header", "port", "ssl")
+
+    def __init__(self, base_url: str) -> None:
+        parts = urlsplit(base_url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.ssl = parts.scheme == "https"
+        self.port = parts.port or (443 if self.ssl else 80)
+        self.host_header = parts.netloc.encode()
+
+
+class ConnectionPool:
+    """Idle keep-alive connections per leader, bounded in age and (optionally) in total."""
+
+    def __init__(self, connect_timeout: float, keepalive_timeout: float, limit: int) -> None:
+        self.connect_timeout = connect_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
+        self._limit = asyncio.Semaphore(limit) if limit > 0 else None
+        self._ssl: ssl.SSLContext | None = None
+        self._all: set[UpstreamConnection] = set()
+
+    async def acquire(self, endpoint: Endpoint) -> UpstreamConnection:
+        if self._limit is not None:
+            await self._limit.acquire()
+        try:
+            return self._reuse(endpoint) or await self._connect(endpoint)
+        except BaseException:
+            if self._limit is not None:
+                self._limit.release()
+            raise
+
+    def release(self, endpoint: Endpoint, conn: UpstreamConnection) -> None:
+        """Return a connection after its answer ended; keep it only if it is clean."""
+        if self._limit is not None:
+            self._limit.release()
+        if not conn.reusable():
+            conn.abort()
+            self._all.discard(conn)
+            return
+        conn._reset()
+        conn.idle_since = conn.loop.time()
+        self._idle.setdefault((endpoint.host, endpoint.port), []).append(conn)
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.abort()
+        self._all.clear()
+        self._idle.clear()
+
+    def _reuse(self, endpoint: Endpoint) -> UpstreamConnection | None:
+        idle = self._idle.get((endpoint.host, endpoint.port))
+        while idle:
+            conn = idle.pop()
+            fresh = conn.loop.time() - conn.idle_since < self.keepalive_timeout
+            if fresh and not conn.closed:
+                return conn
+            conn.abort()
+            self._all.discard(conn)
+        return None
+
+    async def _connect(self, endpoint: Endpoint) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        if endpoint.ssl and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        async with asyncio.timeout(self.connect_timeout):
+            _, conn = await loop.create_connection(
+                lambda: UpstreamConnection(loop),
+                endpoint.host,
+                endpoint.port,
+                ssl=self._ssl if endpoint.ssl else None,
+            )
+        self._all.add(conn)
+        return conn

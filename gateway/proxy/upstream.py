@@ -1,0 +1,126 @@
+"""The upstream client: sends a request to a unit's leader and waits for its first bytes.
+
+`open()` returns only once the answer's first body bytes are in hand (the whole body for a
+non-streamed answer), so every failure up to that point is still invisible to the client and
+can be retried elsewhere. Each failure is classified here, where it is understood, into an
+UpstreamError that carries its retryability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from gateway.config import Config
+from gateway.errors import UpstreamError
+from gateway.proxy.connection import ConnectionBroken, ConnectionPool, Endpoint, UpstreamConnection
+
+_SSE = b"text/event-stream"
+
+
+@dataclass(slots=True)
+class Answer:
+    """A unit's answer whose head (and first bytes) arrived in time."""
+
+    status: int
+    content_type: str
+    first: bytes
+    # Set while the body is still streaming; None once `first` is the complete body.
+    connection: UpstreamConnection | None
+    endpoint: Endpoint
+
+    @property
+    def streaming(self) -> bool:
+        return self.connection is not None
+
+
+class UpstreamClient:
+    def __init__(self, config: Config) -> None:
+        u = config.upstream
+        self.pool = ConnectionPool(config.timeouts.connect, u.keepalive_timeout, u.max_connections)
+        self._endpoints: dict[str, Endpoint] = {}
+
+    async def close(self) -> None:
+        self.pool.close()
+
+    def finish(self, answer: Answer) -> None:
+        """Hand a streamed answer's connection back (kept only if the answer ended cleanly)."""
+        if answer.connection is not None:
+            self.pool.release(answer.endpoint, answer.connection)
+            answer.connection = None
+
+    async def open(
+        self,
+        unit_id: str,
+        base_url: str,
+        path: str,
+        body: bytes,
+        request_id: str,
+        first_byte_at: float,
+    ) -> Answer:
+        """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in."""
+        endpoint = self._endpoints.get(base_url) or self._endpoints.setdefault(
+            base_url, Endpoint(base_url)
+        )
+        conn: UpstreamConnection | None = None
+        try:
+            async with asyncio.timeout_at(first_byte_at):
+                conn = await self.pool.acquire(endpoint)
+                conn.send(_head(endpoint, path, len(body), request_id), body)
+                await conn.wait_for(lambda: _ready(conn))
+            return self._answer(unit_id, endpoint, conn)
+        except BaseException as exc:
+            if conn is not None:
+                self.pool.release(endpoint, conn)  # not clean: closed, so the unit sees the abort
+            raise _classify(unit_id, exc, connected=conn is not None) from exc
+
+    def _answer(self, unit_id: str, endpoint: Endpoint, conn: UpstreamConnection) -> Answer:
+        first = b"".join(conn.body)
+        conn.body.clear()
+        content_type = conn.headers.get(b"content-type", b"application/json").decode("latin-1")
+        if conn.status >= 500:
+            detail = first[:300].decode("utf-8", "replace")
+            raise UpstreamError(
+                unit_id,
+                "status",
+                f"HTTP {conn.status} {detail}",
+                retryable=True,
+                status=conn.status,
+            )
+        if conn.complete:
+            self.pool.release(endpoint, conn)
+            return Answer(conn.status, content_type, first, None, endpoint)
+        return Answer(conn.status, content_type, first, conn, endpoint)
+
+
+def _ready(conn: UpstreamConnection) -> bool:
+    if conn.complete:
+        return True
+    if not conn.head_done or conn.status >= 500:
+        return False
+    return bool(conn.body) and conn.headers.get(b"content-type", b"").startswith(_SSE)
+
+
+def _head(endpoint: Endpoint, path: str, length: int, request_id: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
+        f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {length}\r\n"
+        f"x-request-id: {request_id}\r\n\r\n"
+    ).encode("latin-1")
+
+
+def _classify(unit_id: str, exc: BaseException, *, connected: bool) -> BaseException:
+    """Map a failure to an UpstreamError; cancellation and our own errors pass unchanged."""
+    if isinstance(exc, UpstreamError | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        if not connected:
+            return UpstreamError(unit_id, "connect", "connect timed out", retryable=True)
+        return UpstreamError(unit_id, "first_byte_timeout", "no answer in time", retryable=True)
+    if isinstance(exc, ConnectionBroken):
+        kind = "protocol" if "invalid HTTP" in str(exc) else "reset"
+        return UpstreamError(unit_id, kind, str(exc), retryable=True)
+    if isinstance(exc, OSError):
+        kind = "connect" if not connected else "reset"
+        return UpstreamError(unit_id, kind, f"{type(exc).__name__}: {exc}", retryable=True)
+    return exc

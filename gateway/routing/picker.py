@@ -1,0 +1,51 @@
+"""Power-of-two-choices over the ready units, by weighted outstanding requests.
+
+Two random candidates and the lighter one wins: nearly as good as least-loaded, without the
+herding that a global minimum causes when many requests arrive between load updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from random import Random
+from typing import Protocol, TypeVar
+
+
+class Loaded(Protocol):
+    """What the picker needs to know about a unit."""
+
+    @property
+    def inflight(self) -> int: ...
+
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def cap(self) -> int: ...
+
+
+U = TypeVar("U", bound=Loaded)
+
+
+def has_room(unit: Loaded) -> bool:
+    return unit.inflight < unit.cap
+
+
+def weighted_load(unit: Loaded) -> float:
+    # +1 counts the request being placed, so an idle heavy unit still beats an idle light one.
+    return (unit.inflight + 1) / unit.weight
+
+
+def pick_p2c(ready: Sequence[U], rng: Random) -> U | None:
+    """Pick from units that all have room; None when there are none."""
+    n = len(ready)
+    if n == 0:
+        return None
+    if n == 1:
+        return ready[0]
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    if j >= i:
+        j += 1
+    a, b = ready[i], ready[j]
+    return a if weighted_load(a) <= weighted_load(b) else b

@@ -1,0 +1,121 @@
+"""Gateway lifecycle: build the parts, start the listeners, drain and stop in reverse order.
+
+Shutdown is one routine: mark draining (readyz turns 503), close the listeners, let in-flight
+answers finish for up to `shutdown_timeout`, cancel what is left, then close the upstream pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+
+from gateway.app import ops_app, public_app
+from gateway.config import Config
+from gateway.observability.metrics import Metrics
+from gateway.proxy.handler import ProxyHandler
+from gateway.proxy.upstream import UpstreamClient
+from gateway.routing.admission import Admission
+from gateway.units import UnitRegistry
+
+log = logging.getLogger("unitgate")
+
+
+class Gateway:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.units = UnitRegistry(config)
+        a = config.admission
+        self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after)
+        self.units.on_change(lambda *_: self.admission.wake_all())
+        self.metrics = Metrics(self.units, lambda: self.admission.queued)
+        self.draining = False
+        self.public_url = ""
+        self.metrics_url = ""
+        self._runners: list[web.AppRunner] = []
+        self._upstream: UpstreamClient | None = None
+
+    async def start(self) -> None:
+        self._upstream = UpstreamClient(self.config)
+        proxy = ProxyHandler(self.config, self.units, self.admission, self._upstream, self.metrics)
+        g, m = self.config.gateway, self.config.metrics
+        try:
+            self.metrics_url = await self._listen(ops_app(self.metrics), m.host, m.port, 5.0)
+            app = public_app(self.config, proxy, self.units, lambda: self.draining)
+            self.public_url = await self._listen(app, g.host, g.port, g.shutdown_timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "gateway listening on %s (metrics %s/metrics), %d units",
+            self.public_url,
+            self.metrics_url,
+            len(self.units.units),
+        )
+
+    async def stop(self) -> None:
+        self.draining = True
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        if self._upstream is not None:
+            await self._upstream.close()
+            self._upstream = None
+
+    async def _listen(self, app: web.Application, host: str, port: int, drain: float) -> str:
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=drain,
+            keepalive_timeout=75,
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        host, port = runner.addresses[-1][:2]
+        return f"http://{host}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def running(config: Config) -> AsyncIterator[Gateway]:
+    """A started gateway for the duration of the block (tests, embedding)."""
+    gateway = Gateway(config)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def serve(config: Config, ready_file: Path | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then drain."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with running(config) as gateway:
+        if ready_file is not None:
+            _write_ready(ready_file, gateway)
+        await stop.wait()
+        log.info("signal received: draining for up to %g s", config.gateway.shutdown_timeout)
+        gateway.draining = True
+    log.info("gateway stopped")
+
+
+def _write_ready(path: Path, gateway: Gateway) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(
+        orjson.dumps(
+            {"pid": os.getpid(), "public": gateway.public_url, "metrics": gateway.metrics_url}
+        )
+    )
+    tmp.replace(path)

@@ -1,0 +1,177 @@
+"""OpenAI-compatible API of a simulated unit's leader node (test tool).
+
+Faults are applied here, in one place, from the plain data the control API stored: the
+fault is picked at admission and then decides how far the normal path runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from loadtest.simunits.jsonhttp import json_response
+from loadtest.simunits.openai_format import (
+    DONE_EVENT,
+    Bodies,
+    GenRequest,
+    Kind,
+    completion_length,
+    error_body,
+    parse_request,
+    sse_event,
+)
+from loadtest.simunits.params import ParamError
+from loadtest.simunits.state import Fault, FaultMode, Settings
+from loadtest.simunits.unit import SimUnit, wait_forever
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """What all leaders of one simulator share."""
+
+    model: str
+    max_tokens_cap: int
+    created: int
+    ids: itertools.count[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One admitted generation request on its way through the simulated engine."""
+
+    req: GenRequest
+    bodies: Bodies
+    settings: Settings
+    fault: Fault
+    count: int
+    finish_reason: str
+
+    @property
+    def cut_after(self) -> int | None:
+        """Tokens to send before a stall or drop strikes; it strikes even on short outputs."""
+        if self.fault.mode in (FaultMode.STALL, FaultMode.DROP):
+            return min(self.fault.after_tokens, self.count)
+        return None
+
+
+class LeaderApi:
+    def __init__(self, unit: SimUnit, config: ServeConfig) -> None:
+        self._unit = unit
+        self._config = config
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/v1/models", self.models),
+            web.post("/v1/chat/completions", self.chat),
+            web.post("/v1/completions", self.completions),
+        ]
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self._config.model,
+            "object": "model",
+            "created": self._config.created,
+            "owned_by": "unitgate-sim",
+        }
+        return json_response({"object": "list", "data": [model]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    def _new_id(self, request: web.Request, kind: Kind) -> str:
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        given = request.headers.get("x-request-id")
+        return prefix + (given if given else f"sim-{next(self._config.ids)}")
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        try:
+            req = parse_request(kind, orjson.loads(await request.read()), self._config.model)
+        except orjson.JSONDecodeError:
+            return json_response(error_body("request body is not valid JSON"), 400)
+        except ParamError as exc:
+            return json_response(error_body(str(exc)), 400)
+        state = self._unit.state
+        count, finish = completion_length(req, state.settings.tokens, self._config.max_tokens_cap)
+        bodies = Bodies(req, self._new_id(request, kind), self._config.created)
+        job = _Job(req, bodies, state.settings, state.admit(), count, finish)
+        try:
+            response, failed = await self._serve(request, job)
+        except asyncio.CancelledError:
+            state.finish_cancelled(time.time())
+            raise
+        except ConnectionError:
+            # The client left between two writes, before aiohttp cancelled us; the
+            # placeholder fails quietly on the dead transport.
+            state.finish_cancelled(time.time())
+            return web.Response()
+        if failed:
+            state.finish_failed()
+        else:
+            state.finish_completed()
+        return response
+
+    async def _serve(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
+        """Run the request to its end; the flag says whether an injected fault ended it."""
+        mode = job.fault.mode
+        if mode is FaultMode.ERROR:
+            kind = "server_error" if job.fault.status >= 500 else "invalid_request_error"
+            body = error_body(f"simulated fault: HTTP {job.fault.status}", kind)
+            return json_response(body, job.fault.status), True
+        if mode is FaultMode.REFUSE:
+            # Reached only by a request that slipped in while the socket was closing.
+            return _abort(request, web.Response()), True
+        if mode is FaultMode.HANG:
+            await wait_forever()
+        if job.req.stream:
+            return await self._stream(request, job)
+        return await self._whole(request, job)
+
+    async def _whole(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
+        cut = job.cut_after
+        for index in range(job.count if cut is None else cut):
+            await self._unit.emit(index, job.settings)
+        if job.fault.mode is FaultMode.STALL:
+            await self._unit.stall_forever()
+        if job.fault.mode is FaultMode.DROP:
+            return _abort(request, web.Response()), True
+        return json_response(job.bodies.full(job.count, job.finish_reason)), False
+
+    async def _stream(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        bodies = job.bodies
+        cut = job.cut_after
+        for index in range(job.count if cut is None else cut):
+            await self._unit.emit(index, job.settings)
+            if index == 0 and job.req.kind == "chat":
+                await response.write(sse_event(bodies.role_chunk()))
+            await response.write(sse_event(bodies.token_chunk(index)))
+        if job.fault.mode is FaultMode.STALL:
+            await self._unit.stall_forever()
+        if job.fault.mode is FaultMode.DROP:
+            return _abort(request, response), True
+        await response.write(sse_event(bodies.finish_chunk(job.finish_reason)))
+        if job.req.include_usage:
+            await response.write(sse_event(bodies.usage_chunk(job.count)))
+        await response.write(DONE_EVENT)
+        await response.write_eof()
+        return response, False
+
+
+def _abort(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """Reset the TCP connection so the client sees a broken transfer, not a clean end."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    return response

@@ -1,0 +1,134 @@
+"""Per-unit state of the simulated units (a test tool): settings, faults, health modes, stats.
+
+Kept free of I/O and asyncio so the rules that tests and the gateway rely on (when a
+counted fault runs out, what a reset keeps) live in one place and can be read on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class FaultMode(StrEnum):
+    NONE = "none"
+    ERROR = "error"
+    REFUSE = "refuse"
+    HANG = "hang"
+    STALL = "stall"
+    DROP = "drop"
+
+
+class HealthMode(StrEnum):
+    OK = "ok"
+    UNHEALTHY = "unhealthy"
+    UNRESPONSIVE = "unresponsive"
+    SLOW = "slow"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    ttft_ms: float = 20.0
+    itl_ms: float = 10.0
+    tokens: int = 16
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What the leader does to the next requests; `count=None` means until cleared."""
+
+    mode: FaultMode = FaultMode.NONE
+    count: int | None = None
+    status: int = 500
+    after_tokens: int = 2
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+NO_FAULT = Fault()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    mode: HealthMode = HealthMode.OK
+    delay_ms: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters since the last reset, plus the gauges `in_flight` and `step`.
+
+    `cancelled` counts requests whose client went away (including while hung or
+    stalled); `failed` counts requests answered with an injected error or drop.
+    """
+
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    last_cancel_time: float | None = None
+    step: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class UnitState:
+    unit_id: str
+    defaults: Settings
+    settings: Settings
+    health: list[NodeHealth]
+    fault: Fault = NO_FAULT
+    stats: Stats = field(default_factory=Stats)
+
+    @classmethod
+    def new(cls, unit_id: str, node_count: int, defaults: Settings) -> UnitState:
+        return cls(unit_id, defaults, defaults, [NodeHealth()] * node_count)
+
+    def admit(self) -> Fault:
+        """Count a new request and return the fault it must suffer.
+
+        A counted fault is consumed here, at admission, so "the next N requests" means
+        the next N to arrive regardless of how long each one takes to finish.
+        """
+        self.stats.requests += 1
+        self.stats.in_flight += 1
+        fault = self.fault
+        if fault.count is not None:
+            left = fault.count - 1
+            self.fault = dataclasses.replace(fault, count=left) if left > 0 else NO_FAULT
+        return fault
+
+    def finish_completed(self) -> None:
+        self.stats.in_flight -= 1
+        self.stats.completed += 1
+
+    def finish_failed(self) -> None:
+        self.stats.in_flight -= 1
+        self.stats.failed += 1
+
+    def finish_cancelled(self, wall_time: float) -> None:
+        self.stats.in_flight -= 1
+        self.stats.cancelled += 1
+        self.stats.last_cancel_time = wall_time
+
+    def reset(self) -> None:
+        """Back to defaults; `in_flight` and `step` are gauges of live work, so they survive.
+
+        Zeroing `in_flight` would drive it negative as running requests finish, and a
+        step counter going backwards would look like an engine restart to the gateway.
+        """
+        self.settings = self.defaults
+        self.fault = NO_FAULT
+        self.health = [NodeHealth()] * len(self.health)
+        self.stats = Stats(in_flight=self.stats.in_flight, step=self.stats.step)

@@ -1,0 +1,71 @@
+"""Config loading: defaults, and errors that name the bad key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, config_from_dict, load_config
+
+UNIT = {"id": "u0", "leader": "http://127.0.0.1:9000"}
+
+
+def test_repository_config_loads() -> None:
+    config = load_config(Path(__file__).parents[2] / "config.toml")
+    assert [u.id for u in config.units] == ["u0", "u1"]
+    assert config.units[0].nodes[0] == config.units[0].leader
+
+
+def test_defaults() -> None:
+    config = config_from_dict({"units": [UNIT]})
+    assert config.gateway.port == 8080 and config.metrics.port == 8081
+    assert config.units[0].nodes == ("http://127.0.0.1:9000",)
+    assert config.unit_cap(config.units[0]) == config.admission.unit_max_inflight
+    assert config.upstream.max_connections == 0
+
+
+def test_ints_accepted_for_floats() -> None:
+    assert config_from_dict({"timeouts": {"idle": 5}}).timeouts.idle == 5.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"gatway": {}}, "unknown key [gatway]"),
+        ({"gateway": {"prot": 1}}, "unknown key [gateway].prot"),
+        ({"gateway": {"port": "80"}}, "[gateway].port must be of type int"),
+        ({"gateway": {"port": 70000}}, "[gateway].port must be 0..65535"),
+        ({"gateway": {"port": True}}, "[gateway].port must be of type int"),
+        ({"timeouts": {"first_byte": -1}}, "[timeouts].first_byte must be a positive number"),
+        ({"routing": {"affinity": "sticky"}}, "[routing].affinity must be one of"),
+        ({"retry": {"budget_ratio": 2}}, "[retry].budget_ratio must be 0..1"),
+        ({"units": [{"id": "u0"}]}, "missing required key [units][0].leader"),
+        (
+            {"units": [{"id": "u0", "leader": "127.0.0.1:9"}]},
+            "[units][0].leader must be a base URL",
+        ),
+        ({"units": [UNIT, UNIT]}, "unit ids must be unique"),
+        ({"units": [{**UNIT, "weight": 0}]}, "[units][0].weight must be > 0"),
+        ({"units": [{**UNIT, "models": ["x"]}]}, "lists models not in [gateway].models"),
+        ({"units": {"id": "u0"}}, "[units] must be a list"),
+        ({"gateway": 3}, "[gateway] must be a table"),
+    ],
+)
+def test_errors_name_the_key(raw: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert needle in str(err.value)
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gateway\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("[timeouts]\nidle = 'x'\n")
+    with pytest.raises(ConfigError, match=r"wrong\.toml: \[timeouts\]\.idle"):
+        load_config(wrong)

@@ -1,0 +1,68 @@
+"""Malformed requests get a 4xx OpenAI-style error and never reach a unit."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from gateway.server import Gateway
+from tests.support import MODEL, SimProcess, chat_body, sim_total
+
+CHAT = "/v1/chat/completions"
+USER = b'"messages": [{"role": "user", "content": "x"}]'
+BAD = [
+    (b"{oops", 400, "not valid JSON"),
+    (b'{"model": "unitgate-sim", "messages": [{"role": "user", "content": "\xff"}]}', 400, "UTF-8"),
+    (b"{" + USER + b"}", 400, "'model'"),
+    (b'{"model": "unitgate-sim"}', 400, "'messages'"),
+    (b'{"model": 1, "messages": []}', 400, "'model' must be a string"),
+    (b'{"model": "gpt-9", ' + USER + b"}", 404, "does not exist"),
+    (b'{"model": "unitgate-sim", "max_tokens": "9", ' + USER + b"}", 400, "'max_tokens'"),
+    (b'"just a string"', 400, "JSON object"),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "needle"), BAD)
+async def test_bad_input_is_refused(
+    gateway: Gateway,
+    clean_sim: SimProcess,
+    http: aiohttp.ClientSession,
+    raw: bytes,
+    status: int,
+    needle: str,
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    async with http.post(gateway.public_url + CHAT, data=raw, headers=headers) as resp:
+        assert resp.status == status
+        error = (await resp.json())["error"]
+        assert needle in error["message"]
+        assert error["type"] == "invalid_request_error"
+    assert await sim_total(http, clean_sim, "requests") == 0
+    async with http.post(gateway.public_url + CHAT, json=chat_body()) as resp:  # still serving
+        assert resp.status == 200
+        await resp.read()
+
+
+async def test_body_over_the_limit_gives_413(
+    gateway: Gateway, clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    big = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "x" * (gateway.config.gateway.max_body_bytes)}],
+    }
+    async with http.post(gateway.public_url + CHAT, json=big) as resp:
+        assert resp.status == 413
+        assert (await resp.json())["error"]["code"] == "body_too_large"
+    assert await sim_total(http, clean_sim, "requests") == 0
+
+
+async def test_unknown_route_and_method_are_json(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    async with http.get(gateway.public_url + "/v1/nothing") as resp:
+        assert resp.status == 404
+        assert "error" in await resp.json()
+    async with http.get(gateway.public_url + CHAT) as resp:
+        assert resp.status == 405
+        assert "POST" in resp.headers["Allow"]
+        assert "error" in await resp.json()

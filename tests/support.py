@@ -1,0 +1,121 @@
+"""Helpers shared by the tests: the sim subprocess, gateway configs, request bodies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.config import Config, config_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "unitgate-sim"
+
+
+@dataclass
+class SimProcess:
+    """A `unitgate sim` subprocess and its control API."""
+
+    proc: subprocess.Popen[bytes]
+    control: str
+    units: list[dict[str, Any]]
+
+    def post(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(payload or {}).encode()
+        req = urllib.request.Request(self.control + path, data=data, method="POST")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.control + path, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def stats(self, unit_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.get(f"/units/{unit_id}/stats")
+        return result
+
+    def total(self, key: str) -> int:
+        return sum(self.stats(u["id"])[key] for u in self.units)
+
+    def fault(self, unit_id: str, mode: str, **params: Any) -> None:
+        self.post(f"/units/{unit_id}/fault", {"mode": mode, **params})
+
+
+def wait_for_file(
+    path: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited early with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
+def start_sim(tmp: Path, *args: str) -> SimProcess:
+    ready = tmp / "sim.ready.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadtest.simunits", "--ready-file", str(ready), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    info = wait_for_file(ready, proc)
+    return SimProcess(proc, info["control"], info["units"])
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def gateway_config(units: list[dict[str, Any]], **sections: dict[str, Any]) -> Config:
+    raw: dict[str, Any] = {
+        "gateway": {"port": 0, "models": [MODEL], "shutdown_timeout": 5.0},
+        "metrics": {"port": 0},
+        "routing": {"affinity": "none"},
+        "units": [{"id": u["id"], "leader": u["leader"], "nodes": u["nodes"]} for u in units],
+    }
+    for name, values in sections.items():
+        if name == "units":
+            raise ValueError("pass units as the first argument")
+        raw[name] = {**raw.get(name, {}), **values}
+    return config_from_dict(raw)
+
+
+def chat_body(stream: bool = True, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "stream": stream,
+        **extra,
+    }
+
+
+async def sim_stats(http: aiohttp.ClientSession, sim: Any, unit_id: str) -> dict[str, Any]:
+    """Non-blocking read of a simulated unit's counters (the gateway shares this event loop)."""
+    async with http.get(f"{sim.control}/units/{unit_id}/stats") as resp:
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+async def sim_total(http: aiohttp.ClientSession, sim: Any, key: str) -> int:
+    return sum([(await sim_stats(http, sim, u["id"]))[key] for u in sim.units])
