@@ -41,6 +41,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers: dict[bytes, bytes] = {}
         self.head_done = False
         self.complete = False
+        self.keep_alive = False
         self.error: BaseException | None = None
         self.body: list[bytes] = []
         self.sink: Sink | None = None
@@ -94,6 +95,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # Asked here: httptools answers False once the message is done.
+        self.keep_alive = self.parser.should_keep_alive()
 
     # -- used by the request task -----------------------------------------------------------
 
@@ -128,7 +131,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.abort()
 
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self.parser.should_keep_alive()
+        return self.complete and self.keep_alive and not self.closed
 
     def _wake(self) -> None:
         waiter = self._waiter

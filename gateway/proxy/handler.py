@@ -24,7 +24,7 @@ from gateway.proxy.relay import relay_stream
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.proxy.validation import RequestInfo, parse_body, validate_chat, validate_completion
 from gateway.routing.admission import Admission
-from gateway.routing.affinity import hash_key
+from gateway.routing.affinity import affinity_key
 from gateway.routing.balance import choose
 from gateway.routing.budget import RetryBudget
 from gateway.units import UnitRegistry, UnitState
@@ -66,7 +66,6 @@ class ProxyHandler:
             config.retry.budget_min_per_second,
             config.retry.budget_window,
         )
-        self._affinity = config.routing.affinity
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, "/v1/chat/completions", validate_chat)
@@ -90,7 +89,11 @@ class ProxyHandler:
         deadline = start + self.config.timeouts.total
         state = _Attempt()
         try:
-            unit, answer = await self._open_with_retries(path, body, info, rid, deadline, state)
+            session = request.headers.get("x-session-id") or info.user
+            key = affinity_key(self.config.routing.affinity, session, info.prefix)
+            unit, answer = await self._open_with_retries(
+                path, body, info, key, rid, deadline, state
+            )
         except GatewayError as exc:
             return self._error(exc, rid)
         except asyncio.CancelledError:
@@ -102,11 +105,17 @@ class ProxyHandler:
             self.admission.release(unit)
 
     async def _open_with_retries(
-        self, path: str, body: bytes, info: RequestInfo, rid: str, deadline: float, state: _Attempt
+        self,
+        path: str,
+        body: bytes,
+        info: RequestInfo,
+        key: int | None,
+        rid: str,
+        deadline: float,
+        state: _Attempt,
     ) -> tuple[UnitState, Answer]:
         loop = asyncio.get_running_loop()
         self.budget.deposit(loop.time())
-        key = self._affinity_key(info, rid)
         # A non-streamed answer's first byte comes when it is complete: only `total` bounds it.
         first_byte = self.config.timeouts.first_byte if info.stream else self.config.timeouts.total
 
@@ -169,14 +178,6 @@ class ProxyHandler:
             return False
         self.metrics.retries.labels(exc.kind).inc()
         return True
-
-    def _affinity_key(self, info: RequestInfo, rid: str) -> int | None:
-        mode = self._affinity
-        if "session" in mode and info.user:
-            return hash_key("s:" + info.user)
-        if "prefix" in mode and info.prefix:
-            return hash_key("p:" + info.prefix)
-        return None
 
     async def _respond(
         self,

@@ -75,22 +75,18 @@ class UpstreamClient:
             raise _classify(unit_id, exc, connected=conn is not None) from exc
 
     def _answer(self, unit_id: str, endpoint: Endpoint, conn: UpstreamConnection) -> Answer:
-        first = b"".join(conn.body)
+        status, first = conn.status, b"".join(conn.body)
         conn.body.clear()
         content_type = conn.headers.get(b"content-type", b"application/json").decode("latin-1")
-        if conn.status >= 500:
+        if status >= 500:
             detail = first[:300].decode("utf-8", "replace")
             raise UpstreamError(
-                unit_id,
-                "status",
-                f"HTTP {conn.status} {detail}",
-                retryable=True,
-                status=conn.status,
+                unit_id, "status", f"HTTP {status} {detail}", retryable=True, status=status
             )
         if conn.complete:
-            self.pool.release(endpoint, conn)
-            return Answer(conn.status, content_type, first, None, endpoint)
-        return Answer(conn.status, content_type, first, conn, endpoint)
+            self.pool.release(endpoint, conn)  # resets the connection for its next request
+            return Answer(status, content_type, first, None, endpoint)
+        return Answer(status, content_type, first, conn, endpoint)
 
 
 def _ready(conn: UpstreamConnection) -> bool:

@@ -34,6 +34,15 @@ def hash_key(key: str) -> int:
     )
 
 
+def affinity_key(mode: str, session: str | None, prefix: str) -> int | None:
+    """The request's affinity key under `mode` (see RoutingConfig.affinity); session wins."""
+    if session and "session" in mode:
+        return hash_key("s:" + session)
+    if prefix and "prefix" in mode:
+        return hash_key("p:" + prefix)
+    return None
+
+
 def _mix(x: int) -> int:
     # splitmix64 finaliser: cheap, and turns key^unit into a uniform 64-bit value.
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK

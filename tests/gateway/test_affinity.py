@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gateway.routing.affinity import hash_key, pick_bounded, rank
+from gateway.routing.affinity import affinity_key, hash_key, pick_bounded, rank
 
 
 @dataclass(eq=False)
@@ -87,3 +87,13 @@ def test_full_unit_is_skipped() -> None:
 
 def test_no_units() -> None:
     assert pick_bounded(1, [], 1.25) is None
+
+
+def test_affinity_key_modes() -> None:
+    assert affinity_key("none", "alice", "prompt") is None
+    assert affinity_key("session", "alice", "prompt") == hash_key("s:alice")
+    assert affinity_key("session", None, "prompt") is None
+    assert affinity_key("prefix", "alice", "prompt") == hash_key("p:prompt")
+    assert affinity_key("session+prefix", "alice", "prompt") == hash_key("s:alice")
+    assert affinity_key("session+prefix", None, "prompt") == hash_key("p:prompt")
+    assert affinity_key("session+prefix", None, "") is None

@@ -8,8 +8,10 @@ from collections import Counter
 import aiohttp
 import openai
 
-from gateway.server import Gateway
-from tests.support import MODEL, SimProcess, chat_body
+from gateway.server import Gateway, running
+from tests.support import MODEL, SimProcess, chat_body, gateway_config
+
+CHAT = "/v1/chat/completions"
 
 
 async def test_stream_is_byte_identical_to_the_leader(
@@ -72,24 +74,25 @@ async def test_load_spreads_across_units(gateway: Gateway, http: aiohttp.ClientS
     assert min(served.values()) >= 15, served
 
 
-async def test_session_affinity_pins_a_session(
+async def test_affinity_pins_sessions_and_prefixes(
     clean_sim: SimProcess, http: aiohttp.ClientSession
 ) -> None:
-    from gateway.server import running
-    from tests.support import gateway_config
-
-    async with running(gateway_config(clean_sim.units, routing={"affinity": "session"})) as gw:
-        units = set()
-        for _ in range(6):
-            headers = {"x-session-id": "alice"}
-            async with http.post(
-                gw.public_url + "/v1/chat/completions",
-                json=chat_body(user="alice"),
-                headers=headers,
-            ) as resp:
+    async def units_for(body: dict[str, object], headers: dict[str, str]) -> set[str]:
+        seen = set()
+        for _ in range(8):
+            async with http.post(gw.public_url + CHAT, json=body, headers=headers) as resp:
                 await resp.read()
-                units.add(resp.headers["x-unitgate-unit"])
-        assert len(units) == 1
+                seen.add(resp.headers["x-unitgate-unit"])
+        return seen
+
+    config = gateway_config(clean_sim.units, routing={"affinity": "session+prefix"})
+    async with running(config) as gw:
+        by_header = [await units_for(chat_body(), {"x-session-id": f"s{i}"}) for i in range(6)]
+        by_user = [await units_for(chat_body(user=f"user{i}"), {}) for i in range(6)]
+        prompt = [{"role": "user", "content": "a long shared system prompt"}]
+        by_prefix = await units_for(chat_body(messages=prompt), {})
+    assert all(len(seen) == 1 for seen in [*by_header, *by_user, by_prefix])
+    assert len(set().union(*by_header, *by_user)) > 1  # different keys land on different units
 
 
 async def test_openai_client_streams_through_the_gateway(gateway: Gateway) -> None:
