@@ -20,6 +20,7 @@ from aiohttp import web
 from gateway.app import ops_app, public_app
 from gateway.config import Config
 from gateway.observability.metrics import Metrics
+from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.upstream import UpstreamClient
 from gateway.routing.admission import Admission
@@ -44,7 +45,10 @@ class Gateway:
 
     async def start(self) -> None:
         self._upstream = UpstreamClient(self.config)
-        proxy = ProxyHandler(self.config, self.units, self.admission, self._upstream, self.metrics)
+        dispatcher = Dispatcher(
+            self.config, self.units, self.admission, self._upstream, self.metrics
+        )
+        proxy = ProxyHandler(self.config, dispatcher)
         g, m = self.config.gateway, self.config.metrics
         try:
             self.metrics_url = await self._listen(ops_app(self.metrics), m.host, m.port, 5.0)

@@ -1,0 +1,149 @@
+"""Dispatch: pick a unit, admit, open the upstream call; retry elsewhere before the first byte.
+
+The happy path is one plain attempt. Only after a retryable failure does a tenacity loop take
+over, with each retry paid from the retry budget and sent to a unit not yet tried: tenacity's
+per-call set-up costs tens of microseconds, which the common case should not pay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from random import Random
+
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_none
+
+from gateway.config import Config
+from gateway.errors import Overloaded, UpstreamError
+from gateway.observability.metrics import Metrics
+from gateway.proxy.upstream import Answer, UpstreamClient
+from gateway.proxy.validation import RequestInfo
+from gateway.routing.admission import Admission
+from gateway.routing.balance import choose
+from gateway.routing.budget import RetryBudget
+from gateway.units import UnitRegistry, UnitState
+
+log = logging.getLogger("unitgate.proxy")
+
+
+class Call:
+    """One request's journey over units: what to send, and which units failed it so far."""
+
+    __slots__ = (
+        "body",
+        "deadline",
+        "first_byte",
+        "info",
+        "key",
+        "last_error",
+        "path",
+        "rid",
+        "tried",
+    )
+
+    def __init__(
+        self, path: str, body: bytes, info: RequestInfo, key: int | None, rid: str, deadline: float
+    ) -> None:
+        self.path, self.body, self.info, self.key, self.rid = path, body, info, key, rid
+        self.deadline = deadline
+        self.first_byte = 0.0
+        self.tried: list[UnitState] = []
+        self.last_error: UpstreamError | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: Config,
+        units: UnitRegistry,
+        admission: Admission,
+        upstream: UpstreamClient,
+        metrics: Metrics,
+        rng: Random | None = None,
+    ) -> None:
+        self.config = config
+        self.units = units
+        self.admission = admission
+        self.upstream = upstream
+        self.metrics = metrics
+        self.rng = rng or Random()
+        r = config.retry
+        self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_second, r.budget_window)
+
+    async def open(self, call: Call) -> tuple[UnitState, Answer]:
+        """A unit (its slot held: release it with `admission.release`) and its answer's start."""
+        t = self.config.timeouts
+        # A non-streamed answer's first byte comes when it is complete: only `total` bounds it.
+        call.first_byte = t.first_byte if call.info.stream else t.total
+        self.budget.deposit(asyncio.get_running_loop().time())
+        try:
+            return await self._attempt(call)
+        except UpstreamError as exc:
+            if not self._may_retry(exc, 1, call):
+                raise
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.retry.max_attempts - 1),
+            retry=lambda rs: self._may_retry(_failure(rs), rs.attempt_number + 1, call),
+            wait=wait_none(),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._attempt(call)
+        raise AssertionError("unreachable: tenacity re-raises the last failure")
+
+    async def _attempt(self, call: Call) -> tuple[UnitState, Answer]:
+        unit = await self._admit(call)
+        loop = asyncio.get_running_loop()
+        try:
+            first_byte_at = min(loop.time() + call.first_byte, call.deadline)
+            answer = await self.upstream.open(
+                unit.id, unit.leader, call.path, call.body, call.rid, first_byte_at
+            )
+        except BaseException as exc:
+            self.admission.release(unit)
+            if isinstance(exc, UpstreamError):
+                call.tried.append(unit)
+                call.last_error = exc
+                self.metrics.upstream_failures.labels(unit.id, exc.kind).inc()
+                log.warning("attempt failed: %s", exc.message)
+            raise
+        return unit, answer
+
+    async def _admit(self, call: Call) -> UnitState:
+        def pick() -> UnitState | None:
+            routable = self.units.routable(call.info.model)
+            if not routable or all(u in call.tried for u in routable):
+                if call.last_error is not None:
+                    raise call.last_error  # every unit tried: the last failure is the answer
+                raise Overloaded(
+                    f"no routable unit serves model '{call.info.model}'",
+                    status=503,
+                    code="no_routable_unit",
+                    retry_after=self.admission.retry_after,
+                )
+            factor = self.config.routing.bounded_load_factor
+            return choose(routable, call.tried, call.key, factor, self.rng)
+
+        try:
+            return await self.admission.acquire(pick)
+        except Overloaded as exc:
+            self.metrics.rejections.labels(exc.code or "overloaded").inc()
+            raise
+
+    def _may_retry(self, exc: BaseException | None, attempts: int, call: Call) -> bool:
+        if not isinstance(exc, UpstreamError) or not exc.retryable:
+            return False
+        if attempts >= self.config.retry.max_attempts:
+            return False
+        if all(u in call.tried for u in self.units.routable(call.info.model)):
+            return False  # nowhere else to go: do not spend budget
+        if not self.budget.withdraw(asyncio.get_running_loop().time()):
+            self.metrics.budget_exhausted.inc()
+            return False
+        self.metrics.retries.labels(exc.kind).inc()
+        return True
+
+
+def _failure(rs: RetryCallState) -> BaseException | None:
+    return rs.outcome.exception() if rs.outcome is not None else None
