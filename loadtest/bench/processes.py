@@ -1,0 +1,155 @@
+"""The processes under test: simulator, gateway and floor relay, each pinned, and their CPU.
+
+Every process is a `python -m` child that reports its address through a ready file, so the
+OS picks free ports and the harness never races a process that is still binding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from loadtest.bench.params import MODEL, TOKENS
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+GATEWAY_TOML = """\
+[gateway]
+port = 0
+models = ["{model}"]
+[metrics]
+port = 0
+[routing]
+affinity = "none"
+[admission]
+unit_max_inflight = 4096
+[upstream]
+max_connections = 0
+"""
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The relays share a core of their own, so the CPU time they are charged is their own."""
+
+    load: int
+    relay: int
+
+
+@dataclass(frozen=True)
+class Relay:
+    url: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    control: str
+    unit_ids: tuple[str, ...]
+    leaders: tuple[str, ...]
+    relays: dict[str, Relay]  # by mode: "floor", "gateway"
+
+
+def pin_cpus() -> Pins | None:
+    cpus = sorted(os.sched_getaffinity(0))
+    return Pins(load=cpus[0], relay=cpus[1]) if len(cpus) >= 2 else None
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of all threads; fields counted after the ')' since comm may hold spaces."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@contextlib.contextmanager
+def _affinity(cpu: int | None) -> Iterator[None]:
+    """Children inherit affinity at fork, so pinning the parent around Popen pins every thread."""
+    if cpu is None:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], ready: Path, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {READY_TIMEOUT_S:g} s")
+        time.sleep(0.05)
+    data: dict[str, Any] = orjson.loads(ready.read_bytes())
+    return data
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _child(argv: list[str], ready: Path, cpu: int | None, what: str) -> Iterator[dict[str, Any]]:
+    """Stdout is dropped (ready banners would break the table); stderr stays visible."""
+    with _affinity(cpu):
+        proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
+    try:
+        yield _wait_ready(proc, ready, what)
+    finally:
+        _stop(proc)
+
+
+def _gateway_config(sim: dict[str, Any]) -> str:
+    units = "".join(
+        f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\n' for u in sim["units"]
+    )
+    return GATEWAY_TOML.format(model=MODEL) + units
+
+
+@contextlib.contextmanager
+def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
+    """Both relays run for the whole benchmark and idle while the other is measured."""
+    toml = tmp / "gw.toml"
+    sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
+    sim_argv += ["--itl-ms", "0", "--tokens", str(TOKENS), "--ready-file", str(tmp / "sim.json")]
+    gw_argv = ["gateway", "gateway", "--config", str(toml), "--log-level", "warning"]
+    gw_argv += ["--ready-file", str(tmp / "gw.json")]
+    floor_argv = ["loadtest.floor_relay", "--config", str(toml)]
+    floor_argv += ["--ready-file", str(tmp / "floor.json")]
+    relay_cpu = None if pins is None else pins.relay
+    with _child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
+        toml.write_text(_gateway_config(sim))
+        with (
+            _child(gw_argv, tmp / "gw.json", relay_cpu, "gateway") as gw,
+            _child(floor_argv, tmp / "floor.json", relay_cpu, "floor relay") as floor,
+        ):
+            units = sim["units"]
+            yield Cluster(
+                control=sim["control"],
+                unit_ids=tuple(u["id"] for u in units),
+                leaders=tuple(u["leader"] for u in units),
+                relays={
+                    "floor": Relay(floor["public"], int(floor["pid"])),
+                    "gateway": Relay(gw["public"], int(gw["pid"])),
+                },
+            )

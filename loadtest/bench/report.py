@@ -1,0 +1,166 @@
+"""Runs turned into comparison rows, printed as a table and written as JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import orjson
+
+from loadtest.bench.load import Run
+from loadtest.bench.params import CONCURRENCIES, ITLS_MS
+from loadtest.bench.processes import CLK_TCK, Cluster, Pins
+
+# Targets for a 64-token stream at c=128, keyed by inter-token delay (ms).
+TARGET_CPU_US = {0.0: 400.0, 20.0: 1500.0}
+TARGET_ADDED_TTFT_P50_MS = 1.0
+COLUMNS = (
+    "ITL ms", "c", "direct/s", "floor/s", "gw/s", "gw/direct", "floor CPU us/req",
+    "gw CPU us/req (target)", "gw/floor CPU", "TTFT direct p50/p99", "TTFT gw p50/p99",
+    "added TTFT p50/p99 (target p50)", "floor added TTFT p50/p99", "fail",
+)  # fmt: skip
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    """Nearest rank, so a reported percentile is a latency some request really saw."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def _compare(direct: Run, floor: Run, gw: Run) -> dict[str, float]:
+    """Added TTFT is a difference of percentiles: requests of two modes are not paired."""
+    row: dict[str, float] = {"itl_ms": gw.itl_ms, "concurrency": gw.concurrency}
+    row |= {"direct_rps": direct.rps, "floor_rps": floor.rps, "gateway_rps": gw.rps}
+    row["ratio"] = _ratio(gw.rps, direct.rps)
+    floor_cpu, gw_cpu = floor.relay_cpu_us_per_request, gw.relay_cpu_us_per_request
+    row |= {"floor_cpu_us_per_request": floor_cpu, "gateway_cpu_us_per_request": gw_cpu}
+    row["gateway_floor_cpu_ratio"] = _ratio(gw_cpu, floor_cpu)
+    for q, name in ((0.5, "p50"), (0.99, "p99")):
+        d, f, g = (_pct(r.ttft_ms, q) for r in (direct, floor, gw))
+        row |= {f"ttft_direct_{name}_ms": d, f"ttft_floor_{name}_ms": f}
+        row[f"ttft_gateway_{name}_ms"] = g
+        row |= {f"added_ttft_{name}_ms": g - d, f"floor_added_ttft_{name}_ms": f - d}
+    row["failures"] = direct.failures + floor.failures + gw.failures
+    return row
+
+
+def rows(runs: Sequence[Run]) -> list[dict[str, float]]:
+    """One row per (ITL, concurrency), whatever order the runs came in."""
+    by = {(r.itl_ms, r.concurrency, r.mode): r for r in runs}
+    return [
+        _compare(by[itl, c, "direct"], by[itl, c, "floor"], by[itl, c, "gateway"])
+        for itl in ITLS_MS
+        for c in CONCURRENCIES
+    ]
+
+
+def _verdict(value: float, target: float) -> str:
+    return f"(<={target:g} {'ok' if value <= target else 'MISS'})"
+
+
+def _pair(row: dict[str, float], name: str) -> str:
+    return f"{row[f'{name}_p50_ms']:.2f} / {row[f'{name}_p99_ms']:.2f}"
+
+
+def _cells(r: dict[str, float]) -> list[str]:
+    cpu, added = r["gateway_cpu_us_per_request"], r["added_ttft_p50_ms"]
+    return [
+        f"{r['itl_ms']:g}", f"{r['concurrency']:g}", f"{r['direct_rps']:.0f}",
+        f"{r['floor_rps']:.0f}", f"{r['gateway_rps']:.0f}", f"{r['ratio']:.2f}",
+        f"{r['floor_cpu_us_per_request']:.0f}",
+        f"{cpu:.0f} {_verdict(cpu, TARGET_CPU_US[r['itl_ms']])}",
+        f"{r['gateway_floor_cpu_ratio']:.2f}",
+        _pair(r, "ttft_direct"), _pair(r, "ttft_gateway"),
+        f"{_pair(r, 'added_ttft')} {_verdict(added, TARGET_ADDED_TTFT_P50_MS)}",
+        _pair(r, "floor_added_ttft"), f"{r['failures']:g}",
+    ]  # fmt: skip
+
+
+def print_table(table_rows: list[dict[str, float]]) -> None:
+    table = [list(COLUMNS), *(_cells(r) for r in table_rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    for line in table:
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+    print(
+        f"TTFT in ms. Targets for 64-token streams at c=128: gateway CPU <= {TARGET_CPU_US[0.0]:g}"
+        f" us/request at 0 ms ITL and <= {TARGET_CPU_US[20.0]:g} us at 20 ms ITL;"
+        f" added TTFT p50 <= {TARGET_ADDED_TTFT_P50_MS:g} ms. Added TTFT = relay minus direct"
+        " percentile. floor = verbatim byte relay (loadtest/floor_relay.py) pinned like the"
+        " gateway: the least a Python relay pays per request, so gw/floor CPU is what the"
+        " gateway's own work costs. Workers start spread over one stream's duration"
+        " (--lockstep: all at once)."
+    )
+
+
+def _gateway_digest() -> str:
+    """The gateway is edited while benchmarks run; this ties numbers to the code measured."""
+    import gateway
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(gateway.__file__).parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def machine(pins: Pins | None, cluster: Cluster) -> dict[str, object]:
+    affinity = {
+        f"{mode}_affinity": sorted(os.sched_getaffinity(relay.pid))
+        for mode, relay in cluster.relays.items()
+    }
+    return {
+        "gateway_source_sha256": _gateway_digest(),
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "pinned": pins is not None,
+        "load_cpu": None if pins is None else pins.load,
+        "relay_cpu": None if pins is None else pins.relay,
+        **affinity,
+        "clk_tck": CLK_TCK,
+        "loadavg_at_start": os.getloadavg(),  # others' load on 2 cores skews everything
+    }
+
+
+def _by_itl(values: dict[float, float] | dict[float, int]) -> dict[str, float]:
+    """JSON keys must be strings; "itl_20ms" reads better than "20.0"."""
+    return {f"itl_{itl:g}ms": v for itl, v in values.items()}
+
+
+def write_json(
+    out: Path,
+    machine_info: dict[str, object],
+    counts: dict[float, int],
+    lockstep: bool,
+    summary: list[dict[str, float]],
+    runs: Sequence[Run],
+) -> None:
+    targets = {
+        "cpu_us_at_c128": _by_itl(TARGET_CPU_US),
+        "added_ttft_p50_ms": TARGET_ADDED_TTFT_P50_MS,
+    }
+    raw = [
+        asdict(r) | {"rps": r.rps, "relay_cpu_us_per_request": r.relay_cpu_us_per_request}
+        for r in runs
+    ]
+    report = {
+        "machine": machine_info | {"loadavg_at_end": os.getloadavg()},
+        "requests_per_run": _by_itl(counts),
+        "lockstep": lockstep,
+        "targets": targets,
+        "summary": summary,
+        "runs": raw,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overhead.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    print(f"wrote {out / 'overhead.json'}")
