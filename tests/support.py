@@ -16,9 +16,24 @@ from typing import Any
 import aiohttp
 
 from gateway.config import Config, config_from_dict
+from gateway.routing.affinity import hash_key
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "unitgate-sim"
+
+
+@dataclass(eq=False)
+class FakeUnit:
+    """A unit as the routing policies see it (identity equality, like UnitState)."""
+
+    id: str
+    inflight: int = 0
+    weight: float = 1.0
+    cap: int = 1000
+
+    @property
+    def key_hash(self) -> int:
+        return hash_key(self.id)
 
 
 @dataclass

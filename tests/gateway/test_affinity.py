@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from gateway.routing.affinity import affinity_key, hash_key, pick_bounded, rank
-
-
-@dataclass(eq=False)
-class FakeUnit:
-    id: str
-    inflight: int = 0
-    weight: float = 1.0
-    cap: int = 1000
-
-    @property
-    def key_hash(self) -> int:
-        return hash_key(self.id)
+from tests.support import FakeUnit
 
 
 def units(n: int) -> list[FakeUnit]:

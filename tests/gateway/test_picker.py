@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from random import Random
 
-from gateway.routing.affinity import hash_key
 from gateway.routing.balance import choose
 from gateway.routing.picker import pick_p2c, weighted_load
-
-
-@dataclass(eq=False)
-class FakeUnit:
-    id: str
-    inflight: int = 0
-    weight: float = 1.0
-    cap: int = 10
-
-    @property
-    def key_hash(self) -> int:
-        return hash_key(self.id)
+from tests.support import FakeUnit
 
 
 def test_empty_and_single() -> None:
