@@ -107,6 +107,10 @@ def gateway_config(units: list[dict[str, Any]], **sections: dict[str, Any]) -> C
         "gateway": {"port": 0, "models": [MODEL], "shutdown_timeout": 5.0},
         "metrics": {"port": 0},
         "routing": {"affinity": "none"},
+        # Request-path tests want no prober or breaker deciding behind their back.
+        "health": {"enabled": False},
+        "breaker": {"enabled": False},
+        "admin": {"enabled": False},
         "units": [{"id": u["id"], "leader": u["leader"], "nodes": u["nodes"]} for u in units],
     }
     for name, values in sections.items():

@@ -1,25 +1,13 @@
-"""Gateway configuration: frozen dataclasses built from `config.toml` and validated at start.
-
-Every error names the offending key (``[timeouts].first_byte``) and the bad value, so an operator
-can fix a typo without reading code. Unknown keys are errors too: a misspelt setting that is
-silently ignored is worse than a refusal to start.
-"""
+"""Settings of the request path: listeners, timeouts, upstream pool, routing, retries, units."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import tomllib
-import types
-import typing
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing, of the wrong type or out of range."""
+from gateway.config.checks import base_url as _url
+from gateway.config.checks import check as _check
+from gateway.config.checks import positive as _positive
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,128 +165,3 @@ class UnitConfig:
         _check(self.weight > 0 and math.isfinite(self.weight), "weight", self.weight, "must be > 0")
         if self.max_inflight is not None:
             _check(self.max_inflight >= 1, "max_inflight", self.max_inflight, "must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    metrics: ListenerConfig = field(default_factory=lambda: ListenerConfig(port=8081))
-    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
-    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
-    retry: RetryConfig = field(default_factory=RetryConfig)
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    units: tuple[UnitConfig, ...] = ()
-
-    def __post_init__(self) -> None:
-        ids = [u.id for u in self.units]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        _check(not dupes, "id", dupes, "unit ids must be unique")
-        served = set(self.gateway.models)
-        for unit in self.units:
-            extra = sorted(set(unit.models) - served)
-            _check(
-                not extra, "models", extra, f"unit {unit.id!r} lists models not in [gateway].models"
-            )
-
-    def unit_cap(self, unit: UnitConfig) -> int:
-        return (
-            unit.max_inflight if unit.max_inflight is not None else self.admission.unit_max_inflight
-        )
-
-
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML file; raise ConfigError naming the file and the bad key."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    try:
-        return config_from_dict(raw)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-
-
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    config: Config = _build(Config, raw, "")
-    return config
-
-
-# --- the generic builder ----------------------------------------------------------------------
-
-
-def _build(cls: type[Any], table: Any, where: str) -> Any:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where or 'top level'} must be a table, got {type(table).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key {_key(where, unknown[0])}; known keys: {sorted(fields)}")
-    kwargs = {
-        name: _convert(hints[name], value, _key(where, name)) for name, value in table.items()
-    }
-    missing = [
-        n
-        for n, f in fields.items()
-        if n not in kwargs
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"missing required key {_key(where, missing[0])}")
-    try:
-        return cls(**kwargs)
-    except _FieldError as exc:
-        raise ConfigError(f"{_key(where, exc.name)} {exc.problem}, got {exc.value!r}") from None
-
-
-def _convert(hint: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        options = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(options[0], value, key)
-    if origin is tuple:
-        item = typing.get_args(hint)[0]
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        if dataclasses.is_dataclass(item):
-            return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))  # type: ignore[arg-type]
-        return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)  # type: ignore[arg-type]
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise ConfigError(f"{key} must be of type {hint.__name__}, got {value!r}")
-    return value
-
-
-def _key(where: str, name: str) -> str:
-    if not where:
-        return f"[{name}]"
-    return f"{where}.{name}" if where.endswith("]") else f"[{where}].{name}"
-
-
-class _FieldError(Exception):
-    def __init__(self, name: str, value: Any, problem: str) -> None:
-        super().__init__(name)
-        self.name, self.value, self.problem = name, value, problem
-
-
-def _check(ok: bool, name: str, value: Any, problem: str) -> None:
-    if not ok:
-        raise _FieldError(name, value, problem)
-
-
-def _positive(name: str, value: float) -> None:
-    _check(value > 0 and math.isfinite(value), name, value, "must be a positive number")
-
-
-def _url(name: str, url: str) -> None:
-    parts = urlsplit(url)
-    ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/")
-    _check(ok, name, url, "must be a base URL like http://host:port")

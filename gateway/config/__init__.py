@@ -1,0 +1,103 @@
+"""Gateway configuration: frozen dataclasses built from `config.toml` and validated at start.
+
+Every error names the offending key (``[timeouts].first_byte``) and the bad value, so an operator
+can fix a typo without reading code. Sections live in their own modules; this one assembles
+them and loads the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.config.admin import TRACE_EXPORTERS, AdminConfig, TracingConfig
+from gateway.config.builder import build as _build
+from gateway.config.checks import ConfigError
+from gateway.config.checks import check as _check
+from gateway.config.health import BreakerConfig, HealthConfig
+from gateway.config.proxy import (
+    AFFINITY_MODES,
+    AdmissionConfig,
+    GatewayConfig,
+    ListenerConfig,
+    RetryConfig,
+    RoutingConfig,
+    TimeoutConfig,
+    UnitConfig,
+    UpstreamConfig,
+)
+
+__all__ = [
+    "AFFINITY_MODES",
+    "TRACE_EXPORTERS",
+    "AdminConfig",
+    "AdmissionConfig",
+    "BreakerConfig",
+    "Config",
+    "ConfigError",
+    "GatewayConfig",
+    "HealthConfig",
+    "ListenerConfig",
+    "RetryConfig",
+    "RoutingConfig",
+    "TimeoutConfig",
+    "TracingConfig",
+    "UnitConfig",
+    "UpstreamConfig",
+    "config_from_dict",
+    "load_config",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    metrics: ListenerConfig = field(default_factory=lambda: ListenerConfig(port=8081))
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    units: tuple[UnitConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        ids = [u.id for u in self.units]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        _check(not dupes, "id", dupes, "unit ids must be unique")
+        served = set(self.gateway.models)
+        for unit in self.units:
+            extra = sorted(set(unit.models) - served)
+            _check(
+                not extra, "models", extra, f"unit {unit.id!r} lists models not in [gateway].models"
+            )
+
+    def unit_cap(self, unit: UnitConfig) -> int:
+        return (
+            unit.max_inflight if unit.max_inflight is not None else self.admission.unit_max_inflight
+        )
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML file; raise ConfigError naming the file and the bad key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return config_from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    config: Config = _build(Config, raw, "")
+    return config
