@@ -1,0 +1,1 @@
+"""Unit health: per-unit probers over every node, and per-unit circuit breakers."""
