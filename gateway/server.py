@@ -16,10 +16,12 @@ from pathlib import Path
 
 import orjson
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.app import ops_app, public_app
 from gateway.config import Config
 from gateway.observability.metrics import Metrics
+from gateway.observability.tracing import Tracing
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.upstream import UpstreamClient
@@ -30,8 +32,9 @@ log = logging.getLogger("unitgate")
 
 
 class Gateway:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, tracer_provider: TracerProvider | None = None) -> None:
         self.config = config
+        self.tracing = Tracing(config.tracing, tracer_provider)
         self.units = UnitRegistry(config)
         a = config.admission
         self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after)
@@ -46,7 +49,7 @@ class Gateway:
     async def start(self) -> None:
         self._upstream = UpstreamClient(self.config)
         dispatcher = Dispatcher(
-            self.config, self.units, self.admission, self._upstream, self.metrics
+            self.config, self.units, self.admission, self._upstream, self.metrics, self.tracing
         )
         proxy = ProxyHandler(self.config, dispatcher)
         g, m = self.config.gateway, self.config.metrics
@@ -72,6 +75,7 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
             self._upstream = None
+        self.tracing.shutdown()
 
     async def _listen(self, app: web.Application, host: str, port: int, drain: float) -> str:
         runner = web.AppRunner(
@@ -90,9 +94,11 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def running(config: Config) -> AsyncIterator[Gateway]:
+async def running(
+    config: Config, tracer_provider: TracerProvider | None = None
+) -> AsyncIterator[Gateway]:
     """A started gateway for the duration of the block (tests, embedding)."""
-    gateway = Gateway(config)
+    gateway = Gateway(config, tracer_provider)
     await gateway.start()
     try:
         yield gateway

@@ -16,6 +16,7 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_non
 from gateway.config import Config
 from gateway.errors import Overloaded, UpstreamError
 from gateway.observability.metrics import Metrics
+from gateway.observability.tracing import Span, Tracing, end_span
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
@@ -30,6 +31,7 @@ class Call:
     """One request's journey over units: what to send, and which units failed it so far."""
 
     __slots__ = (
+        "attempts",
         "body",
         "deadline",
         "first_byte",
@@ -38,15 +40,25 @@ class Call:
         "last_error",
         "path",
         "rid",
+        "span",
         "tried",
     )
 
     def __init__(
-        self, path: str, body: bytes, info: RequestInfo, key: int | None, rid: str, deadline: float
+        self,
+        path: str,
+        body: bytes,
+        info: RequestInfo,
+        key: int | None,
+        rid: str,
+        deadline: float,
+        span: Span | None = None,
     ) -> None:
         self.path, self.body, self.info, self.key, self.rid = path, body, info, key, rid
         self.deadline = deadline
+        self.span = span  # the request's trace span, when tracing is on
         self.first_byte = 0.0
+        self.attempts = 0
         self.tried: list[UnitState] = []
         self.last_error: UpstreamError | None = None
 
@@ -59,9 +71,11 @@ class Dispatcher:
         admission: Admission,
         upstream: UpstreamClient,
         metrics: Metrics,
+        tracing: Tracing,
         rng: Random | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing
         self.units = units
         self.admission = admission
         self.upstream = upstream
@@ -94,11 +108,15 @@ class Dispatcher:
 
     async def _attempt(self, call: Call) -> tuple[UnitState, Answer]:
         unit = await self._admit(call)
+        call.attempts += 1
+        span = traceparent = None
+        if call.span is not None:
+            span, traceparent = self.tracing.attempt_span(call.span, unit.id, call.attempts)
         loop = asyncio.get_running_loop()
         try:
             first_byte_at = min(loop.time() + call.first_byte, call.deadline)
             answer = await self.upstream.open(
-                unit.id, unit.leader, call.path, call.body, call.rid, first_byte_at
+                unit.id, unit.leader, call.path, call.body, call.rid, first_byte_at, traceparent
             )
         except BaseException as exc:
             self.admission.release(unit)
@@ -107,7 +125,12 @@ class Dispatcher:
                 call.last_error = exc
                 self.metrics.upstream_failures.labels(unit.id, exc.kind).inc()
                 log.warning("attempt failed: %s", exc.message)
+            if span is not None:
+                end_span(span, _outcome(exc), error=True)
             raise
+        if span is not None:
+            span.set_attribute("http.response.status_code", answer.status)
+            end_span(span, "ok", error=False)
         return unit, answer
 
     async def _admit(self, call: Call) -> UnitState:
@@ -143,6 +166,12 @@ class Dispatcher:
             return False
         self.metrics.retries.labels(exc.kind).inc()
         return True
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, UpstreamError):
+        return exc.kind
+    return "cancelled" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
 
 
 def _failure(rs: RetryCallState) -> BaseException | None:

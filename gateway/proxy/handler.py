@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
 from gateway.observability.metrics import Metrics
+from gateway.observability.tracing import Span, Tracing, end_span
 from gateway.proxy.dispatch import Call, Dispatcher
 from gateway.proxy.relay import relay_stream
 from gateway.proxy.upstream import Answer, UpstreamClient
@@ -38,6 +39,7 @@ class ProxyHandler:
         self.admission: Admission = dispatcher.admission
         self.upstream: UpstreamClient = dispatcher.upstream
         self.metrics: Metrics = dispatcher.metrics
+        self.tracing: Tracing = dispatcher.tracing
         self.models = frozenset(config.gateway.models)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -49,6 +51,26 @@ class ProxyHandler:
     async def _proxy(
         self, request: web.Request, path: str, validate: Validator
     ) -> web.StreamResponse:
+        if not self.tracing.enabled:
+            return await self._handle(request, path, validate, None)
+        span = self.tracing.request_span(f"POST {path}", request.headers)
+        assert span is not None
+        try:
+            response = await self._handle(request, path, validate, span)
+        except BaseException as exc:
+            end_span(
+                span,
+                "cancelled" if isinstance(exc, asyncio.CancelledError) else "error",
+                error=True,
+            )
+            raise
+        span.set_attribute("http.response.status_code", response.status)
+        end_span(span, "ok" if response.status < 400 else "refused", error=response.status >= 500)
+        return response
+
+    async def _handle(
+        self, request: web.Request, path: str, validate: Validator, span: Span | None
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         start = loop.time()
         rid = request.headers.get("x-request-id", "")
@@ -59,11 +81,20 @@ class ProxyHandler:
             info = validate(parse_body(body), self.models, self.config.routing.prefix_chars)
         except GatewayError as exc:
             return self._error(exc, rid)
+        if span is not None:
+            span.set_attributes(
+                {
+                    "unitgate.request_id": rid,
+                    "unitgate.model": info.model,
+                    "unitgate.stream": info.stream,
+                }
+            )
         deadline = start + self.config.timeouts.total
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
         try:
-            unit, answer = await self.dispatcher.open(Call(path, body, info, key, rid, deadline))
+            call = Call(path, body, info, key, rid, deadline, span)
+            unit, answer = await self.dispatcher.open(call)
         except GatewayError as exc:
             return self._error(exc, rid)
         except asyncio.CancelledError:

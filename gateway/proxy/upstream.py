@@ -57,6 +57,7 @@ class UpstreamClient:
         body: bytes,
         request_id: str,
         first_byte_at: float,
+        traceparent: str | None = None,
     ) -> Answer:
         """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in."""
         endpoint = self._endpoints.get(base_url) or self._endpoints.setdefault(
@@ -66,7 +67,7 @@ class UpstreamClient:
         try:
             async with asyncio.timeout_at(first_byte_at):
                 conn = await self.pool.acquire(endpoint)
-                conn.send(_head(endpoint, path, len(body), request_id), body)
+                conn.send(_head(endpoint, path, len(body), request_id, traceparent), body)
                 await conn.wait_for(lambda: _ready(conn))
             return self._answer(unit_id, endpoint, conn)
         except BaseException as exc:
@@ -97,11 +98,14 @@ def _ready(conn: UpstreamConnection) -> bool:
     return bool(conn.body) and conn.headers.get(b"content-type", b"").startswith(_SSE)
 
 
-def _head(endpoint: Endpoint, path: str, length: int, request_id: str) -> bytes:
+def _head(
+    endpoint: Endpoint, path: str, length: int, request_id: str, traceparent: str | None
+) -> bytes:
+    trace = f"traceparent: {traceparent}\r\n" if traceparent else ""
     return (
         f"POST {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
         f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {length}\r\n"
-        f"x-request-id: {request_id}\r\n\r\n"
+        f"x-request-id: {request_id}\r\n{trace}\r\n"
     ).encode("latin-1")
 
 
