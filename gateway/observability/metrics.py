@@ -55,6 +55,25 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.breaker_transitions = Counter(
+            "unitgate_breaker_transitions",
+            "Circuit breaker state changes per unit, by new state (or 'suppressed').",
+            ["unit", "to"],
+            registry=r,
+        )
+        self.health_transitions = Counter(
+            "unitgate_health_transitions",
+            "Prober verdict changes per unit, by new state (healthy or unhealthy).",
+            ["unit", "to"],
+            registry=r,
+        )
+        # Counted on failures only, through children cached per node: the common probe is free.
+        self.probe_failures = Counter(
+            "unitgate_probe_failures",
+            "Failed /health probes, by unit and node rank.",
+            ["unit", "rank"],
+            registry=r,
+        )
         self.ttft = HistogramFamily(
             "unitgate_time_to_first_token_seconds",
             "Request arrival to first body byte sent.",
@@ -69,6 +88,7 @@ class Metrics:
         for family in (self.ttft, self.itl, self.e2e):
             r.register(family)
         r.register(_StateCollector(units, queue_depth))
+        r.register(_HealthCollector(units))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -94,3 +114,38 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "unitgate_queue_depth", "Requests waiting for a unit slot.", value=self.queue_depth()
         )
+
+
+class _HealthCollector(Collector):
+    """The prober's latest view, read at scrape time instead of written on every probe."""
+
+    def __init__(self, units: UnitRegistry) -> None:
+        self.units = units
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        unit_ok = GaugeMetricFamily(
+            "unitgate_unit_healthy",
+            "1 while the prober judges every node of the unit usable.",
+            labels=["unit"],
+        )
+        node_ok = GaugeMetricFamily(
+            "unitgate_node_healthy",
+            "1 when the node's last probe was fine (absent: unprobed).",
+            labels=["unit", "rank"],
+        )
+        latency = GaugeMetricFamily(
+            "unitgate_node_probe_latency_seconds",
+            "Duration of the node's last answered probe.",
+            labels=["unit", "rank"],
+        )
+        for unit in self.units.units.values():
+            unit_ok.add_metric([unit.id], 1.0 if unit.healthy else 0.0)
+            for node in unit.nodes:
+                labels = [unit.id, str(node.rank)]
+                if node.healthy is not None:
+                    node_ok.add_metric(labels, 1.0 if node.healthy else 0.0)
+                if node.latency_ms is not None:
+                    latency.add_metric(labels, node.latency_ms / 1000)
+        yield unit_ok
+        yield node_ok
+        yield latency

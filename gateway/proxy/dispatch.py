@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from random import Random
 
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_none
@@ -81,6 +82,9 @@ class Dispatcher:
         self.upstream = upstream
         self.metrics = metrics
         self.rng = rng or Random()
+        # Traffic outcomes per unit (the circuit breaker subscribes); client errors never count.
+        # `started` (loop time) lets the breaker ignore requests that began before an ejection.
+        self.on_outcome: Callable[[UnitState, bool, float], None] = lambda unit, ok, started: None
         r = config.retry
         self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_second, r.budget_window)
 
@@ -113,8 +117,9 @@ class Dispatcher:
         if call.span is not None:
             span, traceparent = self.tracing.attempt_span(call.span, unit.id, call.attempts)
         loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            first_byte_at = min(loop.time() + call.first_byte, call.deadline)
+            first_byte_at = min(started + call.first_byte, call.deadline)
             answer = await self.upstream.open(
                 unit.id, unit.leader, call.path, call.body, call.rid, first_byte_at, traceparent
             )
@@ -123,6 +128,7 @@ class Dispatcher:
             if isinstance(exc, UpstreamError):
                 call.tried.append(unit)
                 call.last_error = exc
+                self.on_outcome(unit, False, started)
                 self.metrics.upstream_failures.labels(unit.id, exc.kind).inc()
                 log.warning("attempt failed: %s", exc.message)
             if span is not None:

@@ -118,6 +118,7 @@ class ProxyHandler:
         headers = {"x-unitgate-unit": unit.id, "x-request-id": rid}
         self.metrics.ttft.labels(unit.id).observe(loop.time() - start)
         if not answer.streaming:
+            self.dispatcher.on_outcome(unit, True, start)
             self._account(unit.id, answer.status, start)
             return web.Response(
                 status=answer.status,
@@ -137,7 +138,12 @@ class ProxyHandler:
             self.upstream.finish(answer)  # closes the connection unless the answer ended cleanly
         if outcome.kind == "client_gone":
             self.metrics.cancellations.labels(unit.id).inc()
-        elif outcome.kind != "complete":
+        elif outcome.kind == "complete":
+            self.dispatcher.on_outcome(unit, True, start)
+        else:
+            # A total timeout is the request's own budget running out, not the unit's fault.
+            if outcome.kind != "total_timeout":
+                self.dispatcher.on_outcome(unit, False, start)
             self.metrics.upstream_failures.labels(unit.id, outcome.kind).inc()
             log.warning("stream from unit %s broke after the first byte: %s", unit.id, outcome.kind)
         self._account(unit.id, answer.status, start)
