@@ -20,6 +20,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.app import ops_app, public_app
 from gateway.config import Config
+from gateway.health.gate import BreakerGate
+from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.proxy.dispatch import Dispatcher
@@ -40,6 +42,8 @@ class Gateway:
         self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after)
         self.units.on_change(lambda *_: self.admission.wake_all())
         self.metrics = Metrics(self.units, lambda: self.admission.queued)
+        self.events = EventLog(config.admin.events_kept)
+        self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
         self.draining = False
         self.public_url = ""
         self.metrics_url = ""
@@ -51,6 +55,8 @@ class Gateway:
         dispatcher = Dispatcher(
             self.config, self.units, self.admission, self._upstream, self.metrics, self.tracing
         )
+        dispatcher.on_outcome = self.breakers.record
+        self.breakers.start()
         proxy = ProxyHandler(self.config, dispatcher)
         g, m = self.config.gateway, self.config.metrics
         try:
@@ -75,6 +81,7 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
             self._upstream = None
+        self.breakers.stop()
         self.tracing.shutdown()
 
     async def _listen(self, app: web.Application, host: str, port: int, drain: float) -> str:
