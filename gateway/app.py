@@ -1,4 +1,4 @@
-"""The gateway's HTTP surfaces: the public OpenAI API and the operator listener (/metrics)."""
+"""The gateway's HTTP surfaces: the public OpenAI API and the operator listener (metrics, admin)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def public_app(
     return app
 
 
-def ops_app(metrics: Metrics) -> web.Application:
+def ops_app(metrics: Metrics, admin: web.Application | None = None) -> web.Application:
+    """/metrics (never authenticated) and, when enabled, the admin API under /admin/."""
     app = web.Application(middlewares=[_json_errors])
 
     async def render(_: web.Request) -> web.Response:
@@ -62,6 +63,8 @@ def ops_app(metrics: Metrics) -> web.Application:
         )
 
     app.router.add_get("/metrics", render)
+    if admin is not None:
+        app.add_subapp("/admin/", admin)  # its own middleware authenticates its routes only
     return app
 
 

@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
 
         code: int = sim_main(args[1:])
         return code
+    if args and args[0] == "admin":  # an API client: no config file, its own flags
+        from gateway.admin.cli import main as admin_main
+
+        return admin_main(args[1:])
     parser = _parser()
     ns = parser.parse_args(args)
     logging.basicConfig(
@@ -58,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve simulated units (a test tool) at the unit URLs of the config",
     )
     sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
+    sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
     return parser
 
 
@@ -66,7 +71,11 @@ def _run_gateway(config: Config, ready_file: Path | None) -> int:
 
     from gateway.server import serve
 
-    uvloop.run(serve(config, ready_file))
+    try:
+        uvloop.run(serve(config, ready_file))
+    except ConfigError as exc:  # found at start-up (admin token, state file): one line, no trace
+        print(f"unitgate: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
+from gateway.admin.runtime import Admin
 from gateway.app import ops_app, public_app
 from gateway.config import Config
 from gateway.health.gate import BreakerGate
@@ -44,6 +45,13 @@ class Gateway:
         self.metrics = Metrics(self.units, lambda: self.admission.queued)
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
+        # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
+        # overrides while the operator listener is set up, before any listener opens.
+        self.admin = (
+            Admin(config, self.units, self.events, self.breakers.view)
+            if config.admin.enabled
+            else None
+        )
         self.draining = False
         self.public_url = ""
         self.metrics_url = ""
@@ -60,7 +68,8 @@ class Gateway:
         proxy = ProxyHandler(self.config, dispatcher)
         g, m = self.config.gateway, self.config.metrics
         try:
-            self.metrics_url = await self._listen(ops_app(self.metrics), m.host, m.port, 5.0)
+            ops = ops_app(self.metrics, self.admin.app() if self.admin is not None else None)
+            self.metrics_url = await self._listen(ops, m.host, m.port, 5.0)
             app = public_app(self.config, proxy, self.units, lambda: self.draining)
             self.public_url = await self._listen(app, g.host, g.port, g.shutdown_timeout)
         except BaseException:

@@ -15,7 +15,12 @@ from tests.support import ROOT, SimProcess, chat_body, wait_for_file
 
 
 def _config_toml(sim: SimProcess) -> str:
-    lines = ["[gateway]\nport = 0\nshutdown_timeout = 10.0\n", "[metrics]\nport = 0\n"]
+    lines = [
+        "[gateway]\nport = 0\nshutdown_timeout = 10.0\n",
+        "[metrics]\nport = 0\n",
+        "[admin]\nenabled = false\n",
+        "[health]\nenabled = false\n",
+    ]
     for unit in sim.units:
         nodes = ", ".join(f'"{n}"' for n in unit["nodes"])
         lines.append(

@@ -1,0 +1,177 @@
+"""The admin API: look at units, take them out of service and back, add and remove them.
+
+It is served on the operator listener (`[metrics]` host and port, next to `/metrics`), under
+`/admin/`, and only when `[admin].enabled`. Bodies and answers are JSON.
+
+Authentication: `Authorization: Bearer <token>`. The token comes from the env var named by
+`[admin].token_env` (default UNITGATE_ADMIN_TOKEN), else the first line of `[admin].token_file`;
+it is one bare token (named "admin") or `name:token,name:token` so the events log shows who
+acted. No or malformed header: 401 with `WWW-Authenticate: Bearer`; wrong token: 403. Without
+a token the gateway refuses to start, unless `allow_unauthenticated_loopback = true` and the
+operator listener is on loopback (then no auth, `who` = "local"). `/metrics` never needs auth.
+
+Errors: `{"error": {"message", "type", "param", "code"}}`, as on the public API: 400 bad body
+or query (the message names the key), 401/403 auth, 404 unknown unit, 409 unit id taken, 500
+state file not writable (the action is then not applied).
+
+    GET    /admin/units                 -> 200 {"units": [UNIT, ...]}
+    GET    /admin/units/{id}            -> 200 UNIT
+    POST   /admin/units/{id}/disable    {"reason": "..."} (required)              -> 200 UNIT
+    POST   /admin/units/{id}/drain      {"reason": "..."} (optional, or no body)  -> 200 UNIT
+    POST   /admin/units/{id}/enable     {"reason": "..."} (optional, or no body)  -> 200 UNIT
+    POST   /admin/units                 {"id", "leader", "nodes"?, "weight"?, "max_inflight"?,
+                                         "models"?, "enabled"?}                   -> 201 UNIT
+    DELETE /admin/units/{id}            -> 200 {"id", "removed": true, "in_flight"}
+    GET    /admin/events?limit=N&unit=ID  (limit default 100) -> 200 {"events": [EVENT, ...]}
+
+    UNIT = {"id", "routable",            # true when health, breaker and admin all allow it
+            "health": {"healthy", "reason"},                      # the prober's verdict
+            "breaker": {"state": "admitting"|"ejected"|..., ...}, # the circuit breaker's
+            "admin": {"state": "enabled"|"disabled"|"draining"|"drained",
+                      "reason", "who", "since"},                  # the operator's; since = Unix s
+            "in_flight", "drained",      # drained: out of service by the admin, 0 in flight
+            "leader", "weight", "cap", "models",
+            "nodes": [{"url", "role", "rank", "healthy", "latency_ms", "error"}]}
+    EVENT = {"time", "unit", "what", "reason", "who"}  # oldest first; time = Unix s
+
+disable: no new requests; requests in flight (streams included) run to their end. drain: the
+same, reported as "draining" until in-flight reaches 0, then "drained" (`drained: true`): poll
+the unit until then before taking it down. enable: the admin lets it serve again; it is routable
+once probes and the breaker agree. A unit added at run time is not routable until its probes
+pass. Removing a unit lets its in-flight requests finish. All of this survives a restart when
+`[admin].state_file` is set; on start each re-applied override is logged as a "restored" event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.admin.auth import Authenticator
+from gateway.admin.errors import AdminError, bad_request
+from gateway.admin.service import AdminService
+from gateway.admin.state import State
+from gateway.admin.store import StoreError
+from gateway.admin.view import BreakerView, unit_view
+from gateway.errors import GatewayError
+from gateway.units import UnitState
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+DEFAULT_EVENTS = 100
+WHO = web.RequestKey("who", str)  # the caller's token name, set by the auth middleware
+
+
+class AdminApi:
+    def __init__(
+        self,
+        service: AdminService,
+        auth: Callable[[], Authenticator],
+        breaker_view: BreakerView | None = None,
+    ) -> None:
+        self.service = service
+        self._auth = auth  # known once the admin has started
+        self._breaker_view = breaker_view
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard])
+        app.add_routes(
+            [
+                web.get("/units", self.list_units),
+                web.post("/units", self.add_unit),
+                web.get("/units/{id}", self.get_unit),
+                web.delete("/units/{id}", self.remove_unit),
+                web.post("/units/{id}/disable", self.disable),
+                web.post("/units/{id}/drain", self.drain),
+                web.post("/units/{id}/enable", self.enable),
+                web.get("/events", self.events),
+            ]
+        )
+        return app
+
+    async def list_units(self, request: web.Request) -> web.Response:
+        units = self.service.units.units.values()
+        return _json(200, {"units": [self._view(u) for u in units]})
+
+    async def get_unit(self, request: web.Request) -> web.Response:
+        return _json(200, self._view(self.service.unit(request.match_info["id"])))
+
+    async def disable(self, request: web.Request) -> web.Response:
+        return await self._set_state(request, "disabled", reason_required=True)
+
+    async def drain(self, request: web.Request) -> web.Response:
+        return await self._set_state(request, "draining", reason_required=False)
+
+    async def enable(self, request: web.Request) -> web.Response:
+        return await self._set_state(request, "enabled", reason_required=False)
+
+    async def add_unit(self, request: web.Request) -> web.Response:
+        body = await _body(request, required=True)
+        unit = await self.service.add(body, request[WHO])
+        return _json(201, self._view(unit))
+
+    async def remove_unit(self, request: web.Request) -> web.Response:
+        unit = await self.service.remove(request.match_info["id"], request[WHO])
+        return _json(200, {"id": unit.id, "removed": True, "in_flight": unit.inflight})
+
+    async def events(self, request: web.Request) -> web.Response:
+        text = request.query.get("limit", str(DEFAULT_EVENTS))
+        if not text.isdigit() or int(text) < 1:
+            raise bad_request(f"limit must be a positive integer, got {text!r}", "invalid_query")
+        found = self.service.events.recent(int(text), request.query.get("unit") or None)
+        return _json(200, {"events": [e.to_json() for e in found]})
+
+    async def _set_state(
+        self, request: web.Request, state: State, *, reason_required: bool
+    ) -> web.Response:
+        reason = _reason(await _body(request, required=reason_required), reason_required)
+        unit_id = request.match_info["id"]
+        unit = await self.service.set_state(unit_id, state, reason, request[WHO])
+        return _json(200, self._view(unit))
+
+    def _view(self, unit: UnitState) -> dict[str, Any]:
+        return unit_view(unit, self.service.marks[unit.id], self._breaker_view)
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Authenticate every admin route, and answer typed errors in the OpenAI shape."""
+        try:
+            request[WHO] = self._auth().who(request.headers.get("Authorization"))
+            return await handler(request)
+        except GatewayError as exc:
+            return exc.response()
+        except StoreError as exc:
+            failure = AdminError(str(exc), status=500, code="state_not_saved", type_="server_error")
+            return failure.response()
+
+
+async def _body(request: web.Request, *, required: bool) -> object:
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise bad_request("a JSON body is required")
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+
+
+def _reason(body: object, required: bool) -> str:
+    if not isinstance(body, dict):
+        raise bad_request('the body must be a JSON object like {"reason": "..."}')
+    unknown = sorted(set(body) - {"reason"})
+    if unknown:
+        raise bad_request(f"unknown key [body].{unknown[0]}; known keys: ['reason']")
+    reason = body.get("reason", "")
+    if not isinstance(reason, str):
+        raise bad_request(f"[body].reason must be a string, got {reason!r}")
+    if required and not reason.strip():
+        raise bad_request("[body].reason is required: say why the unit is taken out of service")
+    return reason.strip()
+
+
+def _json(status: int, payload: object) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")

@@ -1,0 +1,180 @@
+"""Operator actions on units: the one writer of the `enabled` and `draining` bits.
+
+Probe health and the breaker's verdict are other components' bits; nothing here touches them,
+so enabling a unit makes it routable only once those agree too. Each action is validated,
+saved, then applied, under one lock: a failed save leaves the gateway as it was, and two
+operators acting at once cannot interleave half-done changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gateway.admin.errors import AdminError, AdminStartError, bad_request, conflict, unknown_unit
+from gateway.admin.state import BITS, AddedUnit, Mark, Removal, Saved, State
+from gateway.admin.store import Store
+from gateway.config import Config, ConfigError, UnitConfig
+from gateway.config.builder import build
+from gateway.observability.events import EventLog
+from gateway.units import Bit, UnitRegistry, UnitState
+
+log = logging.getLogger("unitgate.admin")
+
+VERBS: dict[State, str] = {"enabled": "enable", "disabled": "disable", "draining": "drain"}
+
+
+class AdminService:
+    def __init__(
+        self,
+        config: Config,
+        units: UnitRegistry,
+        events: EventLog,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.units = units
+        self.events = events
+        self._served = config.gateway.models
+        self._configured = {u.id for u in config.units}
+        self._clock = clock
+        self._store: Store | None = None
+        self._lock = asyncio.Lock()
+        now = clock()
+        self.marks = {u.id: _initial(u.config, now) for u in units.units.values()}
+
+    def unit(self, unit_id: str) -> UnitState:
+        unit = self.units.units.get(unit_id)
+        if unit is None:
+            raise unknown_unit(unit_id)
+        return unit
+
+    async def set_state(self, unit_id: str, state: State, reason: str, who: str) -> UnitState:
+        """Disable, drain or enable; asking for the current state again changes nothing."""
+        async with self._lock:
+            unit = self.unit(unit_id)
+            if self.marks[unit_id].state == state:
+                return unit
+            mark = Mark(state, reason, who, self._clock())
+            if self._store is not None:
+                await self._store.set_mark(unit_id, None if _is_default(unit, mark) else mark)
+            self._apply(unit, mark)
+            self.events.record(unit_id, VERBS[state], reason, who)
+            return unit
+
+    async def add(self, body: object, who: str) -> UnitState:
+        config = self.parse_unit(body)
+        async with self._lock:
+            if config.id in self.units.units:
+                raise conflict(f"unit {config.id!r} already exists")
+            added = AddedUnit(_config_json(config), who, self._clock())
+            if self._store is not None:
+                await self._store.add(config.id, added)
+            unit = self._add(config, added)
+            self.events.record(config.id, "add", f"leader {config.leader}", who)
+            return unit
+
+    async def remove(self, unit_id: str, who: str) -> UnitState:
+        """Out of the registry at once; requests already running on it finish normally."""
+        async with self._lock:
+            unit = self.unit(unit_id)
+            now = self._clock()
+            configured = Removal(who, now) if unit_id in self._configured else None
+            if self._store is not None:
+                await self._store.remove(unit_id, configured)
+            self.units.remove(unit_id)
+            del self.marks[unit_id]
+            self.events.record(unit_id, "remove", f"{unit.inflight} in flight may finish", who)
+            return unit
+
+    def parse_unit(self, body: object) -> UnitConfig:
+        if not isinstance(body, dict):
+            raise bad_request("the body must be a JSON object describing a unit")
+        try:
+            config: UnitConfig = build(
+                UnitConfig, {k: v for k, v in body.items() if v is not None}, "body"
+            )
+        except ConfigError as exc:
+            raise bad_request(str(exc)) from None
+        if any(c.isspace() or c == "/" for c in config.id):  # it must fit in a URL path segment
+            raise bad_request(f"[body].id must have no spaces or '/', got {config.id!r}")
+        extra = sorted(set(config.models) - set(self._served))
+        if extra:
+            served = list(self._served)
+            raise bad_request(f"[body].models {extra} are not served ([gateway].models = {served})")
+        return config
+
+    async def restore(self, store: Store) -> None:
+        """Re-apply saved overrides before the listeners open; from now on save every action."""
+        saved = await store.load()
+        async with self._lock:
+            self._restore_removed(saved)
+            self._restore_added(saved, store)
+            self._restore_marks(saved)
+            self._store = store
+
+    def _restore_removed(self, saved: Saved) -> None:
+        for unit_id, removal in saved.removed.items():
+            if unit_id in self.units.units:
+                self.units.remove(unit_id)
+                del self.marks[unit_id]
+                self.events.record(unit_id, "restored", "removed", removal.who)
+
+    def _restore_added(self, saved: Saved, store: Store) -> None:
+        for unit_id, added in saved.added.items():
+            if unit_id in self.units.units:
+                log.warning("unit %s is in the config file now: not re-adding it", unit_id)
+                continue
+            try:
+                config = self.parse_unit(added.config)
+            except AdminError as exc:
+                message = f"[admin].state_file {store.path}: saved unit {unit_id}: {exc}"
+                raise AdminStartError(message) from None
+            self._add(config, added)
+            self.events.record(unit_id, "restored", f"added, leader {config.leader}", added.who)
+
+    def _restore_marks(self, saved: Saved) -> None:
+        for unit_id, mark in saved.marks.items():
+            unit = self.units.units.get(unit_id)
+            if unit is None:
+                continue  # removed from the config file since: nothing to apply it to
+            self._apply(unit, mark)
+            reason = f"{mark.state}: {mark.reason}" if mark.reason else mark.state
+            self.events.record(unit_id, "restored", reason, mark.who)
+
+    def _add(self, config: UnitConfig, added: AddedUnit) -> UnitState:
+        unit = self.units.add(config)
+        self.marks[config.id] = _initial(config, added.since, added.who)
+        return unit
+
+    def _apply(self, unit: UnitState, mark: Mark) -> None:
+        """Set both bits, taking the unit out of service first so no step in between admits."""
+        enabled, draining = BITS[mark.state]
+        steps: list[tuple[Bit, bool]] = [("enabled", enabled), ("draining", draining)]
+        steps.sort(key=lambda step: not _closes(*step))
+        for bit, value in steps:
+            self.units.set_bit(unit.id, bit, value, mark.reason, mark.who)
+        self.marks[unit.id] = mark
+
+
+def _closes(bit: Bit, value: bool) -> bool:
+    return value if bit == "draining" else not value
+
+
+def _initial(config: UnitConfig, since: float, who: str = "config") -> Mark:
+    if config.enabled:
+        return Mark("enabled", "", who, since)
+    reason = "disabled in the config file" if who == "config" else "added with enabled = false"
+    return Mark("disabled", reason, who, since)
+
+
+def _is_default(unit: UnitState, mark: Mark) -> bool:
+    """A mark equal to the unit's configured state need not be saved."""
+    return mark.state == ("enabled" if unit.config.enabled else "disabled")
+
+
+def _config_json(config: UnitConfig) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}

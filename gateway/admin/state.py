@@ -1,0 +1,64 @@
+"""The admin's view of a unit: which service state the operator chose, why, by whom, since when.
+
+The registry keeps the bits the request path reads (`enabled`, `draining`); this keeps the
+operator-facing story behind them, which is what the view shows and what survives restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.units import UnitState
+
+State = Literal["enabled", "disabled", "draining"]
+STATES: tuple[State, ...] = ("enabled", "disabled", "draining")
+
+# The registry bits (enabled, draining) that each admin state stands for.
+BITS: dict[State, tuple[bool, bool]] = {
+    "enabled": (True, False),
+    "disabled": (False, False),
+    "draining": (True, True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    state: State
+    reason: str
+    who: str
+    since: float  # Unix time
+
+
+@dataclass(frozen=True, slots=True)
+class AddedUnit:
+    config: dict[str, Any]  # the UnitConfig as JSON, rebuilt (and re-validated) on restore
+    who: str
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    who: str
+    since: float
+
+
+@dataclass(slots=True)
+class Saved:
+    """Everything the store holds: the operator's overrides of the config file."""
+
+    marks: dict[str, Mark] = field(default_factory=dict)
+    added: dict[str, AddedUnit] = field(default_factory=dict)
+    removed: dict[str, Removal] = field(default_factory=dict)  # units of the config file
+
+
+def public_state(unit: UnitState, mark: Mark) -> str:
+    """ "drained" is "draining" with nothing left in flight: the unit may now be taken down."""
+    if mark.state == "draining" and unit.inflight <= 0:
+        return "drained"
+    return mark.state
+
+
+def drained(unit: UnitState) -> bool:
+    """Out of service by the operator's choice and no request still running on it."""
+    return (not unit.enabled or unit.draining) and unit.inflight <= 0

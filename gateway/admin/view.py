@@ -1,0 +1,59 @@
+"""A unit as the operator sees it: every bit that decides routability, each with its reason.
+
+"Why is this unit not taking traffic?" should be answerable from one object: health (the
+prober's), breaker (the breaker's) and admin (the operator's) are shown side by side rather
+than folded into one status, because each has a different owner and a different fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from gateway.admin.state import Mark, drained, public_state
+from gateway.units import UnitState
+
+BreakerView = Callable[[str], dict[str, object]]
+
+
+def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> dict[str, Any]:
+    return {
+        "id": unit.id,
+        "routable": unit.routable,
+        "health": {"healthy": unit.healthy, "reason": unit.reasons.get("healthy", "")},
+        "breaker": breaker(unit, breaker_view),
+        "admin": {
+            "state": public_state(unit, mark),
+            "reason": mark.reason,
+            "who": mark.who,
+            "since": mark.since,
+        },
+        "in_flight": unit.inflight,
+        "drained": drained(unit),
+        "leader": unit.leader,
+        "weight": unit.weight,
+        "cap": unit.cap,
+        "models": list(unit.models),
+        "nodes": [
+            {
+                "url": node.url,
+                "role": node.role,
+                "rank": node.rank,
+                "healthy": node.healthy,
+                "latency_ms": node.latency_ms,
+                "error": node.error,
+            }
+            for node in unit.nodes
+        ],
+    }
+
+
+def breaker(unit: UnitState, breaker_view: BreakerView | None) -> dict[str, object]:
+    """The breaker's own view when one is wired in, else what its bit alone tells."""
+    if breaker_view is not None:
+        with contextlib.suppress(KeyError):  # a unit its breaker has not heard of yet
+            return breaker_view(unit.id)
+    if unit.admitting:
+        return {"state": "admitting"}
+    return {"state": "ejected", "reason": unit.reasons.get("admitting", "")}
