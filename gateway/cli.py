@@ -69,8 +69,10 @@ def _parser() -> argparse.ArgumentParser:
 def _run_gateway(config: Config, ready_file: Path | None) -> int:
     import uvloop
 
+    from gateway.oslimits import raise_fd_limit
     from gateway.server import serve
 
+    raise_fd_limit()
     try:
         uvloop.run(serve(config, ready_file))
     except ConfigError as exc:  # found at start-up (admin token, state file): one line, no trace

@@ -22,6 +22,7 @@ from gateway.admin.runtime import Admin
 from gateway.app import ops_app, public_app
 from gateway.config import Config
 from gateway.health.gate import BreakerGate
+from gateway.health.supervisor import HealthSupervisor
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
@@ -45,6 +46,7 @@ class Gateway:
         self.metrics = Metrics(self.units, lambda: self.admission.queued)
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
+        self.health = HealthSupervisor(config, self.units, self.events, self.metrics)
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
         self.admin = (
@@ -65,6 +67,7 @@ class Gateway:
         )
         dispatcher.on_outcome = self.breakers.record
         self.breakers.start()
+        await self.health.start()
         proxy = ProxyHandler(self.config, dispatcher)
         g, m = self.config.gateway, self.config.metrics
         try:
@@ -90,6 +93,7 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
             self._upstream = None
+        await self.health.stop()
         self.breakers.stop()
         self.tracing.shutdown()
 

@@ -16,9 +16,16 @@ from pathlib import Path
 import orjson
 import uvloop
 
+from gateway.oslimits import raise_fd_limit
 from loadtest.simunits.cluster import DEFAULT_MAX_TOKENS_CAP, DEFAULT_MODEL, SimCluster
 from loadtest.simunits.state import Settings
-from loadtest.simunits.topology import ConfigError, UnitSpec, generated_units, load_config
+from loadtest.simunits.topology import (
+    ConfigError,
+    UnitSpec,
+    generated_units,
+    load_config,
+    parse_served,
+)
 
 _DEFAULTS = Settings()
 
@@ -45,6 +52,12 @@ def _add_topology_args(p: argparse.ArgumentParser) -> None:
     topo.add_argument("--units", type=int, help="number of units (default 2)")
     topo.add_argument("--followers", type=int, help="follower nodes per unit (default 1)")
     topo.add_argument("--host", help="listen host for generated units (default 127.0.0.1)")
+    topo.add_argument(
+        "--nodes",
+        metavar="UNIT:RANK,...",
+        help="with --from-config: serve only these nodes (rank 0 brings the leader's API), "
+        "so one node can run, and be killed or frozen, in a process of its own",
+    )
 
 
 def _add_control_args(p: argparse.ArgumentParser) -> None:
@@ -88,6 +101,19 @@ def _specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[UnitSpe
     return generated_units(units, followers, args.host or "127.0.0.1")
 
 
+def _served(
+    p: argparse.ArgumentParser, args: argparse.Namespace, specs: list[UnitSpec]
+) -> frozenset[tuple[str, int]] | None:
+    if args.nodes is None:
+        return None
+    if args.from_config is None:
+        p.error("--nodes needs --from-config: other processes must agree on the addresses")
+    try:
+        return parse_served(args.nodes, specs)
+    except ConfigError as exc:
+        p.error(str(exc))
+
+
 def _check_behaviour(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.ttft_ms < 0 or args.itl_ms < 0:
         p.error("--ttft-ms and --itl-ms must be >= 0")
@@ -127,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     specs = _specs(parser, args)
+    served = _served(parser, args, specs)
     _check_behaviour(parser, args)
+    raise_fd_limit()
     cluster = SimCluster(
         specs=specs,
         settings=Settings(args.ttft_ms, args.itl_ms, args.tokens),
@@ -135,5 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens_cap=args.max_tokens_cap,
         control_host=args.control_host,
         control_port=args.control_port,
+        serve=served,
     )
     return uvloop.run(_run(cluster, args.ready_file))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from types import TracebackType
 
 from aiohttp import web
@@ -27,7 +27,12 @@ DEFAULT_MAX_TOKENS_CAP = 4096
 
 
 class SimCluster:
-    """Simulated units plus their control API; `specs` overrides `units`/`followers`/`host`."""
+    """Simulated units plus their control API; `specs` overrides `units`/`followers`/`host`.
+
+    `serve` limits this process to some (unit id, rank) nodes, so that one node of a unit can
+    run in a process of its own and be killed or frozen alone; units with no node listed are
+    not run at all. The leader's API runs where rank 0 does.
+    """
 
     def __init__(
         self,
@@ -41,8 +46,10 @@ class SimCluster:
         max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
         control_host: str = "127.0.0.1",
         control_port: int = 0,
+        serve: Collection[tuple[str, int]] | None = None,
     ) -> None:
         self._specs = list(specs) if specs is not None else generated_units(units, followers, host)
+        self._serve_only = None if serve is None else frozenset(serve)
         self._settings = settings or Settings()
         self._serve = ServeConfig(model, max_tokens_cap, PROCESS_CREATED, itertools.count())
         self._control_address = Address(control_host, control_port)
@@ -63,13 +70,18 @@ class SimCluster:
 
     def describe(self) -> dict[str, object]:
         """The topology as bound, in the shape of the CLI's ready file (minus the pid)."""
-        units = [{"id": u.id, "leader": u.leader_url, "nodes": u.node_urls} for u in self.units]
+        units = [
+            {"id": u.id, "leader": u.leader_url, "nodes": u.node_urls, "ranks": u.served_ranks}
+            for u in self.units
+        ]
         return {"control": self.control_url, "units": units}
 
     async def start(self) -> None:
         try:
             for spec in self._specs:
-                self.units.append(await self._start_unit(spec))
+                ranks = self._ranks(spec)
+                if ranks:
+                    self.units.append(await self._start_unit(spec, ranks))
             self._control = await self._listen(
                 self._control_address, ControlApi(self.units).routes()
             )
@@ -96,21 +108,29 @@ class SimCluster:
     ) -> None:
         await self.stop()
 
-    async def _start_unit(self, spec: UnitSpec) -> SimUnit:
+    def _ranks(self, spec: UnitSpec) -> frozenset[int]:
+        every = frozenset(range(len(spec.nodes)))
+        if self._serve_only is None:
+            return every
+        return frozenset(r for r in every if (spec.id, r) in self._serve_only)
+
+    async def _start_unit(self, spec: UnitSpec, ranks: frozenset[int]) -> SimUnit:
         unit = SimUnit(spec.id, len(spec.nodes), self._settings)
         api_routes = LeaderApi(unit, self._serve).routes()
-        nodes: list[Listener] = []
+        nodes: list[Listener | None] = []
         for rank, address in enumerate(spec.nodes):
+            if rank not in ranks:
+                nodes.append(None)  # served by another simulator process
+                continue
             routes = NodeHealthApi(unit, rank).routes()
             if rank == 0 and spec.leader_shares_rank0:
                 routes += api_routes
             nodes.append(await self._listen(address, routes))
-        if spec.leader_shares_rank0:
-            api = nodes[0]
-        else:
+        api = nodes[0]
+        if api is not None and not spec.leader_shares_rank0:
             # The leader's own address also answers /health, as rank 0, for probes sent there.
             api = await self._listen(spec.leader, api_routes + NodeHealthApi(unit, 0).routes())
-        unit.attach(api, nodes)
+        unit.attach(spec, api, nodes)
         return unit
 
     async def _listen(self, address: Address, routes: list[web.RouteDef]) -> Listener:

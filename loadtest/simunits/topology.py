@@ -109,3 +109,22 @@ def generated_units(units: int, followers: int, host: str) -> list[UnitSpec]:
     """Units whose nodes all take OS-assigned ports, so parallel test runs never collide."""
     anywhere = Address(host, 0)
     return [UnitSpec(f"u{i}", anywhere, (anywhere,) * (followers + 1)) for i in range(units)]
+
+
+def parse_served(text: str, specs: Sequence[UnitSpec]) -> frozenset[tuple[str, int]]:
+    """`u0:1,u1:0` -> {("u0", 1), ("u1", 0)}: the nodes one simulator process serves."""
+    ranks = {spec.id: len(spec.nodes) for spec in specs}
+    served: set[tuple[str, int]] = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        unit_id, sep, rank_text = item.rpartition(":")
+        if not sep or not rank_text.isdigit():
+            raise ConfigError(f"--nodes: {item!r} is not unit:rank")
+        if unit_id not in ranks:
+            raise ConfigError(f"--nodes: unknown unit {unit_id!r}")
+        rank = int(rank_text)
+        if rank >= ranks[unit_id]:
+            raise ConfigError(f"--nodes: unit {unit_id!r} has no rank {rank}")
+        served.add((unit_id, rank))
+    if not served:
+        raise ConfigError("--nodes: lists no node")
+    return frozenset(served)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from loadtest.simunits.listener import Listener
 from loadtest.simunits.state import Fault, FaultMode, NodeHealth, Settings, UnitState
+from loadtest.simunits.topology import UnitSpec
 
 
 async def wait_forever() -> None:
@@ -25,26 +26,43 @@ class SimUnit:
         self._running.set()
         self._stalled = 0
         self._fault_lock = asyncio.Lock()
+        self._spec: UnitSpec | None = None
         self._api: Listener | None = None
-        self._nodes: list[Listener] = []
+        self._nodes: list[Listener | None] = []
 
     @property
     def id(self) -> str:
         return self.state.unit_id
 
-    def attach(self, api: Listener, nodes: Sequence[Listener]) -> None:
-        """Called by the cluster once listeners are bound, so URLs carry the real ports."""
+    def attach(
+        self, spec: UnitSpec, api: Listener | None, nodes: Sequence[Listener | None]
+    ) -> None:
+        """Called by the cluster once listeners are bound, so URLs carry the real ports.
+
+        `None` stands for the API or a node that another simulator process serves (see
+        `--nodes`): its URL is then the configured one.
+        """
+        self._spec = spec
         self._api = api
         self._nodes = list(nodes)
 
     @property
     def leader_url(self) -> str:
-        assert self._api is not None, "unit not started"
-        return self._api.url
+        assert self._spec is not None, "unit not started"
+        return self._api.url if self._api is not None else self._spec.leader.url()
 
     @property
     def node_urls(self) -> list[str]:
-        return [node.url for node in self._nodes]
+        assert self._spec is not None, "unit not started"
+        return [
+            node.url if node is not None else address.url()
+            for node, address in zip(self._nodes, self._spec.nodes, strict=True)
+        ]
+
+    @property
+    def served_ranks(self) -> list[int]:
+        """Ranks whose /health this process answers."""
+        return [rank for rank, node in enumerate(self._nodes) if node is not None]
 
     async def emit(self, index: int, settings: Settings) -> None:
         """Produce token `index`: wait its latency, then one engine step."""
@@ -71,12 +89,14 @@ class SimUnit:
 
     async def set_fault(self, fault: Fault) -> None:
         async with self._fault_lock:
-            assert self._api is not None, "unit not started"
+            # Without the API here (a followers-only process) a fault is recorded, not felt.
             if fault.mode is FaultMode.REFUSE:
                 self.state.fault = fault
-                await self._api.close_socket()
+                if self._api is not None:
+                    await self._api.close_socket()
             else:
-                await self._api.open()
+                if self._api is not None:
+                    await self._api.open()
                 self.state.fault = fault
 
     def set_settings(self, settings: Settings) -> None:
@@ -97,6 +117,7 @@ class SimUnit:
             "id": self.id,
             "leader": self.leader_url,
             "nodes": self.node_urls,
+            "ranks": self.served_ranks,
             "settings": state.settings.to_json(),
             "fault": state.fault.to_json(),
             "health": [{"rank": r, **h.to_json()} for r, h in enumerate(state.health)],

@@ -1,0 +1,112 @@
+"""One prober per unit: probe every node each interval, judge the round, apply the verdict.
+
+Nodes of a round are probed concurrently, so a round costs one probe timeout at worst and a
+dead follower is seen as soon as a leader would be. Rounds run start to start every
+`interval` +- `jitter`, so a thousand probers drift apart instead of hitting their units in
+lockstep. The prober is the only writer of its unit's `healthy` bit and of `unit.nodes`.
+A flip is applied once: the bit (with its reason), one event (whose log line is the only
+one: steady state logs nothing), and one transition count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from random import Random
+
+from gateway.config import HealthConfig
+from gateway.health.probe import Target, canary, probe_node
+from gateway.health.result import NodeReport
+from gateway.health.verdict import Flip, GangVerdict, Round
+from gateway.observability.events import EventLog
+from gateway.observability.metrics import Metrics
+from gateway.proxy.connection import ConnectionPool, Endpoint
+from gateway.units import UnitRegistry, UnitState
+
+log = logging.getLogger("unitgate.health")
+
+
+class UnitProber:
+    def __init__(
+        self,
+        unit: UnitState,
+        registry: UnitRegistry,
+        events: EventLog,
+        metrics: Metrics,
+        pool: ConnectionPool,
+        config: HealthConfig,
+        rng: Random,
+    ) -> None:
+        self.unit, self.registry, self.events = unit, registry, events
+        self.pool, self.config, self.rng = pool, config, rng
+        urls = unit.config.nodes
+        self.targets = [Target(url) for url in urls]
+        self.leader = Endpoint(unit.leader)
+        self.verdict = GangVerdict(
+            unit.id,
+            urls,
+            fall=config.fall,
+            rise=config.rise,
+            stall_timeout=config.stall_timeout,
+            healthy=unit.healthy,
+        )
+        # Label lookups take a lock; do them once, not per failed probe.
+        self.failures = [metrics.probe_failures.labels(unit.id, str(r)) for r in range(len(urls))]
+        to = metrics.health_transitions
+        self.transitions = {ok: to.labels(unit.id, _state(ok)) for ok in (True, False)}
+        self.rounds = 0
+
+    async def run(self, first_after: float = 0.0) -> None:
+        """Until cancelled; the first round starts after `first_after` seconds."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(first_after)
+        while True:
+            started = loop.time()
+            try:
+                await self.probe_round()
+            except Exception:
+                # A bug must not silently freeze the unit's health in its last state.
+                log.exception("prober of unit %s: probe round failed", self.unit.id)
+            await asyncio.sleep(max(0.0, started + self._interval() - loop.time()))
+
+    async def probe_round(self) -> Round:
+        h = self.config
+        probes = asyncio.gather(*(probe_node(self.pool, t, h.timeout) for t in self.targets))
+        canary_error: str | None = None
+        if h.canary_every and self.rounds % h.canary_every == 0:
+            model = self.unit.models[0]
+            canary_error, reports = await asyncio.gather(
+                canary(self.pool, self.leader, model, h.canary_timeout), probes
+            )
+        else:
+            reports = await probes
+        self.rounds += 1
+        result = self.verdict.observe(reports, asyncio.get_running_loop().time(), canary_error)
+        self._record_nodes(reports, result.nodes)
+        if result.flip is not None:
+            self._apply(result.flip)
+        return result
+
+    def _record_nodes(self, reports: list[NodeReport], problems: tuple[str | None, ...]) -> None:
+        for node, report, problem in zip(self.unit.nodes, reports, problems, strict=True):
+            node.healthy = problem is None
+            node.error = problem
+            node.latency_ms = report.latency_ms
+            node.step, node.pending, node.pid = report.step, report.pending, report.pid
+            if problem is not None:
+                self.failures[node.rank].inc()
+
+    def _apply(self, flip: Flip) -> None:
+        if self.registry.units.get(self.unit.id) is not self.unit:
+            return  # removed while this round was out; its bit is nobody's business now
+        self.registry.set_bit(self.unit.id, "healthy", flip.healthy, flip.reason, "prober")
+        self.events.record(self.unit.id, _state(flip.healthy), flip.reason, "prober")
+        self.transitions[flip.healthy].inc()
+
+    def _interval(self) -> float:
+        h = self.config
+        return h.interval * (1.0 + h.jitter * self.rng.uniform(-1.0, 1.0))
+
+
+def _state(healthy: bool) -> str:
+    return "healthy" if healthy else "unhealthy"

@@ -1,0 +1,24 @@
+"""What one probe of one node saw: the seam between the probe (I/O) and the verdict (policy).
+
+The probe only reports facts; whether a wrong rank or a frozen step makes the unit unusable
+is the verdict's call, so the rules can be tested without sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """`error` is None when the node answered HTTP 200 with a JSON object."""
+
+    latency_ms: float | None
+    error: str | None = None
+    status: str | None = None
+    unit: str | None = None
+    role: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    step: int | None = None
+    pending: int | None = None

@@ -1,0 +1,145 @@
+"""Gang health verdict on a fake clock: hysteresis, identity checks, stall detection, canary."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.health.probe import parse_health
+from gateway.health.result import NodeReport
+from gateway.health.verdict import GangVerdict, Hysteresis, StallWatch
+
+URLS = ("http://l:1", "http://f:2", "http://f:3")
+
+
+def ok(rank: int, unit: str = "u3", step: int = 10, pending: int = 0) -> NodeReport:
+    role = "leader" if rank == 0 else "follower"
+    return NodeReport(1.0, None, "ok", unit, role, rank, 100 + rank, step, pending)
+
+
+def good(step: int = 10, pending: int = 0) -> list[NodeReport]:
+    return [ok(r, step=step, pending=pending) for r in range(len(URLS))]
+
+
+def verdict(healthy: bool = True, fall: int = 2, rise: int = 2) -> GangVerdict:
+    return GangVerdict("u3", URLS, fall=fall, rise=rise, stall_timeout=1.5, healthy=healthy)
+
+
+def test_hysteresis_needs_consecutive_rounds() -> None:
+    h = Hysteresis(fall=2, rise=3, healthy=True)
+    assert [h.observe(x) for x in (False, True, False)] == [False, False, False]
+    assert h.observe(False) and not h.healthy
+    assert [h.observe(x) for x in (True, True, False, True, True)] == [False] * 5
+    assert h.observe(True) and h.healthy
+
+
+def test_a_dead_follower_marks_the_unit_down_after_fall_rounds() -> None:
+    v = verdict()
+    assert v.observe(good(), 0.0).flip is None
+    dead = [*good()[:1], NodeReport(None, "connection refused"), ok(2)]
+    first = v.observe(dead, 0.25)
+    assert first.flip is None and first.nodes == (None, "connection refused", None)
+    assert first.problem == "node 1 (follower http://f:2): connection refused"
+    second = v.observe(dead, 0.5)
+    assert second.flip is not None and not second.flip.healthy
+    assert second.flip.reason == "node 1 (follower http://f:2): connection refused"
+    assert v.observe(dead, 0.75).flip is None  # flipped once, not every round
+
+
+def test_rise_good_rounds_bring_it_back_and_a_bad_one_restarts_the_count() -> None:
+    v = verdict(healthy=False)
+    bad = [ok(0), ok(1), NodeReport(None, "no answer within 200 ms")]
+    assert v.observe(good(), 0.0).flip is None
+    assert v.observe(bad, 0.25).flip is None
+    assert v.observe(good(), 0.5).flip is None
+    flip = v.observe(good(), 0.75).flip
+    assert flip is not None and flip.healthy and flip.reason == "all 3 nodes ok for 2 rounds"
+
+
+@pytest.mark.parametrize(
+    ("report", "problem"),
+    [
+        (ok(1, unit="u7"), "reports unit u7, expected u3"),
+        (ok(2), "reports rank 2, expected 1"),
+        (NodeReport(1.0, None, "ok", "u3", "leader", 1), "reports role leader, expected follower"),
+        (NodeReport(1.0, None, "degraded", "u3", "follower", 1), "status 'degraded'"),
+        (
+            NodeReport(1.0, "HTTP 503 (status unhealthy)", "unhealthy"),
+            "HTTP 503 (status unhealthy)",
+        ),
+    ],
+)
+def test_each_node_problem_is_named(report: NodeReport, problem: str) -> None:
+    v = verdict(fall=1)
+    result = v.observe([ok(0), report, ok(2)], 0.0)
+    assert result.nodes[1] == problem
+    assert result.flip is not None
+    assert result.flip.reason == f"node 1 (follower http://f:2): {problem}"
+
+
+def test_the_leader_must_say_leader() -> None:
+    v = verdict(fall=1)
+    follower_at_rank0 = NodeReport(1.0, None, "ok", "u3", "follower", 0)
+    result = v.observe([follower_at_rank0, ok(1), ok(2)], 0.0)
+    assert result.problem == "node 0 (leader http://l:1): reports role follower, expected leader"
+
+
+def test_several_failures_are_all_reported() -> None:
+    v = verdict(fall=1)
+    down = NodeReport(None, "connection refused")
+    result = v.observe([ok(0), down, down], 0.0)
+    assert result.problem == (
+        "node 1 (follower http://f:2): connection refused; "
+        "node 2 (follower http://f:3): connection refused"
+    )
+
+
+def test_stall_needs_pending_work_and_a_frozen_step() -> None:
+    watch = StallWatch(1.5)
+    assert watch.observe(812, 0, 0.0) is None
+    assert watch.observe(812, 0, 5.0) is None  # idle: nothing to do is not a stall
+    assert watch.observe(812, 3, 5.0) is None  # work arrived: the clock starts now
+    assert watch.observe(812, 3, 6.5) is None  # exactly the timeout is still fine
+    assert (
+        watch.observe(812, 3, 6.6) == "engine stalled: step 812 unchanged for 1.6 s with 3 pending"
+    )
+    assert watch.observe(813, 3, 6.7) is None  # it moved again
+    assert watch.observe(None, None, 99.0) is None  # no data: the node's failure speaks
+
+
+def test_a_busy_engine_that_keeps_stepping_is_not_stalled() -> None:
+    v = verdict(fall=1)
+    for i in range(20):
+        assert v.observe(good(step=i, pending=4), i * 0.25).problem is None
+
+
+def test_a_stalled_engine_marks_the_unit_down() -> None:
+    v = verdict()
+    now, flips = 0.0, []
+    while now < 3.0:
+        result = v.observe(good(step=812, pending=3), now)
+        if result.flip is not None:
+            flips.append((now, result.flip))
+        now += 0.25
+    (at, flip), *rest = flips
+    # Stalled from the round after 1.5 s (1.75), and down after a second bad round.
+    assert not rest and not flip.healthy and at == 2.0
+    assert flip.reason.startswith("engine stalled: step 812 unchanged for 2.0 s")
+    assert flip.reason.endswith("with 3 pending")
+
+
+def test_a_failed_canary_makes_the_round_bad() -> None:
+    v = verdict(fall=1)
+    result = v.observe(good(), 0.0, canary="HTTP 500: boom")
+    assert result.nodes == (None, None, None)
+    assert (
+        result.flip is not None and result.flip.reason == "canary completion failed: HTTP 500: boom"
+    )
+
+
+def test_parse_health_answers() -> None:
+    body = b'{"status":"ok","role":"leader","unit":"u3","rank":0,"pid":7,"step":5,"pending":1}'
+    assert parse_health(200, body, 2.0) == NodeReport(2.0, None, "ok", "u3", "leader", 0, 7, 5, 1)
+    down = parse_health(503, b'{"status":"unhealthy","rank":true}', 1.0)
+    assert down.error == "HTTP 503 (status unhealthy)" and down.rank is None
+    assert parse_health(200, b"<html>", 1.0).error == "HTTP 200 without a JSON object body"
+    assert parse_health(502, b"[]", 1.0).error == "HTTP 502 without a JSON object body"
