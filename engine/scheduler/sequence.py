@@ -1,0 +1,123 @@
+"""One request's state as the scheduler sees it: tokens, slot, status and visible text."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from engine.scheduler.errors import InvalidParams
+from engine.scheduler.stops import partial_stop_len
+
+# A token whose bytes end mid-character decodes to this; the next token may complete it.
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    """Values are the OpenAI `finish_reason` strings, so the server can pass them through."""
+
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens (possibly clamped to the KV slot)
+    ABORT = "abort"  # the client went away
+
+
+def _check(ok: bool, name: str, value: object, problem: str) -> None:
+    if not ok:
+        raise InvalidParams(name, value, problem)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request knobs. Tuples, not lists, so a params object can be shared and hashed."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        ok_temp = math.isfinite(self.temperature) and self.temperature >= 0
+        _check(ok_temp, "temperature", self.temperature, "must be a finite number >= 0")
+        ok_top_p = math.isfinite(self.top_p) and 0 < self.top_p <= 1
+        _check(ok_top_p, "top_p", self.top_p, "must be in (0, 1]")
+        # A bare string would be iterated character by character: every letter a stop string.
+        _check(isinstance(self.stop, tuple), "stop", self.stop, "must be a tuple of strings")
+        ok_stop = all(isinstance(s, str) and s for s in self.stop)
+        _check(ok_stop, "stop", self.stop, "every stop string must be non-empty")
+        ok_ids = all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids)
+        _check(ok_ids, "stop_token_ids", self.stop_token_ids, "must be token ids >= 0")
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """Mutable on purpose: the scheduler owns it and is its only writer.
+
+    `prompt_ids` stays the client's prompt (usage accounting needs it); after a preemption the
+    recompute prefill feeds `token_ids`, i.e. prompt + outputs so far.
+    """
+
+    seq_id: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens, clamped so prompt + output fits one KV slot
+    status: SequenceStatus = SequenceStatus.WAITING
+    slot: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None  # the EOS/stop token id or stop string that matched
+    num_preemptions: int = 0
+    _text: str = field(default="", init=False, repr=False)
+    _emitted: int = field(default=0, init=False, repr=False)
+
+    @property
+    def max_tokens_clamped(self) -> bool:
+        return self.max_tokens < self.params.max_tokens
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.prompt_ids + tuple(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def visible_text(self) -> str:
+        """Output text without EOS/stop tokens, cut before a matched stop string.
+
+        While running, its tail may still become a stop string; stream with `take_text_delta`.
+        """
+        return self._text
+
+    def take_text_delta(self) -> str:
+        """Text since the last call that can no longer change, so a stream never takes back.
+
+        Holds back a tail that could be the start of a stop string, and a trailing replacement
+        character (a multi-byte character split across tokens), until the sequence finishes.
+        """
+        end = len(self._text)
+        if not self.is_finished:
+            end -= partial_stop_len(self._text, self.params.stop)
+            while end > self._emitted and self._text[end - 1] == _REPLACEMENT_CHAR:
+                end -= 1
+        if end <= self._emitted:
+            return ""
+        delta, self._emitted = self._text[self._emitted : end], end
+        return delta
+
+    def set_text(self, text: str) -> None:
+        """Called by the scheduler after each token; the text is decoded from `output_ids`."""
+        self._text = text

@@ -1,0 +1,401 @@
+"""Scheduler bookkeeping: admission, phases, finishing, abort and preemption. No torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import pytest
+
+from engine.scheduler import (
+    DuplicateSequence,
+    EmptyPrompt,
+    FinishReason,
+    PromptTooLong,
+    SamplingParams,
+    ScheduledBatch,
+    Scheduler,
+    SchedulerConfig,
+    SequenceStatus,
+    UnknownSequence,
+)
+
+EOS = 1000
+
+
+def letters(ids: Seq[int]) -> str:
+    """Fake tokenizer: token i is the letter a + i mod 26; EOS is never decoded by the scheduler."""
+    return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def tok(text: str) -> list[int]:
+    return [ord(c) - ord("a") for c in text]
+
+
+def make(**config: int) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), frozenset({EOS}), letters)
+
+
+def step(sched: Scheduler, token: int) -> ScheduledBatch:
+    """Run one step where every scheduled sequence samples `token`."""
+    batch = sched.schedule()
+    sched.update(dict.fromkeys(batch.seq_ids, token))
+    return batch
+
+
+def test_admission_is_fifo_and_takes_lowest_slots() -> None:
+    sched = make()
+    for i in (7, 3, 5):
+        sched.add(i, [1, 2, i], SamplingParams())
+    batch = sched.schedule()
+    assert batch.is_prefill
+    assert batch.seq_ids == (7, 3, 5)
+    assert [s.slot for s in batch.seqs] == [0, 1, 2]
+    assert [s.token_ids for s in batch.seqs] == [(1, 2, 7), (1, 2, 3), (1, 2, 5)]
+    assert all(s.start_pos == 0 for s in batch.seqs)
+    assert batch.num_tokens == 9
+
+
+def test_full_slots_leave_requests_waiting_until_one_frees() -> None:
+    sched = make(num_slots=2)
+    for i in range(3):
+        sched.add(i, [1], SamplingParams(max_tokens=10))
+    first = sched.schedule()
+    assert first.seq_ids == (0, 1)
+    assert (first.num_waiting, sched.num_waiting, sched.free_slots) == (1, 1, 0)
+    sched.update({0: 4, 1: 4})
+    assert sched.schedule().seq_ids == (0, 1)  # still full: decode, request 2 keeps waiting
+    finished = sched.update({0: EOS, 1: 5})
+    assert [s.seq_id for s in finished] == [0]
+    admitted = sched.schedule()
+    assert admitted.is_prefill
+    assert admitted.seq_ids == (2,)
+    assert admitted.seqs[0].slot == 0  # the slot sequence 0 gave back
+    assert admitted.num_waiting == 0
+
+
+def test_max_num_seqs_caps_running_even_with_free_slots() -> None:
+    sched = make(max_num_seqs=2, num_slots=8)
+    for i in range(3):
+        sched.add(i, [1], SamplingParams())
+    assert sched.schedule().seq_ids == (0, 1)
+    assert (sched.num_running, sched.num_waiting, sched.free_slots) == (2, 1, 6)
+
+
+def test_token_budget_stops_at_the_head_of_the_line() -> None:
+    sched = make(max_num_batched_tokens=10)
+    sched.add(0, [1] * 4, SamplingParams())
+    sched.add(1, [1] * 8, SamplingParams())
+    sched.add(2, [1], SamplingParams())  # would fit, but may not overtake request 1
+    assert sched.schedule().seq_ids == (0,)
+    assert sched.schedule().seq_ids == (1, 2)
+
+
+def test_token_budget_fills_exactly() -> None:
+    sched = make(max_num_batched_tokens=8)
+    for i in range(3):
+        sched.add(i, [1] * 4, SamplingParams())
+    assert sched.schedule().seq_ids == (0, 1)
+    assert sched.schedule().seq_ids == (2,)
+
+
+def test_oversized_prompt_is_admitted_alone() -> None:
+    sched = make(max_num_batched_tokens=8, max_seq_len=64)
+    sched.add(0, [1] * 2, SamplingParams())
+    sched.add(1, [1] * 20, SamplingParams())
+    sched.add(2, [1] * 2, SamplingParams())
+    assert sched.schedule().seq_ids == (0,)  # 20 tokens do not fit next to request 0
+    big = sched.schedule()
+    assert big.seq_ids == (1,)  # alone, although over the budget: it must not starve
+    assert big.num_tokens == 20
+    assert sched.schedule().seq_ids == (2,)
+
+
+def test_prefill_then_decode_feeds_the_last_token_at_its_position() -> None:
+    sched = make()
+    sched.add(0, [5, 6, 7], SamplingParams())
+    sched.add(1, [8], SamplingParams())
+    assert sched.schedule().is_prefill
+    sched.update({0: 10, 1: 11})
+    decode = sched.schedule()
+    assert not decode.is_prefill
+    assert [(s.seq_id, s.token_ids, s.start_pos) for s in decode.seqs] == [
+        (0, (10,), 3),
+        (1, (11,), 1),
+    ]
+    sched.update({0: 12, 1: 13})
+    again = sched.schedule()
+    assert [(s.token_ids, s.start_pos) for s in again.seqs] == [((12,), 4), ((13,), 2)]
+
+
+def test_a_new_prefill_pauses_decodes_for_one_step() -> None:
+    sched = make()
+    sched.add(0, [1], SamplingParams())
+    step(sched, 2)
+    sched.add(1, [3, 4], SamplingParams())
+    batch = sched.schedule()
+    assert batch.is_prefill
+    assert batch.seq_ids == (1,)
+    sched.update({1: 5})
+    assert sched.schedule().seq_ids == (0, 1)
+
+
+def test_empty_scheduler_returns_an_empty_batch() -> None:
+    sched = make()
+    batch = sched.schedule()
+    assert batch.is_empty
+    assert not sched.has_work
+    assert (sched.pending, sched.free_slots) == (0, 8)
+
+
+def test_introspection_follows_the_lifecycle() -> None:
+    sched = make(num_slots=1)
+    a = sched.add(0, [1], SamplingParams(max_tokens=1))
+    sched.add(1, [1], SamplingParams(max_tokens=1))
+    assert (sched.num_waiting, sched.num_running, sched.pending, sched.has_work) == (2, 0, 2, True)
+    sched.schedule()
+    assert sched.get(0) is a and a.status.value == "running"
+    assert (sched.num_waiting, sched.num_running, sched.pending, sched.free_slots) == (1, 1, 2, 0)
+    sched.update({0: 3})
+    assert a.is_finished and sched.get(0) is None
+    assert (sched.num_waiting, sched.num_running, sched.free_slots) == (1, 0, 1)
+
+
+def test_eos_finishes_with_stop_and_is_not_visible() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams())
+    step(sched, tok("h")[0])
+    step(sched, tok("i")[0])
+    sched.schedule()
+    finished = sched.update({0: EOS})
+    assert finished == [seq]
+    assert seq.finish_reason is FinishReason.STOP
+    assert seq.stop_reason == EOS
+    assert seq.output_ids == [*tok("hi"), EOS]
+    assert seq.visible_text() == "hi"
+    assert seq.slot is None
+    assert sched.free_slots == 8
+
+
+def test_ignore_eos_keeps_generating() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(max_tokens=3, ignore_eos=True))
+    step(sched, EOS)
+    step(sched, EOS)
+    assert not seq.is_finished
+    step(sched, EOS)
+    assert seq.finish_reason is FinishReason.LENGTH
+
+
+def test_stop_token_id_finishes_and_is_not_visible() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(stop_token_ids=(25,)))
+    step(sched, 0)
+    step(sched, 25)
+    assert seq.finish_reason is FinishReason.STOP
+    assert seq.stop_reason == 25
+    assert seq.visible_text() == "a"
+
+
+def test_stop_string_spanning_two_tokens_cuts_the_text() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(stop=("cd",)))
+    for token in tok("abc"):
+        step(sched, token)
+    assert not seq.is_finished
+    step(sched, tok("d")[0])
+    assert seq.finish_reason is FinishReason.STOP
+    assert seq.stop_reason == "cd"
+    assert seq.visible_text() == "ab"
+    assert sched.num_running == 0
+
+
+def test_stop_string_inside_a_token_drops_the_rest_of_it() -> None:
+    pieces = {0: "he", 1: "llo", 2: " wor", 3: "ld"}
+    sched = Scheduler(
+        SchedulerConfig(), frozenset({EOS}), lambda ids: "".join(pieces[i] for i in ids)
+    )
+    seq = sched.add(0, [1], SamplingParams(stop=("o w", "zzz")))
+    for token in (0, 1, 2):
+        step(sched, token)
+    assert seq.finish_reason is FinishReason.STOP
+    assert seq.visible_text() == "hell"
+
+
+def test_earliest_stop_string_wins() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(stop=("bcd", "cd")))
+    for token in tok("abcd"):
+        step(sched, token)
+    assert seq.stop_reason == "bcd"
+    assert seq.visible_text() == "a"
+
+
+def test_deltas_hold_back_a_possible_stop_prefix() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(stop=("cde",)))
+    deltas = []
+    for token in tok("abcdx"):
+        step(sched, token)
+        deltas.append(seq.take_text_delta())
+    assert deltas == ["a", "b", "", "", "cdx"]
+    assert "".join(deltas) == seq.visible_text() == "abcdx"
+
+
+def test_deltas_never_emit_the_stop_string() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(stop=("cde",)))
+    deltas = []
+    for token in tok("abcde"):
+        step(sched, token)
+        deltas.append(seq.take_text_delta())
+    assert deltas == ["a", "b", "", "", ""]
+    assert seq.finish_reason is FinishReason.STOP
+
+
+def test_held_back_text_is_released_when_the_length_runs_out() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(max_tokens=2, stop=("bc",)))
+    step(sched, 0)
+    assert seq.take_text_delta() == "a"
+    step(sched, 1)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.take_text_delta() == "b"
+    assert seq.take_text_delta() == ""
+
+
+def test_deltas_hold_back_a_split_character() -> None:
+    pieces = {0: "a", 1: "\ufffd", 2: "é"}
+
+    def decode(ids: Seq[int]) -> str:
+        # Token 1 is the first byte of "é", token 2 the second: together they decode to "é".
+        text = "".join(pieces[i] for i in ids)
+        return text.replace("\ufffdé", "é")
+
+    sched = Scheduler(SchedulerConfig(), frozenset({EOS}), decode)
+    seq = sched.add(0, [1], SamplingParams())
+    step(sched, 0)
+    step(sched, 1)
+    assert seq.take_text_delta() == "a"
+    step(sched, 2)
+    assert seq.take_text_delta() == "é"
+
+
+def test_length_finishes_after_max_tokens() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams(max_tokens=3))
+    step(sched, 0)
+    step(sched, 1)
+    assert not seq.is_finished
+    batch = sched.schedule()
+    assert sched.update({0: 2}) == [seq]
+    assert batch.seq_ids == (0,)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.visible_text() == "abc"
+    assert not sched.has_work
+
+
+def test_max_tokens_is_clamped_to_the_slot() -> None:
+    sched = make(max_seq_len=10)
+    long = sched.add(0, [1] * 7, SamplingParams(max_tokens=16))
+    short = sched.add(1, [1] * 2, SamplingParams(max_tokens=8))
+    assert (long.max_tokens, long.max_tokens_clamped) == (3, True)
+    assert (short.max_tokens, short.max_tokens_clamped) == (8, False)
+    for _ in range(3):
+        step(sched, 0)
+    assert long.finish_reason is FinishReason.LENGTH
+    assert long.num_tokens == 10
+    assert not short.is_finished
+
+
+def test_abort_a_waiting_request() -> None:
+    sched = make(num_slots=1)
+    sched.add(0, [1], SamplingParams())
+    waiting = sched.add(1, [1], SamplingParams())
+    sched.add(2, [1], SamplingParams())
+    sched.schedule()
+    assert sched.abort(1)
+    assert waiting.finish_reason is FinishReason.ABORT
+    assert waiting.is_finished
+    assert sched.num_waiting == 1
+    assert not sched.abort(1)  # idempotent
+    assert sched.abort(0)
+    assert sched.schedule().seq_ids == (2,)
+
+
+def test_abort_a_running_request_frees_its_slot_and_drops_its_token() -> None:
+    sched = make(num_slots=2)
+    a = sched.add(0, [1], SamplingParams())
+    sched.add(1, [1], SamplingParams())
+    sched.schedule()
+    assert sched.free_slots == 0
+    assert sched.abort(0)
+    assert (a.slot, a.finish_reason, sched.free_slots) == (None, FinishReason.ABORT, 1)
+    assert sched.update({0: 5, 1: 5}) == []  # the in-flight step's token for 0 is dropped
+    assert a.output_ids == []
+    assert sched.schedule().seq_ids == (1,)
+    assert not sched.abort(0)
+
+
+def test_abort_unknown_id_is_false() -> None:
+    assert not make().abort(42)
+
+
+def test_preempt_puts_the_sequence_first_with_its_prompt_extended() -> None:
+    sched = make(num_slots=2, max_seq_len=64)
+    victim = sched.add(0, [1, 2], SamplingParams(max_tokens=3))
+    sched.add(1, [3], SamplingParams())
+    sched.add(2, [4], SamplingParams())  # waits: both slots taken
+    step(sched, 7)
+    step(sched, 8)
+    assert victim.output_ids == [7, 8]
+    sched.preempt(0)
+    assert (victim.status, victim.slot, victim.num_preemptions) == (SequenceStatus.WAITING, None, 1)
+    assert (sched.free_slots, sched.num_waiting) == (1, 2)
+    batch = sched.schedule()
+    assert batch.seq_ids == (0,)  # ahead of request 2, which waited longer
+    assert (batch.seqs[0].token_ids, batch.seqs[0].start_pos) == ((1, 2, 7, 8), 0)
+    assert victim.prompt_ids == (1, 2)  # usage still counts the client's prompt
+    sched.update({0: 9})
+    assert victim.finish_reason is FinishReason.LENGTH  # outputs before preemption still count
+    assert victim.visible_text() == "hij"
+
+
+def test_token_for_a_preempted_sequence_is_dropped() -> None:
+    sched = make()
+    seq = sched.add(0, [1], SamplingParams())
+    sched.schedule()
+    sched.preempt(0)
+    assert sched.update({0: 5}) == []
+    assert seq.output_ids == []
+
+
+def test_preempt_needs_a_running_sequence() -> None:
+    sched = make()
+    sched.add(0, [1], SamplingParams())
+    with pytest.raises(UnknownSequence, match="sequence 0 is not running"):
+        sched.preempt(0)
+    with pytest.raises(UnknownSequence):
+        sched.preempt(9)
+
+
+def test_add_rejects_what_could_never_run() -> None:
+    sched = make(max_seq_len=8)
+    with pytest.raises(EmptyPrompt, match="prompt is empty"):
+        sched.add(0, [], SamplingParams())
+    with pytest.raises(PromptTooLong, match="8 tokens, at most 7") as err:
+        sched.add(0, [1] * 8, SamplingParams())
+    assert (err.value.prompt_len, err.value.limit) == (8, 7)
+    assert sched.add(0, [1] * 7, SamplingParams()).max_tokens == 1
+    assert sched.num_waiting == 1
+
+
+def test_add_rejects_live_duplicates_but_reuses_finished_ids() -> None:
+    sched = make()
+    sched.add(0, [1], SamplingParams(max_tokens=1))
+    with pytest.raises(DuplicateSequence):
+        sched.add(0, [1], SamplingParams())  # waiting
+    sched.schedule()
+    with pytest.raises(DuplicateSequence):
+        sched.add(0, [1], SamplingParams())  # running
+    sched.update({0: 1})
+    assert sched.add(0, [2], SamplingParams()).prompt_ids == (2,)
