@@ -1,0 +1,136 @@
+"""Tensor parallelism: the rank's view of the group and the layers that split across it.
+
+Column-parallel layers split output features (each rank computes some heads or MLP features);
+row-parallel layers split input features and all-reduce their partial sums. Each layer reads
+only its own shard from a `WeightSource`, so a rank never materialises another rank's weights.
+
+Vocabulary: the embedding and the LM head are REPLICATED on every rank. Every rank then holds
+complete logits without a gather, the vocab size needs no divisibility by the world size, and
+TP adds exactly two all-reduces per layer. The price is vocab x hidden memory per rank (about
+1 GB for a 128k x 4k bf16 head); sharding the head along the vocab and all-gathering would be
+a change to `ReplicatedLinear`'s one caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class WeightSource(Protocol):
+    """Where weights come from (a seeded generator, a safetensors folder), by HF name."""
+
+    def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        """The tensor `name`, restricted to `rows` (dim 0) and/or `cols` (dim 1)."""
+        ...
+
+    def has(self, name: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TPContext:
+    """This rank's place in the tensor-parallel group.
+
+    `group=None` means the default (world) group; at world size 1 nothing is communicated.
+    Shapes are validated from rank and world size alone, before any collective runs."""
+
+    rank: int = 0
+    world_size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size: must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank: {self.rank} is outside [0, {self.world_size})")
+
+    @classmethod
+    def from_process_group(cls, group: dist.ProcessGroup | None = None) -> TPContext:
+        """The context of an initialised torch.distributed group (default: the world)."""
+        return cls(
+            rank=dist.get_rank(group),
+            world_size=dist.get_world_size(group),
+            group=group if group is not None else dist.group.WORLD,
+        )
+
+    def shard(self, size: int, what: str) -> slice:
+        """This rank's contiguous slice of `size` items; `what` names them in the error."""
+        if size % self.world_size:
+            raise ValueError(
+                f"{what}: {size} is not divisible by tensor-parallel world_size={self.world_size}"
+            )
+        part = size // self.world_size
+        return slice(self.rank * part, (self.rank + 1) * part)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum partial results across ranks in place (a no-op at world size 1)."""
+        if self.world_size > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
+        return x
+
+
+def _empty(rows: int, cols: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(rows, cols), requires_grad=False)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y[:, shard] = x @ W[shard].T: the rank keeps the rows (output features) of its shard."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, what: str) -> None:
+        super().__init__()
+        self.rows = tp.shard(out_features, what)
+        self.weight = _empty(self.rows.stop - self.rows.start, in_features)
+
+    def load(self, source: WeightSource, name: str) -> None:
+        self.weight.copy_(source.get(name, rows=self.rows))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x[:, shard] @ W[:, shard].T: inputs split, outputs all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, what: str) -> None:
+        super().__init__()
+        self.tp = tp
+        self.cols = tp.shard(in_features, what)
+        self.weight = _empty(out_features, self.cols.stop - self.cols.start)
+
+    def load(self, source: WeightSource, name: str) -> None:
+        self.weight.copy_(source.get(name, cols=self.cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(nn.functional.linear(x, self.weight))
+
+
+class ReplicatedLinear(nn.Module):
+    """The LM head: the full matrix on every rank (see the module docstring for why)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = _empty(out_features, in_features)
+
+    def load(self, source: WeightSource, name: str) -> None:
+        self.weight.copy_(source.get(name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
+class ReplicatedEmbedding(nn.Module):
+    """The token embedding, whole on every rank, so each rank embeds its inputs locally."""
+
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = _empty(vocab_size, hidden_size)
+
+    def load(self, source: WeightSource, name: str) -> None:
+        self.weight.copy_(source.get(name))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.weight)

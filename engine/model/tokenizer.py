@@ -1,0 +1,184 @@
+"""Tokenizers with one interface: a byte-level one built from code, and HF `tokenizer.json`.
+
+The engine needs: encode, decode, a chat template returning ids, the stop ids, and streaming
+detokenization that never emits half a UTF-8 character (`DetokenizeStream`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+Message = Mapping[str, str]
+ROLES = ("system", "user", "assistant")
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    stop_ids: frozenset[int]
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """Ids 0..255 are bytes; then <bos>, <eos>, one marker per role, and <end> (end of turn).
+
+    No training and no files: any text round-trips, which is what a model built from code
+    needs. Chat: <bos> (<|role|> content <end>)* [<|assistant|>].
+    """
+
+    SPECIALS = ("<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<end>")
+
+    def __init__(self) -> None:
+        self.ids = {name: 256 + i for i, name in enumerate(self.SPECIALS)}
+        self.vocab_size = 256 + len(self.SPECIALS)
+        self.bos_id: int | None = self.ids["<bos>"]
+        self.eos_id: int | None = self.ids["<eos>"]
+        self.end_id = self.ids["<end>"]
+        self.stop_ids = frozenset({self.ids["<eos>"], self.end_id})
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.ids["<bos>"], *ids] if add_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Special tokens are dropped; broken UTF-8 becomes U+FFFD rather than an error."""
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        ids = [self.ids["<bos>"]]
+        for message in messages:
+            role = _role(message)
+            ids += [self.ids[f"<|{role}|>"], *self.encode(message["content"]), self.end_id]
+        if add_generation_prompt:
+            ids.append(self.ids["<|assistant|>"])
+        return ids
+
+
+def _role(message: Message) -> str:
+    role = message.get("role", "")
+    if role not in ROLES:
+        raise ValueError(f"messages.role: expected one of {ROLES}, got {role!r}")
+    if not isinstance(message.get("content"), str):
+        raise ValueError("messages.content: must be a string")
+    return role
+
+
+class HFTokenizer:
+    """A Hugging Face folder's `tokenizer.json`, with its jinja chat template when one is
+    present and renders, else a minimal text template (`<|role|>\\ncontent\\n`)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        self.tok = _HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        settings = _read_json(folder / "tokenizer_config.json")
+        self.vocab_size: int = self.tok.get_vocab_size(with_added_tokens=True)
+        self.bos_token = _token_text(settings.get("bos_token"))
+        self.eos_token = _token_text(settings.get("eos_token"))
+        self.bos_id = self._id(self.bos_token)
+        self.eos_id = self._id(self.eos_token)
+        self.template: str | None = settings.get("chat_template")
+        stops = {self.eos_id, self._id("<|eot_id|>"), self._id("<|im_end|>")}
+        self.stop_ids = frozenset(i for i in stops if i is not None)
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self.tok.token_to_id(token)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids: list[int] = self.tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self.tok.decode(list(ids), skip_special_tokens=True)
+        return text
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[int]:
+        for message in messages:
+            _role(message)
+        rendered = self._render(messages, add_generation_prompt)
+        if rendered is not None:
+            return self.encode(rendered)
+        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|assistant|>\n"
+        return self.encode(text, add_bos=True)
+
+    def _render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str | None:
+        """The folder's own template, or None when it has none or it does not render here."""
+        if not isinstance(self.template, str):
+            return None
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            rendered: str = env.from_string(self.template).render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except Exception:
+            return None
+        return rendered
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _token_text(value: object) -> str | None:
+    """tokenizer_config stores special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class DetokenizeStream:
+    """Turns generated ids into text deltas without ever emitting half a character.
+
+    Decodes a short window (the ids since the last emitted text plus the previous ones as
+    left context, which byte-level BPE and sentencepiece need for spacing) and holds back
+    while the window ends in U+FFFD, i.e. an incomplete UTF-8 sequence.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        self.prefix = max(0, len(self.ids) - 5)
+        self.read = len(self.ids)
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the text it completes (possibly "")."""
+        self.ids.append(token_id)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        """At the end of generation: whatever is held back, broken bytes as U+FFFD."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return after[len(before) :]

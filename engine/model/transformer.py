@@ -1,0 +1,249 @@
+"""A Llama-style decoder split across tensor-parallel ranks, with a slot-based KV cache.
+
+The engine calls `Transformer.forward(batch)`: each entry is (slot, new token ids, start
+position). Prefill entries (many tokens) and decode entries (one token) share one call. The
+linear layers run once over all tokens of the batch packed together; attention runs per entry,
+which keeps causal masking and per-slot cache reads obviously correct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from engine.model.config import ModelConfig
+from engine.model.kvcache import KVCache
+from engine.model.parallel import (
+    ColumnParallelLinear,
+    ReplicatedEmbedding,
+    ReplicatedLinear,
+    RowParallelLinear,
+    TPContext,
+    WeightSource,
+)
+
+Entry = tuple[int, Sequence[int], int]
+
+
+class RMSNorm(nn.Module):
+    """Normalise in float32 then cast back, exactly like transformers' LlamaRMSNorm."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding with Llama's rotate-half convention (first half / second
+    half of each head's dims form the pairs), tables precomputed up to max_seq_len."""
+
+    def __init__(self, head_dim: int, theta: float, max_seq_len: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
+        freqs = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (tokens, heads, head_dim); positions: (tokens,)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over this rank's heads; o_proj all-reduces the partial sums."""
+
+    def __init__(self, config: ModelConfig, tp: TPContext, layer: int) -> None:
+        super().__init__()
+        hd, hidden = config.head_dim, config.hidden_size
+        self.layer, self.head_dim = layer, hd
+        # Local heads: a contiguous block, so local q head h uses local kv head h // group.
+        self.num_heads = config.num_heads // tp.world_size
+        self.num_kv_heads = config.num_kv_heads // tp.world_size
+        self.q_proj = ColumnParallelLinear(hidden, config.num_heads * hd, tp, "num_heads")
+        self.k_proj = ColumnParallelLinear(hidden, config.num_kv_heads * hd, tp, "num_kv_heads")
+        self.v_proj = ColumnParallelLinear(hidden, config.num_kv_heads * hd, tp, "num_kv_heads")
+        self.o_proj = RowParallelLinear(config.num_heads * hd, hidden, tp, "num_heads")
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        entries: Sequence[Entry],
+        rotary: Rotary,
+        cache: KVCache,
+    ) -> torch.Tensor:
+        """x: (all tokens of the batch, hidden), packed in entry order."""
+        q = rotary(self.q_proj(x).view(-1, self.num_heads, self.head_dim), positions)
+        k = rotary(self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim), positions)
+        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        outputs, offset = [], 0
+        for slot, ids, start in entries:
+            n = len(ids)
+            cache.write(self.layer, slot, start, k[offset : offset + n], v[offset : offset + n])
+            keys, values = cache.read(self.layer, slot, start + n)
+            outputs.append(self._attend(q[offset : offset + n], keys, values, start))
+            offset += n
+        out: torch.Tensor = self.o_proj(torch.cat(outputs).reshape(x.shape[0], -1))
+        return out
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """Causal attention of T new queries (at start..start+T) over all cached positions."""
+        group = self.num_heads // self.num_kv_heads
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        q_pos = torch.arange(start, start + q.shape[0], device=q.device).unsqueeze(1)
+        mask = torch.arange(keys.shape[1], device=q.device).unsqueeze(0) <= q_pos
+        out = nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), keys, values, attn_mask=mask
+        )
+        return out.transpose(0, 1)
+
+
+class MLP(nn.Module):
+    """SwiGLU: gate and up split the intermediate features, down all-reduces them back."""
+
+    def __init__(self, config: ModelConfig, tp: TPContext) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_proj = ColumnParallelLinear(hidden, inter, tp, "intermediate_size")
+        self.up_proj = ColumnParallelLinear(hidden, inter, tp, "intermediate_size")
+        self.down_proj = RowParallelLinear(inter, hidden, tp, "intermediate_size")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPContext, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, tp, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config, tp)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        entries: Sequence[Entry],
+        rotary: Rotary,
+        cache: KVCache,
+    ) -> torch.Tensor:
+        h: torch.Tensor = x + self.self_attn(
+            self.input_layernorm(x), positions, entries, rotary, cache
+        )
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+    def load(self, source: WeightSource, prefix: str) -> None:
+        """Module attribute names follow the HF checkpoint, so names map one to one."""
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            getattr(self, name).weight.copy_(source.get(f"{prefix}.{name}.weight"))
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(self.self_attn, name).load(source, f"{prefix}.self_attn.{name}.weight")
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(self.mlp, name).load(source, f"{prefix}.mlp.{name}.weight")
+
+
+class Transformer(nn.Module):
+    """The model as one rank sees it, owning that rank's KV cache."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPContext | None = None,
+        num_slots: int = 8,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        tp = tp or TPContext()
+        self.config, self.tp = config, tp
+        for field in ("num_heads", "num_kv_heads", "intermediate_size"):
+            tp.shard(getattr(config, field), field)  # fail with the field's name up front
+        device = device or torch.device("cpu")
+        self.embed_tokens = ReplicatedEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, tp, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = ReplicatedLinear(config.hidden_size, config.vocab_size)
+        self.to(device=device, dtype=dtype)
+        # Built after the cast: the rotary tables stay float32, as in transformers.
+        self.rotary = Rotary(config.head_dim, config.rope_theta, config.max_seq_len).to(device)
+        local_kv = config.num_kv_heads // tp.world_size
+        self.cache = KVCache(
+            config.num_layers,
+            num_slots,
+            config.max_seq_len,
+            local_kv,
+            config.head_dim,
+            device,
+            dtype,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def load(self, source: WeightSource) -> None:
+        """Copy this rank's shard of every weight from `source` (HF tensor names)."""
+        self.embed_tokens.load(source, "model.embed_tokens.weight")
+        for i, block in enumerate(self.layers):
+            assert isinstance(block, Block)
+            block.load(source, f"model.layers.{i}")
+        self.norm.weight.copy_(source.get("model.norm.weight"))
+        tied = self.config.tie_embeddings or not source.has("lm_head.weight")
+        self.lm_head.load(source, "model.embed_tokens.weight" if tied else "lm_head.weight")
+
+    @torch.inference_mode()
+    def forward(self, batch: Sequence[Entry]) -> torch.Tensor:
+        """Logits (len(batch), vocab) of each entry's last token; writes the entries' keys and
+        values into their slots at start_pos onwards. Every rank must call this with the same
+        batch, since the row-parallel layers all-reduce inside."""
+        ids, positions = self._pack(batch)
+        x = self.embed_tokens(ids)
+        for block in self.layers:
+            x = block(x, positions, batch, self.rotary, self.cache)
+        last = torch.tensor([len(e[1]) for e in batch], device=self.device).cumsum(0) - 1
+        logits: torch.Tensor = self.lm_head(self.norm(x[last]))
+        return logits.float()
+
+    def _pack(self, batch: Sequence[Entry]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validate every entry first (nothing is written on error), then pack tokens."""
+        if not batch:
+            raise ValueError("batch: must hold at least one entry")
+        slots = [slot for slot, _, _ in batch]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"batch: a slot appears twice in {slots}")
+        flat: list[int] = []
+        pos: list[int] = []
+        for slot, ids, start in batch:
+            if not ids:
+                raise ValueError(f"token_ids: entry for slot {slot} is empty")
+            if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+                raise ValueError(f"token_ids: ids must be in [0, {self.config.vocab_size})")
+            self.cache.check(slot, start, len(ids))
+            flat.extend(ids)
+            pos.extend(range(start, start + len(ids)))
+        device = self.device
+        return torch.tensor(flat, device=device), torch.tensor(pos, device=device)

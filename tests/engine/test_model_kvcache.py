@@ -1,0 +1,85 @@
+"""The slot KV cache: incremental decoding equals recomputation, and slots are isolated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.model import ModelConfig, Transformer, init_from_seed
+
+PROMPT = [256, 259, *b"The quick brown fox", 261, 260]
+MORE = list(b" jumps")
+
+
+@pytest.fixture(scope="module")
+def config() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_seq_len=64,
+    )
+
+
+def fresh(config: ModelConfig) -> Transformer:
+    return init_from_seed(config, seed=3, num_slots=4)
+
+
+def test_prefill_then_decode_equals_full_prefill(config: ModelConfig) -> None:
+    model = fresh(config)
+    model([(0, PROMPT, 0)])
+    steps = [model([(0, [t], len(PROMPT) + i)])[0] for i, t in enumerate(MORE)]
+    full = fresh(config)
+    for i in range(len(MORE)):
+        expected = full([(1, PROMPT + MORE[: i + 1], 0)])[0]
+        torch.testing.assert_close(steps[i], expected, atol=1e-5, rtol=0)
+
+
+def test_chunked_prefill_equals_one_prefill(config: ModelConfig) -> None:
+    model = fresh(config)
+    model([(2, PROMPT[:7], 0)])
+    chunked = model([(2, PROMPT[7:], 7)])
+    torch.testing.assert_close(chunked, fresh(config)([(0, PROMPT, 0)]), atol=1e-5, rtol=0)
+
+
+def test_slots_do_not_interfere(config: ModelConfig) -> None:
+    model = fresh(config)
+    alone = fresh(config)([(0, PROMPT, 0)])
+    model([(3, MORE * 3, 0)])
+    torch.testing.assert_close(model([(0, PROMPT, 0)]), alone, atol=1e-5, rtol=0)
+    # Rewriting slot 3 leaves slot 0's cache valid for its next decode step.
+    model([(3, PROMPT[::-1], 0)])
+    decode = model([(0, [42], len(PROMPT))])
+    torch.testing.assert_close(decode, fresh(config)([(0, [*PROMPT, 42], 0)]), atol=1e-5, rtol=0)
+
+
+def test_mixed_prefill_and_decode_in_one_call(config: ModelConfig) -> None:
+    model = fresh(config)
+    model([(0, PROMPT, 0)])
+    mixed = model([(1, MORE, 0), (0, [7], len(PROMPT)), (2, [5], 0)])
+    assert mixed.shape == (3, config.vocab_size)
+    ref = fresh(config)
+    torch.testing.assert_close(mixed[0], ref([(0, MORE, 0)])[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mixed[1], ref([(1, [*PROMPT, 7], 0)])[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mixed[2], ref([(2, [5], 0)])[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("batch", "field"),
+    [
+        ([], "batch"),
+        ([(4, [1], 0)], "slot"),
+        ([(0, [1], 64)], "start_pos"),
+        ([(0, [], 0)], "token_ids"),
+        ([(0, [300], 0)], "token_ids"),
+        ([(0, [1], 0), (0, [2], 1)], "batch"),
+    ],
+)
+def test_bad_entries_are_rejected(
+    config: ModelConfig, batch: list[tuple[int, list[int], int]], field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        fresh(config)(batch)
