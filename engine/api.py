@@ -1,0 +1,61 @@
+"""The seam between the leader's HTTP server and its engine loop.
+
+The server speaks HTTP and OpenAI JSON; the engine speaks token ids. The server hands the
+engine a GenerationRequest and consumes TokenEvents; aborting is a call, not a cancellation
+the engine has to notice. Keeping this seam small lets another backend (vLLM) sit behind the
+same server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.model.tokenizer import Tokenizer
+from engine.scheduler import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One step's news for one request: a new token (and the text it made visible), or the end."""
+
+    request_id: str
+    token_id: int | None  # None on a final event that carries no new token
+    text: str  # visible text delta (may be "" while a stop string could still be forming)
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" when finished
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+class Engine(Protocol):
+    """What the leader server needs from an engine backend (builtin or vLLM)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Events until one with finished=True; raises ValueError for a request it refuses."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: free the sequence at the next step. Idempotent."""
+
+    def health(self) -> dict[str, Any]:
+        """Node health fields: status, role, unit, rank, pid, step, pending (+ extras)."""
+        ...
