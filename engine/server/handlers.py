@@ -1,0 +1,162 @@
+"""Request handlers: OpenAI JSON in, engine calls, OpenAI JSON or SSE out.
+
+The first engine event is awaited before any byte is sent, so a refusal or an engine failure
+can still be an honest HTTP status (400/503) instead of a broken 200 stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from engine.api import Engine, GenerationRequest, TokenEvent
+from engine.server.errors import ApiError, engine_failed, json_response, refused
+from engine.server.parse import Kind, parse_request
+from engine.server.wire import DONE, Bodies, sse
+
+# An x-request-id is reused as the engine id and in response ids; anything odd gets a fresh one.
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_GOOD_ENDINGS = ("stop", "length")
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class EngineCall:
+    """One engine request; closing it before its final event aborts it, so a cancelled
+    handler (client gone) frees the sequence at the engine's next step."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest, prompt_param: str) -> None:
+        self.engine, self.request, self.prompt_param = engine, request, prompt_param
+        self.events: AsyncIterator[TokenEvent] | None = None
+        self.finished = False
+
+    async def next(self) -> TokenEvent:
+        """The next event; an engine refusal or failure comes out as an ApiError."""
+        try:
+            if self.events is None:
+                self.events = self.engine.generate(self.request)
+            event = await anext(self.events)
+        except StopAsyncIteration:
+            self.finished = True
+            raise engine_failed("the engine ended the request without a final event") from None
+        except ValueError as exc:
+            self.finished = True
+            raise refused(exc, self.prompt_param) from None
+        if event.finished:
+            self.finished = True
+        if event.error is not None or (event.finished and event.finish_reason not in _GOOD_ENDINGS):
+            raise engine_failed(event.error or f"generation ended early ({event.finish_reason})")
+        return event
+
+    async def close(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request.request_id)
+        aclose = getattr(self.events, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+
+class Handlers:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.started = int(time.time())
+        self.live: set[str] = set()  # engine ids in flight: a reused x-request-id must not clash
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {"id": self.engine.model_name, "object": "model", "created": self.started}
+        model |= {"owned_by": "unitgate", "max_model_len": self.engine.max_seq_len}
+        return json_response({"object": "list", "data": [model]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 only when the engine says ok, so a load balancer drains a degraded unit."""
+        try:
+            fields = dict(self.engine.health())
+        except Exception as exc:
+            fields = {"status": "error", "error": repr(exc)}
+        return json_response(fields, 200 if fields.get("status") == "ok" else 503)
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        try:
+            parsed = parse_request(kind, await request.read(), self.engine)
+        except ApiError as exc:
+            return exc.response()
+        rid = self._request_id(request)
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        bodies = Bodies(parsed, prefix + rid, int(time.time()), self.engine.model_name)
+        call = EngineCall(
+            self.engine,
+            GenerationRequest(rid, parsed.prompt_ids, parsed.params),
+            parsed.prompt_param,
+        )
+        self.live.add(rid)
+        try:
+            first = await call.next()
+            if parsed.stream:
+                return await self._stream(request, bodies, call, first)
+            return await self._collect(bodies, call, first)
+        except ApiError as exc:
+            return exc.response()
+        finally:
+            await call.close()
+            self.live.discard(rid)
+
+    def _request_id(self, request: web.Request) -> str:
+        rid = request.headers.get("x-request-id", "")
+        if not _SAFE_ID.fullmatch(rid):
+            rid = uuid.uuid4().hex
+        while rid in self.live:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"
+        return rid
+
+    async def _stream(
+        self, request: web.Request, bodies: Bodies, call: EngineCall, event: TokenEvent
+    ) -> web.StreamResponse:
+        """One SSE event per chunk; a mid-stream failure ends with an error event, no [DONE],
+        so a client (and the gateway) can tell a truncated answer from a finished one."""
+        response = web.StreamResponse(
+            headers={**SSE_HEADERS, "x-request-id": call.request.request_id}
+        )
+        await response.prepare(request)
+        payloads = bodies.opening()
+        try:
+            while True:
+                payloads += bodies.chunks(event)
+                await response.write(b"".join(sse(p) for p in payloads))
+                if event.finished:
+                    break
+                event = await call.next()
+                payloads = []
+        except ApiError as exc:
+            await response.write(sse(exc.payload()))
+            return response
+        except ConnectionResetError:
+            return response  # the client left between writes; the caller's finally aborts
+        tail = [bodies.usage_chunk(event)] if bodies.req.include_usage else []
+        await response.write(b"".join(sse(p) for p in tail) + DONE)
+        return response
+
+    async def _collect(self, bodies: Bodies, call: EngineCall, event: TokenEvent) -> web.Response:
+        texts: list[str] = []
+        token_ids: list[int] = []
+        while True:
+            texts.append(event.text)
+            if event.token_id is not None:
+                token_ids.append(event.token_id)
+            if event.finished:
+                break
+            event = await call.next()
+        response = json_response(bodies.full("".join(texts), token_ids, event))
+        response.headers["x-request-id"] = call.request.request_id
+        return response
