@@ -1,0 +1,23 @@
+"""The multi-node unit runtime: a leader that schedules and samples, followers that mirror its
+forward passes, and a step message broadcast over Gloo that keeps them in lockstep."""
+
+from engine.runtime.group import destroy_unit_group, init_unit_group
+from engine.runtime.health import NodeStats, serve_health
+from engine.runtime.leader import LeaderEngine
+from engine.runtime.messages import Command, StepMessage, decode, encode, receive, send
+from engine.runtime.sampling import sample
+
+__all__ = [
+    "Command",
+    "LeaderEngine",
+    "NodeStats",
+    "StepMessage",
+    "decode",
+    "destroy_unit_group",
+    "encode",
+    "init_unit_group",
+    "receive",
+    "sample",
+    "send",
+    "serve_health",
+]

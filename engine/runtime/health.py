@@ -1,0 +1,102 @@
+"""Node health: counters the compute thread writes, and an HTTP endpoint that reads them.
+
+The endpoint runs on its own daemon thread (stdlib ThreadingHTTPServer) so it answers while the
+node is inside a long forward pass or blocked in a collective: a prober can then tell "busy"
+(step advancing) from "stuck" (last_step_age_s growing with work pending).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class NodeStats:
+    """One writer (the compute thread), many readers (health handlers), one lock."""
+
+    def __init__(self, role: str, unit: str, rank: int, kv_slots_total: int) -> None:
+        self._lock = threading.Lock()
+        self._fixed = {"role": role, "unit": unit, "rank": rank, "pid": os.getpid()}
+        self._kv_total = kv_slots_total
+        self._step = 0
+        self._pending = 0
+        self._slots_used = 0
+        self._last_step: float | None = None
+        self._failure: str | None = None
+
+    def record_step(self, pending: int, slots_used: int) -> None:
+        with self._lock:
+            self._step += 1
+            self._last_step = time.monotonic()
+            self._pending, self._slots_used = pending, slots_used
+
+    def set_load(self, pending: int, slots_used: int) -> None:
+        with self._lock:
+            self._pending, self._slots_used = pending, slots_used
+
+    def mark_unhealthy(self, reason: str) -> bool:
+        """True the first time only, so the caller logs the change once."""
+        with self._lock:
+            if self._failure is not None:
+                return False
+            self._failure = reason
+            return True
+
+    @property
+    def failure(self) -> str | None:
+        with self._lock:
+            return self._failure
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            age = None if self._last_step is None else time.monotonic() - self._last_step
+            body: dict[str, Any] = {
+                "status": "ok" if self._failure is None else "unhealthy",
+                **self._fixed,
+                "step": self._step,
+                "pending": self._pending,
+                "last_step_age_s": None if age is None else round(age, 3),
+                "kv_slots_used": self._slots_used,
+                "kv_slots_total": self._kv_total,
+            }
+            if self._failure is not None:
+                body["reason"] = self._failure
+            return body
+
+
+def _handler(snapshot: Any) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] != "/health":
+                self.send_error(404)
+                return
+            body = snapshot()
+            data = json.dumps(body).encode()
+            self.send_response(200 if body["status"] == "ok" else 503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Probes arrive every few seconds; steady state is not logged."""
+
+    return Handler
+
+
+def serve_health(stats: NodeStats, host: str, port: int) -> ThreadingHTTPServer:
+    """Start /health on a daemon thread; port 0 picks a free port (see server.server_port).
+    Stop it with server.shutdown()."""
+    server = ThreadingHTTPServer((host, port), _handler(stats.snapshot))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="health-http", daemon=True)
+    thread.start()
+    log.info("health endpoint on http://%s:%d/health", host, server.server_port)
+    return server

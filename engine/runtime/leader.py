@@ -1,0 +1,309 @@
+"""The leader's engine: scheduling, the step broadcast, its own shard's forward, sampling.
+
+torch compute and Gloo collectives block, so the engine loop runs on a dedicated thread and
+talks to the asyncio side through two one-way channels: a thread-safe inbox (requests, aborts,
+stop) and per-request asyncio.Queues fed with `loop.call_soon_threadsafe`. The HTTP server's
+event loop therefore never waits on the model.
+
+A failed collective (a follower died, or Gloo's timeout passed) poisons the whole unit: the
+group cannot be repaired in place, so the engine marks itself unhealthy, ends every in-flight
+request with an error event, refuses new ones, and leaves the restart to a supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.api import GenerationRequest, TokenEvent
+from engine.model import Tokenizer, Transformer
+from engine.runtime.group import first_line
+from engine.runtime.health import NodeStats
+from engine.runtime.messages import Command, StepMessage, send
+from engine.runtime.sampling import make_generator, sample
+from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Request:
+    """A request as the engine thread tracks it, with the way back to its consumer."""
+
+    request: GenerationRequest
+    sink: asyncio.Queue[TokenEvent]
+    loop: asyncio.AbstractEventLoop
+    seq: Sequence | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class LeaderEngine:
+    """engine.api.Engine for a unit of one leader (rank 0) and world_size - 1 followers."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        *,
+        model_name: str,
+        unit: str = "",
+        max_num_batched_tokens: int = 2048,
+        heartbeat_s: float = 2.5,
+        teardown: Callable[[], None] | None = None,
+    ) -> None:
+        """`heartbeat_s` must stay well under the collective timeout: an idle leader sends a
+        HEARTBEAT that often so followers blocked in a broadcast do not time out."""
+        slots = model.cache.num_slots
+        self._config = SchedulerConfig(
+            max_num_seqs=slots,
+            max_num_batched_tokens=max(max_num_batched_tokens, slots),
+            num_slots=slots,
+            max_seq_len=model.config.max_seq_len,
+        )
+        self.scheduler = Scheduler(self._config, tokenizer.stop_ids, tokenizer.decode)
+        self.stats = NodeStats("leader", unit, model.tp.rank, slots)
+        self._model, self._tokenizer, self._name = model, tokenizer, model_name
+        self._heartbeat_s, self._teardown = heartbeat_s, teardown
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self._gate = threading.Lock()  # orders "stop accepting" against "accept"
+        self._refusal: str | None = None  # why new requests are refused; engine thread writes
+        self._ids = itertools.count()
+        self._live: dict[int, _Request] = {}  # engine thread only
+        self._by_name: dict[str, int] = {}  # engine thread only
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # -- engine.api.Engine --
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._config.max_seq_len
+
+    def health(self) -> dict[str, Any]:
+        return self.stats.snapshot()
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        self._validate(request)
+        sink: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        with self._gate:
+            refusal = self._refusal
+            if refusal is None:
+                self._inbox.put(_Request(request, sink, asyncio.get_running_loop()))
+        if refusal is not None:
+            yield _final(request, None, "error", refusal)
+            return
+        finished = False
+        try:
+            while not finished:
+                event = await sink.get()
+                finished = event.finished
+                yield event
+        finally:
+            if not finished:  # the consumer stopped early (client gone, task cancelled)
+                self.abort(request.request_id)
+
+    # -- lifecycle --
+
+    def start(self) -> LeaderEngine:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """End in-flight requests, broadcast STOP so followers exit 0, join, tear down."""
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+        if self._teardown is not None:
+            self._teardown()
+
+    def _validate(self, request: GenerationRequest) -> None:
+        """Refuse here, in the caller's task, what the model would reject inside a step."""
+        ids, vocab = request.prompt_ids, self._model.config.vocab_size
+        if not ids:
+            raise ValueError("prompt_ids: must hold at least one token")
+        if len(ids) > self.max_seq_len - 1:
+            raise ValueError(f"prompt_ids: {len(ids)} tokens, at most {self.max_seq_len - 1} fit")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt_ids: ids must be in [0, {vocab})")
+
+    # -- the engine thread --
+
+    def _run(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.scheduler.has_work):
+                if self.scheduler.has_work:
+                    self._step()
+            with self._gate:
+                self._refusal = "engine shut down"
+                self._close(self._refusal)
+            if self._distributed:
+                send(StepMessage(Command.STOP), self._model.tp.group)
+        except Exception as exc:
+            self._fail(first_line(exc))
+
+    @property
+    def _distributed(self) -> bool:
+        return self._model.tp.world_size > 1
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued commands; when idle, wait for one (heartbeating meanwhile).
+        False once STOP arrives."""
+        while True:
+            try:
+                item = self._inbox.get(block=block, timeout=self._heartbeat_s if block else None)
+            except queue.Empty:
+                if not block:
+                    return True
+                self._heartbeat()
+                continue
+            if item is _STOP:
+                return False
+            self._apply(item)
+            block = False
+
+    def _heartbeat(self) -> None:
+        if self._distributed:
+            send(StepMessage(Command.HEARTBEAT, pending=0), self._model.tp.group)
+
+    def _apply(self, item: object) -> None:
+        if isinstance(item, _Abort):
+            seq_id = self._by_name.get(item.request_id)
+            if seq_id is not None and self.scheduler.abort(seq_id):
+                self._emit_finished(self._live[seq_id], "abort")
+        elif isinstance(item, _Request):
+            self._admit(item)
+        self.stats.set_load(self.scheduler.pending, self._slots_used)
+
+    def _admit(self, item: _Request) -> None:
+        request = item.request
+        if request.request_id in self._by_name:
+            self._deliver(item, _final(request, None, "error", "request_id is already running"))
+            return
+        seq_id = next(self._ids)
+        try:
+            item.seq = self.scheduler.add(seq_id, request.prompt_ids, request.params)
+        except ValueError as exc:
+            self._deliver(item, _final(request, None, "error", str(exc)))
+            return
+        item.generator = make_generator(request.params)
+        self._live[seq_id] = item
+        self._by_name[request.request_id] = seq_id
+
+    @property
+    def _slots_used(self) -> int:
+        return self._config.num_slots - self.scheduler.free_slots
+
+    def _step(self) -> None:
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return
+        entries = [(s.slot, s.token_ids, s.start_pos) for s in batch.seqs]
+        if self._distributed:
+            msg = StepMessage.step(entries, self.scheduler.pending, self._slots_used)
+            send(msg, self._model.tp.group)
+        logits = self._model(entries)
+        sampled = {
+            s.seq_id: sample(logits[i], s.params, self._live[s.seq_id].generator)
+            for i, s in enumerate(batch.seqs)
+        }
+        self.scheduler.update(sampled)
+        self._emit_tokens(batch, sampled)
+        self.stats.record_step(self.scheduler.pending, self._slots_used)
+
+    def _emit_tokens(self, batch: ScheduledBatch, sampled: dict[int, int]) -> None:
+        for s in batch.seqs:
+            item = self._live.get(s.seq_id)
+            if item is None or item.seq is None:
+                continue
+            seq = item.seq
+            reason = None if seq.finish_reason is None else str(seq.finish_reason)
+            event = TokenEvent(
+                request_id=item.request.request_id,
+                token_id=sampled[s.seq_id],
+                text=seq.take_text_delta(),
+                finished=seq.is_finished,
+                finish_reason=reason,
+                prompt_tokens=len(seq.prompt_ids),
+                completion_tokens=len(seq.output_ids),
+            )
+            self._deliver(item, event)
+            if seq.is_finished:
+                self._forget(s.seq_id)
+
+    def _emit_finished(self, item: _Request, reason: str, error: str | None = None) -> None:
+        completion = 0 if item.seq is None else len(item.seq.output_ids)
+        self._deliver(item, _final(item.request, completion, reason, error))
+        self._forget(self._by_name[item.request.request_id])
+
+    def _forget(self, seq_id: int) -> None:
+        item = self._live.pop(seq_id)
+        self._by_name.pop(item.request.request_id, None)
+
+    def _close(self, error: str) -> None:
+        """End every in-flight request with an error event, including ones still queued."""
+        for item in list(self._live.values()):
+            if item.seq is not None:
+                self.scheduler.abort(item.seq.seq_id)
+            self._emit_finished(item, "error", error)
+        while True:
+            try:
+                pending = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(pending, _Request):
+                self._deliver(pending, _final(pending.request, None, "error", error))
+
+    def _fail(self, reason: str) -> None:
+        with self._gate:
+            if self.stats.mark_unhealthy(reason):
+                log.error("leader: unit failed (%s); failing in-flight requests", reason)
+            self._refusal = f"engine unhealthy: {reason}"
+            self._close(self._refusal)
+        self.stats.set_load(0, 0)
+
+    @staticmethod
+    def _deliver(item: _Request, event: TokenEvent) -> None:
+        with contextlib.suppress(RuntimeError):  # the consumer's loop closed: nobody listens
+            item.loop.call_soon_threadsafe(item.sink.put_nowait, event)
+
+
+def _final(
+    request: GenerationRequest, completion: int | None, reason: str, error: str | None
+) -> TokenEvent:
+    return TokenEvent(
+        request_id=request.request_id,
+        token_id=None,
+        text="",
+        finished=True,
+        finish_reason=reason,
+        prompt_tokens=len(request.prompt_ids),
+        completion_tokens=completion or 0,
+        error=error,
+    )
