@@ -1,0 +1,235 @@
+"""The measuring processes: `python -m loadtest.benchengine.worker JOB --rank R ...`.
+
+Each job runs in its own process so it owns its torch thread count and its Gloo world, and
+writes one JSON result file (`--result`). Jobs:
+
+  bcast    both ranks: the step message alone, ping-ponged (see `_bcast`).
+  forward  both ranks: the tiny model's forward in lockstep, no runtime (see `_forward`).
+  engine   rank 0 only: a LeaderEngine (instrumented subclass) driven through `generate`; at
+           world size 2 its follower is the real `python -m engine.runtime.node`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.api import GenerationRequest, TokenEvent
+from engine.model import ByteTokenizer, ModelConfig, SeedSource, TPContext, Transformer
+from engine.model.transformer import Entry
+from engine.runtime.group import destroy_unit_group, init_unit_group
+from engine.runtime.leader import LeaderEngine
+from engine.runtime.messages import StepMessage, receive, send
+from engine.scheduler import SamplingParams
+
+SEED = 0
+NUM_SLOTS = 8
+PROMPT = tuple(range(1, 17))  # 16 prompt tokens, ids inside the byte tokenizer's range
+DECODE_TOKEN = 65
+WARMUP_ROUNDS = 1
+
+
+def decode_entries(batch: int, pos: int) -> list[tuple[int, tuple[int, ...], int]]:
+    """A decode step of `batch` sequences in slots 0..batch-1, as the scheduler builds it."""
+    return [(slot, (DECODE_TOKEN,), pos) for slot in range(batch)]
+
+
+# -- bcast --
+
+
+def _bcast(args: argparse.Namespace) -> dict[str, Any]:
+    """Ping-pong, one iteration at a time so nothing queues: the leader stamps t0 and calls
+    `send` (what `LeaderEngine._step` calls), the follower stamps t1 when `receive` (what
+    `run_follower` calls) has returned the decoded message, then acks with a 1-value broadcast
+    from rank 1 that the leader waits for (t2). Both stamps are CLOCK_MONOTONIC, which Linux
+    shares between processes, so t1 - t0 is the true one-way latency of the step message."""
+    rank, out = args.rank, {}
+    ack = torch.zeros(1, dtype=torch.int64)
+    for batch in args.batches:
+        msg = StepMessage.step(decode_entries(batch, 16), pending=0, slots_used=batch)
+        send_ns: list[int] = []
+        stamps: list[int] = []
+        rtt_ns: list[int] = []
+        for i in range(args.warmup + args.iters):
+            if rank == 0:
+                t0 = time.monotonic_ns()
+                send(msg)
+                t_sent = time.monotonic_ns()
+                dist.broadcast(ack, src=1)
+                t2 = time.monotonic_ns()
+                if i >= args.warmup:
+                    stamps.append(t0)
+                    send_ns.append(t_sent - t0)
+                    rtt_ns.append(t2 - t0)
+            else:
+                got = receive()
+                t1 = time.monotonic_ns()
+                if got != msg:
+                    raise RuntimeError("bcast: follower decoded a different message")
+                dist.broadcast(ack, src=1)
+                if i >= args.warmup:
+                    stamps.append(t1)
+        out[str(batch)] = {"stamps_ns": stamps, "send_call_ns": send_ns, "rtt_ns": rtt_ns}
+    return out
+
+
+# -- forward --
+
+
+class TimedTransformer(Transformer):
+    """The model with each forward timed; `init_from_seed` in two lines, on this subclass."""
+
+    def __init__(self, tp: TPContext) -> None:
+        super().__init__(ModelConfig.tiny(), tp, num_slots=NUM_SLOTS)
+        self.load(SeedSource(self.config, SEED))
+        self.calls: list[tuple[int, int, int]] = []  # (entries, tokens, ns)
+
+    def forward(self, batch: Sequence[Entry]) -> torch.Tensor:
+        t0 = time.perf_counter_ns()
+        logits = super().forward(batch)
+        tokens = sum(len(e[1]) for e in batch)
+        self.calls.append((len(batch), tokens, time.perf_counter_ns() - t0))
+        return logits
+
+
+def _forward(args: argparse.Namespace, tp: TPContext) -> dict[str, Any]:
+    """Every rank runs the same rounds: prefill PROMPT into each slot (untimed), then
+    `max_tokens - 1` decode steps at the positions the engine would use, each timed on its
+    own. The ranks stay in lockstep through the all-reduces inside forward, exactly as in the
+    runtime, but nothing is broadcast, scheduled or sampled."""
+    model = TimedTransformer(tp)
+    out: dict[str, Any] = {}
+    for batch in args.batches:
+        times: list[int] = []
+        for rnd in range(WARMUP_ROUNDS + args.rounds):
+            model([(slot, PROMPT, 0) for slot in range(batch)])
+            for step in range(args.max_tokens - 1):
+                t0 = time.perf_counter_ns()
+                model(decode_entries(batch, len(PROMPT) + step))
+                if rnd >= WARMUP_ROUNDS:
+                    times.append(time.perf_counter_ns() - t0)
+        out[str(batch)] = {"forward_ns": times}
+    return out
+
+
+# -- engine --
+
+
+class TimedEngine(LeaderEngine):
+    """LeaderEngine with `_step` timed: the schedule, the broadcast, the forward, sampling,
+    the scheduler update and the token events, i.e. one whole engine step."""
+
+    def __init__(self, model: TimedTransformer, *, teardown: Any) -> None:
+        super().__init__(
+            model, ByteTokenizer(), model_name="tiny", heartbeat_s=2.5, teardown=teardown
+        )
+        self.timed_model = model
+        self.steps: list[tuple[int, int, int, int, int]] = []  # entries, tokens, start, ns, fwd
+
+    def _step(self) -> None:
+        calls = len(self.timed_model.calls)
+        t0 = time.perf_counter_ns()
+        super()._step()
+        t1 = time.perf_counter_ns()
+        if len(self.timed_model.calls) > calls:
+            entries, tokens, fwd = self.timed_model.calls[-1]
+            self.steps.append((entries, tokens, t0, t1 - t0, fwd))
+
+
+async def _one(engine: LeaderEngine, rid: str, params: SamplingParams) -> dict[str, Any]:
+    request = GenerationRequest(rid, PROMPT, params)
+    t_submit = time.perf_counter_ns()
+    stamps: list[int] = []
+    tokens: list[int] = []
+    last: TokenEvent | None = None
+    async for event in engine.generate(request):
+        if event.token_id is not None:
+            stamps.append(time.perf_counter_ns())
+            tokens.append(event.token_id)
+        last = event
+    if last is None or last.error is not None:
+        raise RuntimeError(f"engine: request {rid} failed: {last}")
+    return {"submit_ns": t_submit, "token_ns": stamps, "tokens": tokens}
+
+
+async def _rounds(engine: TimedEngine, args: argparse.Namespace) -> dict[str, Any]:
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    out: dict[str, Any] = {}
+    for batch in args.batches:
+        rounds = []
+        for rnd in range(WARMUP_ROUNDS + args.rounds):
+            first_step = len(engine.steps)
+            jobs = [_one(engine, f"b{batch}-r{rnd}-{i}", params) for i in range(batch)]
+            results = await asyncio.gather(*jobs)
+            if rnd >= WARMUP_ROUNDS:
+                rounds.append({"requests": results, "steps": engine.steps[first_step:]})
+        out[str(batch)] = rounds
+    return out
+
+
+def _engine(args: argparse.Namespace) -> dict[str, Any]:
+    if args.world_size == 1:
+        model = TimedTransformer(TPContext())
+        engine = TimedEngine(model, teardown=None)
+    else:
+        model = TimedTransformer(TPContext(rank=0, world_size=args.world_size))
+        init_unit_group(0, args.world_size, args.master, args.timeout, args.timeout)
+        engine = TimedEngine(model, teardown=destroy_unit_group)
+    engine.start()
+    try:
+        out = asyncio.run(_rounds(engine, args))
+    finally:
+        engine.shutdown(timeout=args.timeout)
+    health = engine.health()
+    if health["status"] != "ok":
+        raise RuntimeError(f"engine: unhealthy after the run: {health}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtest.benchengine.worker")
+    p.add_argument("job", choices=("bcast", "forward", "engine"))
+    p.add_argument("--result", type=Path, required=True)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--master", default="127.0.0.1:29500")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=64)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = {"job": args.job, "rank": args.rank, "world_size": args.world_size}
+    info["torch_threads"] = torch.get_num_threads()
+    if args.job == "engine":
+        data = _engine(args)
+    else:
+        tp = init_unit_group(args.rank, args.world_size, args.master, args.timeout, args.timeout)
+        try:
+            data = _bcast(args) if args.job == "bcast" else _forward(args, tp)
+            if args.world_size > 1:
+                dist.barrier()
+        finally:
+            destroy_unit_group()
+    args.result.write_text(json.dumps({**info, "data": data}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
