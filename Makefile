@@ -13,7 +13,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(RUN_STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PIP) install -q -e . -c constraints.txt
+	$(PIP) install -q -e '.[engine]' -c constraints.txt
 	touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
@@ -21,7 +21,7 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $@ $(RUN_STAMP)
 
 run: $(RUN_STAMP)
-	$(VENV)/bin/unitgate up --simulated --config config.toml
+	$(VENV)/bin/unitgate up --config config.toml
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .

@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
 
         code: int = sim_main(args[1:])
         return code
+    if args and args[0] == "node":  # one engine node: the engine's own flags
+        from engine.cli import main as node_main
+
+        return node_main(args[1:])
     if args and args[0] == "admin":  # an API client: no config file, its own flags
         from gateway.admin.cli import main as admin_main
 
@@ -39,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.command == "gateway":
         return _run_gateway(config, ns.ready_file)
-    return _up(config, Path(ns.config))
+    if ns.simulated:
+        return _up(config, Path(ns.config))
+    from engine.up.main import run_up
+
+    return run_up(config, ns.log_dir)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,10 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--simulated",
         action="store_true",
-        required=True,
-        help="serve simulated units (a test tool) at the unit URLs of the config",
+        help="serve simulated units (a test tool) instead of the builtin engine",
     )
+    up.add_argument("--log-dir", type=Path, help="node logs (default: a new temp directory)")
     sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
+    sub.add_parser("node", help="one node of a builtin-engine unit (see `unitgate node -h`)")
     sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
     return parser
 

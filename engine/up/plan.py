@@ -1,0 +1,143 @@
+"""Config units -> the node processes `unitgate up` runs on this machine.
+
+Pure: nothing is bound or spawned, so the mapping from URLs to flags is tested without
+processes. The master (rendezvous) port is not in the plan: a unit gets a fresh one at every
+(re)start, so a restarted group never races the old group's listening socket.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gateway.config import Config, UnitConfig
+
+
+class PlanError(ValueError):
+    """A unit `unitgate up` cannot run locally; the message names the unit and the URL."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Flags every node of every local unit shares: the demo's seeded tiny model."""
+
+    model: str = "tiny"
+    seed: int = 0
+    threads: int = 1  # a few nodes share a laptop's cores; oversubscribing slows every step
+    num_slots: int = 8
+    collective_timeout: float = 10.0
+    connect_timeout: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    unit: str
+    rank: int
+    world_size: int
+    host: str
+    port: int  # leader: the OpenAI API (and /health); follower: /health
+    served_model: str
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.rank == 0 else "follower"
+
+    def argv(self, master: str, options: EngineOptions) -> list[str]:
+        """`unitgate node` flags for this node in a group rendezvousing at `master`."""
+        where = ("--host", "--port") if self.rank == 0 else ("--health-host", "--health-port")
+        args = [
+            *("node", "--role", self.role, "--unit", self.unit, "--rank", str(self.rank)),
+            *("--world-size", str(self.world_size), "--master", master),
+            *(where[0], self.host, where[1], str(self.port)),
+            *("--model", options.model, "--seed", str(options.seed)),
+            *("--threads", str(options.threads), "--num-slots", str(options.num_slots)),
+            *("--collective-timeout", str(options.collective_timeout)),
+            *("--connect-timeout", str(options.connect_timeout)),
+        ]
+        if self.rank == 0:
+            args += ["--served-model-name", self.served_model]
+        return args
+
+
+@dataclass(frozen=True, slots=True)
+class UnitPlan:
+    unit: str
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def leader(self) -> NodeSpec:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    units: tuple[UnitPlan, ...]
+    skipped: tuple[str, ...]  # units whose nodes are not on loopback: someone else runs them
+
+
+def plan_units(config: Config) -> Plan:
+    """Every unit whose node URLs are all on loopback becomes a local unit; the rest are left
+    to whoever runs them (the gateway still routes to them)."""
+    units: list[UnitPlan] = []
+    skipped: list[str] = []
+    for unit in config.units:
+        local = [is_loopback(_host(unit, url)) for url in unit.nodes]
+        if not any(local):
+            skipped.append(unit.id)
+            continue
+        if not all(local):
+            raise PlanError(f"unit {unit.id}: some nodes are on loopback, some not: {unit.nodes}")
+        units.append(plan_unit(unit, _served_model(config, unit)))
+    _check_ports_unique(units)
+    return Plan(tuple(units), tuple(skipped))
+
+
+def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
+    if unit.nodes[0].rstrip("/") != unit.leader:
+        raise PlanError(
+            f"unit {unit.id}: nodes[0] must be the leader URL {unit.leader!r} (rank 0 serves "
+            f"the API and its /health), got {unit.nodes[0]!r}"
+        )
+    world = len(unit.nodes)
+    specs = tuple(
+        NodeSpec(unit.id, rank, world, _host(unit, url), _port(unit, url), served_model)
+        for rank, url in enumerate(unit.nodes)
+    )
+    return UnitPlan(unit.id, specs)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _served_model(config: Config, unit: UnitConfig) -> str:
+    """The id the gateway routes this unit by: the leader must accept it as its model."""
+    return (unit.models or config.gateway.models)[0]
+
+
+def _host(unit: UnitConfig, url: str) -> str:
+    host = urlsplit(url).hostname
+    if not host:
+        raise PlanError(f"unit {unit.id}: no host in {url!r}")
+    return host
+
+
+def _port(unit: UnitConfig, url: str) -> int:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.path not in ("", "/") or not parts.port:
+        raise PlanError(f"unit {unit.id}: a local node URL must be http://HOST:PORT, got {url!r}")
+    return parts.port
+
+
+def _check_ports_unique(units: list[UnitPlan]) -> None:
+    seen: dict[int, str] = {}
+    for spec in (node for unit in units for node in unit.nodes):
+        other = seen.setdefault(spec.port, f"{spec.unit} rank {spec.rank}")
+        if other != f"{spec.unit} rank {spec.rank}":
+            raise PlanError(f"port {spec.port}: used by {other} and {spec.unit} rank {spec.rank}")

@@ -1,0 +1,116 @@
+"""One node process of a local unit, and stopping a unit's processes in order.
+
+Nodes run in their own session: a Ctrl-C in the terminal reaches `unitgate up` alone, which
+then stops units in order (leaders first) instead of every node dying at once. On Linux each
+node also gets SIGKILL if `unitgate up` itself dies, so a crash of the parent leaves no
+orphans holding the unit's ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.up.plan import EngineOptions, NodeSpec
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(slots=True)
+class NodeProcess:
+    spec: NodeSpec
+    proc: asyncio.subprocess.Process
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+
+@dataclass(frozen=True, slots=True)
+class Launcher:
+    """Starts `unitgate node` processes; each node appends to its own log file."""
+
+    options: EngineOptions
+    log_dir: Path
+    env: Mapping[str, str]
+
+    async def start(self, spec: NodeSpec, master: str) -> NodeProcess:
+        log_path = self.log_dir / f"{spec.unit}-rank{spec.rank}.log"
+        with log_path.open("ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *(sys.executable, "-m", "gateway", *spec.argv(master, self.options)),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=dict(self.env),
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        return NodeProcess(spec, proc)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) in the child; libc is resolved here, before the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return arm
+
+
+async def wait_exited(nodes: Sequence[NodeProcess], within: float) -> bool:
+    """True when every node has exited within `within` seconds."""
+    waits = [asyncio.ensure_future(n.proc.wait()) for n in nodes if n.alive]
+    if not waits:
+        return True
+    _, pending = await asyncio.wait(waits, timeout=within)
+    for task in pending:
+        task.cancel()
+    return not pending
+
+
+async def stop_nodes(nodes: Sequence[NodeProcess], grace: float) -> None:
+    """Leader first: its SIGTERM stops the API and broadcasts STOP, so healthy followers exit
+    0 on their own. Followers still there get SIGTERM, and anything left after `grace` dies."""
+    leaders = [n for n in nodes if n.spec.rank == 0]
+    followers = [n for n in nodes if n.spec.rank != 0]
+    for node in leaders:
+        node.signal(signal.SIGTERM)
+    await wait_exited(leaders, grace)
+    await wait_exited(followers, min(grace, 2.0))
+    for node in followers:
+        node.signal(signal.SIGTERM)
+    if not await wait_exited(nodes, grace):
+        for node in nodes:
+            node.signal(signal.SIGKILL)
+        await wait_exited(nodes, grace)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} ({signal.Signals(-code).name})"
+    return str(code)
+
+
+def node_env(environ: Mapping[str, str], secret_names: Sequence[str]) -> dict[str, str]:
+    """The nodes' environment: ours minus secrets they have no use for (the admin token)."""
+    return {k: v for k, v in environ.items() if k not in secret_names} | {"PYTHONUNBUFFERED": "1"}

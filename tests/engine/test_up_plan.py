@@ -1,0 +1,130 @@
+"""`unitgate up` policy without processes: config units -> node specs, restart backoff, and
+`unitgate node`'s flag checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.cli import build_parser, check_args
+from engine.up.backoff import Backoff
+from engine.up.plan import EngineOptions, NodeSpec, PlanError, is_loopback, plan_units
+from gateway.config import Config, config_from_dict
+
+
+def config(*units: dict[str, Any], models: tuple[str, ...] = ("m",)) -> Config:
+    return config_from_dict({"gateway": {"models": list(models)}, "units": list(units)})
+
+
+def unit(uid: str, *ports: int, host: str = "127.0.0.1", **extra: Any) -> dict[str, Any]:
+    urls = [f"http://{host}:{p}" for p in ports]
+    return {"id": uid, "leader": urls[0], "nodes": urls, **extra}
+
+
+def test_loopback_units_become_one_spec_per_node_in_rank_order() -> None:
+    plan = plan_units(config(unit("u0", 8101, 8102), unit("u1", 8201, 8202, 8203)))
+    assert [u.unit for u in plan.units] == ["u0", "u1"] and plan.skipped == ()
+    u1 = plan.units[1]
+    assert [(n.rank, n.world_size, n.port, n.role) for n in u1.nodes] == [
+        (0, 3, 8201, "leader"),
+        (1, 3, 8202, "follower"),
+        (2, 3, 8203, "follower"),
+    ]
+    assert u1.leader.host == "127.0.0.1" and u1.leader.served_model == "m"
+
+
+def test_remote_units_are_skipped_and_mixed_units_refused() -> None:
+    plan = plan_units(config(unit("u0", 8101), unit("far", 9000, host="10.0.0.7")))
+    assert [u.unit for u in plan.units] == ["u0"] and plan.skipped == ("far",)
+    mixed = {
+        "id": "x",
+        "leader": "http://127.0.0.1:1",
+        "nodes": ["http://127.0.0.1:1", "http://10.0.0.7:2"],
+    }
+    with pytest.raises(PlanError, match="some nodes are on loopback"):
+        plan_units(config(mixed))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"id": "x", "leader": "http://127.0.0.1:1", "nodes": ["http://127.0.0.1:2"]},
+            "nodes\\[0\\]",
+        ),
+        ({"id": "x", "leader": "http://127.0.0.1"}, "http://HOST:PORT"),
+        ({"id": "x", "leader": "https://127.0.0.1:5"}, "http://HOST:PORT"),
+    ],
+)
+def test_unrunnable_units_are_refused_by_name(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(PlanError, match=f"unit x: .*{message}"):
+        plan_units(config(raw))
+
+
+def test_a_port_used_twice_is_refused() -> None:
+    with pytest.raises(PlanError, match="port 8102: used by u0 rank 1 and u1 rank 0"):
+        plan_units(config(unit("u0", 8101, 8102), unit("u1", 8102, 8103)))
+
+
+def test_served_model_is_the_units_first_model_else_the_gateways() -> None:
+    plan = plan_units(config(unit("a", 1001), unit("b", 1002, models=["y"]), models=("x", "y")))
+    assert [u.leader.served_model for u in plan.units] == ["x", "y"]
+
+
+def test_argv_leader_serves_the_api_followers_serve_health() -> None:
+    opts = EngineOptions(seed=3, threads=2)
+    leader = NodeSpec("u0", 0, 2, "127.0.0.1", 8101, "m").argv("127.0.0.1:5000", opts)
+    follower = NodeSpec("u0", 1, 2, "127.0.0.1", 8102, "m").argv("127.0.0.1:5000", opts)
+    assert leader[:3] == ["node", "--role", "leader"]
+    ns = build_parser().parse_args(leader[1:])
+    assert (ns.host, ns.port, ns.served_model_name, ns.seed, ns.threads) == (
+        "127.0.0.1",
+        8101,
+        "m",
+        3,
+        2,
+    )
+    ns = build_parser().parse_args(follower[1:])
+    assert (ns.role, ns.rank, ns.health_port, ns.master, ns.world_size) == (
+        "follower",
+        1,
+        8102,
+        "127.0.0.1:5000",
+        2,
+    )
+    check_args(ns)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.5", "::1", "localhost"])
+def test_loopback_hosts(host: str) -> None:
+    assert is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "example.com", "0.0.0.0"])
+def test_other_hosts(host: str) -> None:
+    assert not is_loopback(host)
+
+
+def test_backoff_doubles_to_the_cap_and_resets_after_a_long_run() -> None:
+    b = Backoff(base=1.0, cap=8.0, reset_after=60.0)
+    assert [b.delay(uptime=1.0) for _ in range(5)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+    assert b.delay(uptime=60.0) == 1.0
+    assert b.delay(uptime=5.0) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--role", "leader", "--rank", "1", "--world-size", "2"], "--rank: a leader has rank 0"),
+        (["--role", "follower", "--rank", "0", "--world-size", "2"], "--rank: a follower has"),
+        (["--role", "follower", "--rank", "2", "--world-size", "2"], "--rank: must be in 0..1"),
+        (["--role", "leader", "--world-size", "0"], "--world-size: must be >= 1"),
+        (["--role", "leader", "--master", "nohost"], "--master: expected HOST:PORT"),
+        (["--role", "leader", "--port", "70000"], "--port: must be 0..65535"),
+        (["--role", "leader", "--collective-timeout", "0"], "--collective-timeout: must be > 0"),
+    ],
+)
+def test_node_flag_errors_name_the_flag(flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_args(build_parser().parse_args(flags))
