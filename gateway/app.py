@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -59,7 +60,8 @@ def ops_app(metrics: Metrics, admin: web.Application | None = None) -> web.Appli
 
     async def render(_: web.Request) -> web.Response:
         return web.Response(
-            body=metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
+            body=await asyncio.to_thread(metrics.render),
+            headers={"Content-Type": "text/plain; version=0.0.4"},
         )
 
     app.router.add_get("/metrics", render)

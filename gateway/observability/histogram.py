@@ -72,6 +72,7 @@ class HistogramFamily(Collector):
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
+        # sorted() copies the items in one C call, safe while the loop thread adds children.
         for value, h in sorted(self.children.items()):
             family.add_metric([value], h.cumulative(), h.sum)
         yield family

@@ -1,0 +1,87 @@
+"""The probing gateway's health flips, read from its log instead of its /metrics.
+
+At 1,000 units a scrape blocks the gateway's loop past the probe timeout and so causes the
+flips it would count. Each flip is also one INFO event line (steady state logs nothing), so
+a gateway started at `--log-level info` with stderr kept in a file has a timestamped record
+of every flip that costs nothing to read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from loadtest.bench.processes import _affinity, _stop, _wait_ready
+
+# "2026-11-29 20:42:55,017 INFO unitgate.events: unit u942: unhealthy (...) by prober"
+_EVENT = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO unitgate\.events: unit (\S+): "
+    r"(healthy|unhealthy) \((.*)\) by prober$"
+)
+_ADDRESS = re.compile(r" \((?:leader|follower) http://[^)]*\)")
+
+
+@dataclass(frozen=True)
+class Flip:
+    at: float  # wall clock, time.time()
+    unit: str
+    healthy: bool
+    reason: str
+
+
+@contextlib.contextmanager
+def logged_child(
+    argv: list[str], ready: Path, cpu: int | None, what: str, log: Path
+) -> Iterator[dict[str, Any]]:
+    """processes._child with stderr kept in `log` (thousands of flip lines must not reach the
+    terminal); the same pinning, readiness and stopping."""
+    with log.open("wb") as err, _affinity(cpu):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *argv], stdout=subprocess.DEVNULL, stderr=err
+        )
+    try:
+        yield _wait_ready(proc, ready, what)
+    finally:
+        _stop(proc)
+
+
+def read(log: Path) -> list[Flip]:
+    flips = []
+    for line in log.read_text(errors="replace").splitlines():
+        match = _EVENT.match(line)
+        if match is None:
+            continue
+        stamp, unit, what, reason = match.groups()
+        at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local, as logged
+        flips.append(Flip(at, unit, what == "healthy", reason))
+    return flips
+
+
+def unhealthy(flips: list[Flip]) -> set[str]:
+    """Configured units start healthy, so a unit is down exactly when its last flip was down."""
+    last = {f.unit: f.healthy for f in flips}
+    return {unit for unit, healthy in last.items() if not healthy}
+
+
+def between(flips: list[Flip], start: float, end: float) -> int:
+    return sum(1 for f in flips if start <= f.at < end)
+
+
+def timeline(flips: list[Flip], origin: float) -> dict[str, int]:
+    """Flips per whole second from `origin` (negative: before it), for the JSON."""
+    seconds = Counter(int((f.at - origin) // 1) for f in flips)
+    return {str(s): n for s, n in sorted(seconds.items())}
+
+
+def reasons(flips: list[Flip], top: int = 5) -> dict[str, int]:
+    """Why units went unhealthy, addresses stripped so that alike reasons add up."""
+    said = Counter(_ADDRESS.sub("", f.reason) for f in flips if not f.healthy)
+    return dict(said.most_common(top))
