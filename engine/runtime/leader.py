@@ -29,7 +29,7 @@ from engine.model import Tokenizer, Transformer
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, StepMessage, send
-from engine.runtime.sampling import make_generator, sample
+from engine.runtime.sampling import make_generator, sample_batch
 from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
 
 log = logging.getLogger(__name__)
@@ -229,15 +229,18 @@ class LeaderEngine:
             msg = StepMessage.step(entries, self.scheduler.pending, self._slots_used)
             send(msg, self._model.tp.group)
         logits = self._model(entries)
-        sampled = {
-            s.seq_id: sample(logits[i], s.params, self._live[s.seq_id].generator)
-            for i, s in enumerate(batch.seqs)
-        }
+        tokens = sample_batch(
+            logits, [(s.params, self._live[s.seq_id].generator) for s in batch.seqs]
+        )
+        sampled = {s.seq_id: token for s, token in zip(batch.seqs, tokens, strict=True)}
         self.scheduler.update(sampled)
         self._emit_tokens(batch, sampled)
         self.stats.record_step(self.scheduler.pending, self._slots_used)
 
     def _emit_tokens(self, batch: ScheduledBatch, sampled: dict[int, int]) -> None:
+        """One wake-up of each consumer loop per step, not one per token: every cross-thread
+        call wakes the loop and contends for the GIL with the next step's forward."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
         for s in batch.seqs:
             item = self._live.get(s.seq_id)
             if item is None or item.seq is None:
@@ -253,9 +256,12 @@ class LeaderEngine:
                 prompt_tokens=len(seq.prompt_ids),
                 completion_tokens=len(seq.output_ids),
             )
-            self._deliver(item, event)
+            by_loop.setdefault(item.loop, []).append((item, event))
             if seq.is_finished:
                 self._forget(s.seq_id)
+        for loop, deliveries in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the consumer's loop closed
+                loop.call_soon_threadsafe(_put_all, deliveries)
 
     def _emit_finished(self, item: _Request, reason: str, error: str | None = None) -> None:
         completion = 0 if item.seq is None else len(item.seq.output_ids)
@@ -292,6 +298,11 @@ class LeaderEngine:
     def _deliver(item: _Request, event: TokenEvent) -> None:
         with contextlib.suppress(RuntimeError):  # the consumer's loop closed: nobody listens
             item.loop.call_soon_threadsafe(item.sink.put_nowait, event)
+
+
+def _put_all(deliveries: list[tuple[_Request, TokenEvent]]) -> None:
+    for item, event in deliveries:
+        item.sink.put_nowait(event)
 
 
 def _final(

@@ -27,6 +27,18 @@ def sample(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def sample_batch(
+    logits: torch.Tensor, requests: list[tuple[SamplingParams, torch.Generator | None]]
+) -> list[int]:
+    """One argmax over the whole batch for the greedy rows (the common case), so a decode
+    step does not pay a tensor call per sequence; sampled rows go one by one."""
+    greedy = logits.argmax(dim=-1).tolist()
+    return [
+        int(greedy[i]) if params.temperature == 0 else sample(logits[i], params, generator)
+        for i, (params, generator) in enumerate(requests)
+    ]
+
+
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
     sorted_probs, order = probs.sort(descending=True)
