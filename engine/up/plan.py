@@ -7,11 +7,11 @@ processes. The master (rendezvous) port is not in the plan: a unit gets a fresh 
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.config import Config, UnitConfig
+from gateway.net import is_loopback
 
 
 class PlanError(ValueError):
@@ -105,15 +105,6 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
         for rank, url in enumerate(unit.nodes)
     )
     return UnitPlan(unit.id, specs)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _served_model(config: Config, unit: UnitConfig) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from gateway.admin.errors import AdminStartError, Unauthenticated, forbidden
 from gateway.config import AdminConfig
+from gateway.net import is_loopback
 
 log = logging.getLogger("unitgate.admin")
 
@@ -114,15 +114,6 @@ def parse_tokens(value: str, source: str) -> dict[str, str]:
     if len(set(tokens.values())) != len(tokens):
         raise AdminStartError(f"{source}: two names share one token; `who` would be ambiguous")
     return tokens
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _digest(token: str) -> bytes:
