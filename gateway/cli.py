@@ -7,6 +7,7 @@ for (or require) the engine's or the load tester's dependencies.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import subprocess
 import sys
@@ -15,22 +16,21 @@ from pathlib import Path
 
 from gateway.config import Config, ConfigError, load_config
 
+# Subcommands implemented elsewhere, imported only when chosen: module holding their `main`.
+_DELEGATED = {
+    "sim": "loadtest.simunits.cli",
+    "loadtest": "loadtest.gen.cli",
+    "node": "engine.cli",
+    "admin": "gateway.admin.cli",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] == "sim":  # the simulator owns its flags
-        from loadtest.simunits.cli import main as sim_main
-
-        code: int = sim_main(args[1:])
+    if args and args[0] in _DELEGATED:  # owns its flags and needs no config file
+        module = importlib.import_module(_DELEGATED[args[0]])
+        code: int = module.main(args[1:])
         return code
-    if args and args[0] == "node":  # one engine node: the engine's own flags
-        from engine.cli import main as node_main
-
-        return node_main(args[1:])
-    if args and args[0] == "admin":  # an API client: no config file, its own flags
-        from gateway.admin.cli import main as admin_main
-
-        return admin_main(args[1:])
     parser = _parser()
     ns = parser.parse_args(args)
     logging.basicConfig(
@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
     sub.add_parser("node", help="one node of a builtin-engine unit (see `unitgate node -h`)")
     sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
+    sub.add_parser(
+        "loadtest", help="drive an OpenAI endpoint and report (see `unitgate loadtest -h`)"
+    )
     return parser
 
 

@@ -1,0 +1,153 @@
+"""`python -m loadtest --url URL ...`: parse options, run one shape, report.
+
+Everything the user can get wrong (options, a prompt file, the output directory) ends in a
+one-line message and exit status 2; server misbehaviour is data and ends in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import uvloop
+
+from loadtest.gen.report import show_progress, summary_table, write_result
+from loadtest.gen.shapes import RunConfig, Runner
+from loadtest.gen.stats import Slo, aggregate, record_json
+from loadtest.gen.workload import Workload, WorkloadConfig, WorkloadError, load_jsonl
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="unitgate loadtest", description=__doc__)
+    p.add_argument("--url", required=True, help="server base URL; /v1/... is appended")
+    p.add_argument("--model", default="unitgate-sim")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
+    shape.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    p.add_argument("--duration", type=float, help="seconds during which requests are sent")
+    p.add_argument("--requests", type=int, help="total requests to send")
+    p.add_argument("--prompts", type=Path, help="JSONL prompt file (default: shopping set)")
+    p.add_argument("--max-tokens", type=int, help="output length asked for (max_tokens)")
+    p.add_argument("--input-words", type=int, help="pad or cut prompts to this many words")
+    p.add_argument("--session-share", type=float, default=0.0, help="share sending x-session-id")
+    p.add_argument("--sessions", type=int, default=16, help="distinct session ids in the pool")
+    p.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT limit")
+    p.add_argument("--slo-tpot-ms", type=float, help="goodput: time-per-output-token limit")
+    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="directory for result.json")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    return p
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.url.startswith(("http://", "https://")):
+        p.error("--url must start with http:// or https://")
+    if args.duration is None and args.requests is None:
+        p.error("give --duration and/or --requests")
+    positive = ("concurrency", "rate", "duration", "requests", "max_tokens", "input_words")
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    if not 0.0 <= args.session_share <= 1.0:
+        p.error("--session-share must be within [0, 1]")
+    if args.sessions < 1 or args.timeout <= 0:
+        p.error("--sessions must be >= 1 and --timeout > 0")
+
+
+def _configs(args: argparse.Namespace) -> tuple[RunConfig, WorkloadConfig]:
+    # Neither shape given means the simplest closed loop: one request at a time.
+    concurrency = None if args.rate is not None else (args.concurrency or 1)
+    run = RunConfig(
+        url=args.url.rstrip("/"),
+        concurrency=concurrency,
+        rate=args.rate,
+        duration=args.duration,
+        requests=args.requests,
+        timeout=args.timeout,
+        seed=args.seed,
+    )
+    work = WorkloadConfig(
+        args.model, args.max_tokens, args.input_words, args.session_share, args.sessions, args.seed
+    )
+    return run, work
+
+
+async def run_load(
+    run: RunConfig, workload: Workload, slo: Slo, progress: bool
+) -> dict[str, object]:
+    """Run one shape and build the whole result document."""
+    runner = Runner(run, workload)
+    started = time.time()
+    ticker = asyncio.create_task(show_progress(runner.state, sys.stderr)) if progress else None
+    try:
+        state = await runner.run()
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+    records = sorted(state.records, key=lambda r: r.index)
+    return {
+        "config": _config_json(run, workload, slo, started),
+        "summary": aggregate(records, state.elapsed(), slo),
+        "requests": [record_json(r) for r in records],
+    }
+
+
+def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -> dict[str, object]:
+    w = workload.config
+    return {
+        "url": run.url,
+        "model": w.model,
+        "shape": "closed" if run.concurrency is not None else "open",
+        "concurrency": run.concurrency,
+        "rate": run.rate,
+        "duration_s": run.duration,
+        "requests": run.requests,
+        "timeout_s": run.timeout,
+        "max_tokens": w.max_tokens,
+        "input_words": w.input_words,
+        "session_share": w.session_share,
+        "sessions": w.sessions,
+        "seed": run.seed,
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+        "started_unix": started,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
+    run, work = _configs(args)
+    try:
+        prompts = load_jsonl(args.prompts) if args.prompts is not None else None
+    except WorkloadError as exc:
+        print(f"unitgate loadtest: {exc}", file=sys.stderr)
+        return 2
+    slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+    try:
+        result = uvloop.run(run_load(run, Workload(work, prompts), slo, not args.no_progress))
+    except KeyboardInterrupt:
+        print("unitgate loadtest: interrupted", file=sys.stderr)
+        return 130
+    summary = result["summary"]
+    assert isinstance(summary, dict)
+    print(summary_table(summary))
+    return _save(args.out, result)
+
+
+def _save(out: Path | None, result: dict[str, object]) -> int:
+    if out is None:
+        return 0
+    try:
+        path = write_result(out, result)
+    except OSError as exc:
+        print(f"unitgate loadtest: cannot write result: {exc}", file=sys.stderr)
+        return 2
+    print(f"result: {path}")
+    return 0

@@ -1,0 +1,97 @@
+"""What a person sees: a live progress line, a summary table and result.json.
+
+The progress line is a plain stderr line rewritten with \\r, so it needs no terminal library
+and stays out of stdout, which carries only the final table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TextIO
+
+import orjson
+
+from loadtest.gen.shapes import RunState
+
+METRICS = (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"), ("E2E", "e2e_ms"))
+COLUMNS = ("mean", "p50", "p90", "p99", "max")
+
+
+def progress_text(state: RunState) -> str:
+    elapsed = state.elapsed()
+    rps = state.finished / elapsed if elapsed > 0 else 0.0
+    return (
+        f"[{elapsed:6.1f}s] done {state.finished} ok {state.finished - state.errors} "
+        f"err {state.errors} in-flight {state.in_flight} {rps:.1f} req/s"
+    )
+
+
+async def show_progress(state: RunState, stream: TextIO, every: float = 0.5) -> None:
+    """Runs until cancelled; the line is padded so a shorter one fully covers a longer one."""
+    width = 0
+    try:
+        while True:
+            text = progress_text(state)
+            width = max(width, len(text))
+            stream.write("\r" + text.ljust(width))
+            stream.flush()
+            await asyncio.sleep(every)
+    finally:
+        stream.write("\r" + progress_text(state).ljust(width) + "\n")
+        stream.flush()
+
+
+def _cell(value: object) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else "-"
+
+
+def summary_table(summary: dict[str, object]) -> str:
+    lines = [
+        f"requests {summary['requests']}  succeeded {summary['succeeded']}  "
+        f"failed {summary['failed']}  wall {_cell(summary['wall_s'])} s",
+        f"throughput {_cell(summary['request_throughput_rps'])} req/s  "
+        f"{_cell(summary['output_token_throughput_tps'])} output tok/s",
+        "",
+        f"{'ms':<6}" + "".join(f"{c:>10}" for c in COLUMNS) + f"{'samples':>10}",
+    ]
+    for label, key in METRICS:
+        dist = summary[key]
+        assert isinstance(dist, dict)
+        cells = "".join(f"{_cell(dist[c]):>10}" for c in COLUMNS)
+        lines.append(f"{label:<6}{cells}{dist['count']:>10}")
+    lines += ["", _goodput_line(summary), _errors_line(summary)]
+    return "\n".join(lines)
+
+
+def _goodput_line(summary: dict[str, object]) -> str:
+    good = summary["goodput"]
+    assert isinstance(good, dict)
+    slo = good["slo"]
+    frac = good["fraction"]
+    share = f"{frac * 100:.1f}%" if isinstance(frac, float) else "-"
+    return (
+        f"goodput {good['requests']} requests ({share}), {_cell(good['rps'])} req/s "
+        f"under SLO ttft<={_limit(slo['ttft_ms'])} tpot<={_limit(slo['tpot_ms'])}"
+    )
+
+
+def _limit(value: object) -> str:
+    return f"{value:g} ms" if isinstance(value, int | float) else "any"
+
+
+def _errors_line(summary: dict[str, object]) -> str:
+    errors = summary["errors"]
+    assert isinstance(errors, dict)
+    if not errors:
+        return "errors: none"
+    return "errors: " + ", ".join(f"{kind} {n}" for kind, n in errors.items())
+
+
+def write_result(out_dir: Path, result: dict[str, object]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "result.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,119 @@
+"""Load shapes: closed loop (fixed concurrency) and open loop (Poisson arrivals).
+
+The open loop stamps each request with the time it was *due*, so when the client or the
+server falls behind, the wait shows up in the latencies instead of silently thinning the
+load (coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from loadtest.gen.client import RequestRecord, send
+from loadtest.gen.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    url: str
+    concurrency: int | None = None
+    rate: float | None = None
+    duration: float | None = None
+    requests: int | None = None
+    timeout: float = 60.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("give exactly one of concurrency and rate")
+        if self.duration is None and self.requests is None:
+            raise ValueError("give a duration, a request count or both")
+
+
+@dataclass(slots=True)
+class RunState:
+    """Shared between the shape, the progress line and the report."""
+
+    origin: float = field(default_factory=time.perf_counter)
+    records: list[RequestRecord] = field(default_factory=list)
+    started: int = 0
+    finished: int = 0
+    errors: int = 0
+    ended_at: float | None = None
+
+    def elapsed(self) -> float:
+        end = self.ended_at if self.ended_at is not None else time.perf_counter()
+        return end - self.origin
+
+    @property
+    def in_flight(self) -> int:
+        return self.started - self.finished
+
+
+class Runner:
+    """Runs one shape to its bounds; `state` is live while it runs, for the progress line."""
+
+    def __init__(self, config: RunConfig, workload: Workload) -> None:
+        self.config = config
+        self.workload = workload
+        self.state = RunState()
+
+    async def run(self) -> RunState:
+        connector = aiohttp.TCPConnector(limit=0)  # the shape, not the pool, bounds the load
+        async with aiohttp.ClientSession(connector=connector) as session:
+            self.state.origin = time.perf_counter()  # the clock starts with the load
+            if self.config.concurrency is not None:
+                await self._closed(session, self.config.concurrency)
+            else:
+                assert self.config.rate is not None
+                await self._open(session, self.config.rate)
+            self.state.ended_at = time.perf_counter()
+        return self.state
+
+    def _may_start(self, due: float) -> bool:
+        """Both bounds apply: nothing is sent at or after the deadline or past the count."""
+        cfg = self.config
+        if cfg.requests is not None and self.state.started >= cfg.requests:
+            return False
+        return cfg.duration is None or due < cfg.duration
+
+    def _claim(self, due: float) -> RequestRecord:
+        """Counted synchronously, before any await, so the count bound is never overshot."""
+        record = RequestRecord(index=self.state.started, scheduled=due)
+        self.state.started += 1
+        return record
+
+    async def _one(self, session: aiohttp.ClientSession, record: RequestRecord) -> None:
+        state = self.state
+        spec = self.workload.next_request()
+        await send(session, self.config.url, spec, record, state.origin, self.config.timeout)
+        state.records.append(record)
+        state.finished += 1
+        state.errors += 0 if record.ok else 1
+
+    async def _closed(self, session: aiohttp.ClientSession, concurrency: int) -> None:
+        async def worker() -> None:
+            while self._may_start(self.state.elapsed()):
+                await self._one(session, self._claim(self.state.elapsed()))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def _open(self, session: aiohttp.ClientSession, rate: float) -> None:
+        rng = random.Random(self.config.seed)
+        tasks: set[asyncio.Task[None]] = set()
+        due = rng.expovariate(rate)
+        while self._may_start(due):
+            delay = due - self.state.elapsed()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(self._one(session, self._claim(due)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            due += rng.expovariate(rate)
+        if tasks:
+            await asyncio.gather(*tasks)

@@ -1,0 +1,102 @@
+"""Aggregation of per-request records into the numbers a run is judged by.
+
+Percentiles come from the exact sorted samples (nearest rank), not from histograms, so a
+p99 over a few hundred requests is a real observed latency and runs can be compared exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loadtest.gen.client import RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted samples; q in [0, 100]."""
+    if not ordered:
+        raise ValueError("no samples")
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def distribution(samples_s: Sequence[float]) -> dict[str, float | int | None]:
+    """Summary of latencies given in seconds, reported in milliseconds."""
+    ordered = sorted(s * 1000 for s in samples_s)
+    if not ordered:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    return {
+        "count": len(ordered),
+        "mean": sum(ordered) / len(ordered),
+        "p50": percentile(ordered, 50),
+        "p90": percentile(ordered, 90),
+        "p99": percentile(ordered, 99),
+        "max": ordered[-1],
+    }
+
+
+def meets_slo(record: RequestRecord, slo: Slo) -> bool:
+    """A request counts for goodput only if it succeeded and met every SLO it was given."""
+    if not record.ok or record.ttft is None:
+        return False
+    if slo.ttft_ms is not None and record.ttft * 1000 > slo.ttft_ms:
+        return False
+    tpot = record.tpot
+    return slo.tpot_ms is None or tpot is None or tpot * 1000 <= slo.tpot_ms
+
+
+def aggregate(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict[str, object]:
+    ok = [r for r in records if r.ok]
+    wall = max(wall_s, 1e-9)
+    out_tokens = sum(r.output_tokens for r in ok)
+    good = sum(1 for r in records if meets_slo(r, slo))
+    return {
+        "requests": len(records),
+        "succeeded": len(ok),
+        "failed": len(records) - len(ok),
+        "wall_s": wall_s,
+        "request_throughput_rps": len(ok) / wall,
+        "output_token_throughput_tps": out_tokens / wall,
+        "output_tokens": out_tokens,
+        "errors": dict(sorted(Counter(r.error for r in records if r.error).items())),
+        "ttft_ms": distribution([r.ttft for r in ok if r.ttft is not None]),
+        "itl_ms": distribution([gap for r in ok for gap in r.itls]),
+        "tpot_ms": distribution([t for r in ok if (t := r.tpot) is not None]),
+        "e2e_ms": distribution([r.e2e for r in ok if r.e2e is not None]),
+        "goodput": {
+            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+            "requests": good,
+            "rps": good / wall,
+            "fraction": good / len(records) if records else None,
+        },
+    }
+
+
+def record_json(record: RequestRecord) -> dict[str, object]:
+    """One request as written to result.json; times in milliseconds from the run start."""
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 3)
+
+    itls = record.itls
+    return {
+        "index": record.index,
+        "scheduled_ms": ms(record.scheduled),
+        "session_id": record.session_id,
+        "status": record.status,
+        "error": record.error,
+        "ttft_ms": ms(record.ttft),
+        "e2e_ms": ms(record.e2e),
+        "tpot_ms": ms(record.tpot),
+        "itl_mean_ms": ms(sum(itls) / len(itls)) if itls else None,
+        "output_tokens": record.output_tokens,
+        "prompt_tokens": record.prompt_tokens,
+    }
