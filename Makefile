@@ -17,7 +17,7 @@ $(RUN_STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PIP) install -q -e '.[test,engine]' -c constraints.txt
+	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
 	touch $@ $(RUN_STAMP)
 
 run: $(RUN_STAMP)
