@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from gateway.config import Config, config_from_dict
-from gateway.routing.affinity import hash_key
+from gateway.routing.affinity import affinity_key, hash_key, rank
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "unitgate-sim"
@@ -138,3 +138,14 @@ async def sim_stats(http: aiohttp.ClientSession, sim: Any, unit_id: str) -> dict
 
 async def sim_total(http: aiohttp.ClientSession, sim: Any, key: str) -> int:
     return sum([(await sim_stats(http, sim, u["id"]))[key] for u in sim.units])
+
+
+def session_ranking_first(unit_id: str, others: list[str]) -> str:
+    """A session key whose rendezvous favourite is `unit_id`: makes the first pick deterministic."""
+    fakes = [FakeUnit(u) for u in [unit_id, *others]]
+    for i in range(1000):
+        key = affinity_key("session", f"s{i}", "")
+        assert key is not None
+        if rank(key, fakes)[0].id == unit_id:
+            return f"s{i}"
+    raise AssertionError("no key found")

@@ -10,11 +10,15 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
 
-from loadtest.gen.report import show_progress, summary_table, write_result
+from loadtest.gen import compare, plots, sweep
+from loadtest.gen.actions import ActionRunner, add_timeseries
+from loadtest.gen.report import actions_section, show_progress, summary_table, write_result
+from loadtest.gen.scenario import Action, ScenarioError, load_scenario
 from loadtest.gen.shapes import RunConfig, Runner
 from loadtest.gen.stats import Slo, aggregate, record_json
 from loadtest.gen.workload import Workload, WorkloadConfig, WorkloadError, load_jsonl
@@ -27,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
     shape.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    sweep.add_options(shape)
     p.add_argument("--duration", type=float, help="seconds during which requests are sent")
     p.add_argument("--requests", type=int, help="total requests to send")
     p.add_argument("--prompts", type=Path, help="JSONL prompt file (default: shopping set)")
@@ -40,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="directory for result.json")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    # Scenarios and time series (issue 5): loadtest/gen/scenario.py, actions.py, timeseries.py
+    p.add_argument("--scenario", type=Path, help="TOML file of actions fired during the run")
+    p.add_argument("--timeseries", action="store_true", help="add 1 s buckets to result.json")
     return p
 
 
@@ -78,24 +86,36 @@ def _configs(args: argparse.Namespace) -> tuple[RunConfig, WorkloadConfig]:
 
 
 async def run_load(
-    run: RunConfig, workload: Workload, slo: Slo, progress: bool
+    run: RunConfig,
+    workload: Workload,
+    slo: Slo,
+    progress: bool,
+    scenario: list[Action] | None = None,
+    series: bool = False,
 ) -> dict[str, object]:
     """Run one shape and build the whole result document."""
     runner = Runner(run, workload)
     started = time.time()
     ticker = asyncio.create_task(show_progress(runner.state, sys.stderr)) if progress else None
+    actions = ActionRunner(scenario, runner.state) if scenario else None
+    if actions is not None:
+        actions.start()
     try:
         state = await runner.run()
     finally:
+        outcomes = await actions.stop() if actions is not None else None
         if ticker is not None:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
     records = sorted(state.records, key=lambda r: r.index)
-    return {
+    result: dict[str, object] = {
         "config": _config_json(run, workload, slo, started),
         "summary": aggregate(records, state.elapsed(), slo),
         "requests": [record_json(r) for r in records],
     }
+    if series or outcomes is not None:
+        add_timeseries(result, state, outcomes)
+    return result
 
 
 def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -> dict[str, object]:
@@ -120,24 +140,34 @@ def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(parser, args)
     run, work = _configs(args)
     try:
         prompts = load_jsonl(args.prompts) if args.prompts is not None else None
-    except WorkloadError as exc:
+        scenario = load_scenario(args.scenario) if args.scenario is not None else None
+    except (WorkloadError, ScenarioError) as exc:
         print(f"unitgate loadtest: {exc}", file=sys.stderr)
         return 2
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+    if (axis := sweep.axis_of(args)) is not None:
+        return _sweep(args, run, work, prompts, slo, axis)
     try:
-        result = uvloop.run(run_load(run, Workload(work, prompts), slo, not args.no_progress))
+        workload = Workload(work, prompts)
+        load = run_load(run, workload, slo, not args.no_progress, scenario, args.timeseries)
+        result = uvloop.run(load)
     except KeyboardInterrupt:
         print("unitgate loadtest: interrupted", file=sys.stderr)
         return 130
     summary = result["summary"]
     assert isinstance(summary, dict)
     print(summary_table(summary))
+    if isinstance(actions := result.get("actions"), list):
+        print("\n" + actions_section(actions))
     return _save(args.out, result)
 
 
@@ -150,4 +180,39 @@ def _save(out: Path | None, result: dict[str, object]) -> int:
         print(f"unitgate loadtest: cannot write result: {exc}", file=sys.stderr)
         return 2
     print(f"result: {path}")
+    plots.try_write_plots(result, out)
+    return 0
+
+
+# --- Output extras (issue 5): `compare` / `plot` subcommands, sweeps, plots -----------------
+# A first word naming a subcommand selects it; anything else is the flag-based run CLI above,
+# so `python -m loadtest --url ...` is unchanged.
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"compare": compare.main, "plot": plots.main}
+
+
+def _sweep(
+    args: argparse.Namespace,
+    run: RunConfig,
+    work: WorkloadConfig,
+    prompts: list[str] | None,
+    slo: Slo,
+    axis: tuple[str, list[float]],
+) -> int:
+    """Each point gets a fresh copy of the workload so all points send the same requests."""
+    name, values = axis
+
+    async def load(point: RunConfig) -> dict[str, object]:
+        return await run_load(point, Workload(work, prompts), slo, not args.no_progress)
+
+    try:
+        rows = uvloop.run(sweep.run_sweep(run, name, values, load, args.out, plots.try_write_plots))
+    except KeyboardInterrupt:
+        print("unitgate loadtest: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"unitgate loadtest: cannot write result: {exc}", file=sys.stderr)
+        return 2
+    print(sweep.sweep_table(name, rows))
+    if args.out is not None:
+        print(f"sweep: {args.out / 'sweep.json'}")
     return 0

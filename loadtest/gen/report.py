@@ -95,3 +95,17 @@ def write_result(out_dir: Path, result: dict[str, object]) -> Path:
     tmp.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     tmp.replace(path)
     return path
+
+
+def actions_section(actions: list[dict[str, object]]) -> str:
+    """Scenario actions as fired, with how long the load took to be error-free again."""
+    lines = ["Actions", f"{'at s':>7} {'fired s':>8} {'failover s':>11} {'failed':>7}  action"]
+    for a in actions:
+        failover = a["failover_s"]
+        recovered = _cell(failover) if failover is not None or a["outcome"] != "ok" else "never"
+        failed = a["failed_after"] if a["failed_after"] is not None else "-"
+        lines.append(
+            f"{_cell(a['at']):>7} {_cell(a['fired_s']):>8} {recovered:>11} {failed:>7}  "
+            f"{a['action']}: {a['outcome']}"
+        )
+    return "\n".join(lines)

@@ -45,6 +45,8 @@ class RunState:
     finished: int = 0
     errors: int = 0
     ended_at: float | None = None
+    # When each request (by index) ended, failed or not: the time series buckets failures.
+    ends: dict[int, float] = field(default_factory=dict)
 
     def elapsed(self) -> float:
         end = self.ended_at if self.ended_at is not None else time.perf_counter()
@@ -92,6 +94,7 @@ class Runner:
         state = self.state
         spec = self.workload.next_request()
         await send(session, self.config.url, spec, record, state.origin, self.config.timeout)
+        state.ends[record.index] = time.perf_counter() - state.origin
         state.records.append(record)
         state.finished += 1
         state.errors += 0 if record.ok else 1

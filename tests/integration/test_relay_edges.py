@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from gateway.server import running
-from tests.support import SimProcess, chat_body, gateway_config
+from tests.support import SimProcess, chat_body, gateway_config, session_ranking_first
 
 CHAT = "/v1/chat/completions"
 Responder = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -74,10 +74,15 @@ async def test_garbage_from_a_unit_is_retried_elsewhere(
 
     async with raw_unit(garbage) as bad:
         good = clean_sim.units[0]
-        config = gateway_config([bad, good], retry={"budget_min_per_second": 10.0})
+        routing = {"affinity": "session"}
+        config = gateway_config([bad, good], retry={"budget_min_per_second": 10.0}, routing=routing)
+        # A session whose favourite is the bad unit: the first attempt goes there every time.
+        headers = {"x-session-id": session_ranking_first(bad["id"], [good["id"]])}
         async with running(config) as gw:
             for _ in range(6):
-                async with http.post(gw.public_url + CHAT, json=chat_body()) as resp:
+                async with http.post(
+                    gw.public_url + CHAT, json=chat_body(), headers=headers
+                ) as resp:
                     assert resp.status == 200
                     assert resp.headers["x-unitgate-unit"] == good["id"]
                     await resp.read()

@@ -5,13 +5,23 @@ from __future__ import annotations
 import aiohttp
 
 from gateway.server import running
-from tests.support import SimProcess, chat_body, gateway_config, sim_stats, sim_total
+from tests.support import (
+    SimProcess,
+    chat_body,
+    gateway_config,
+    session_ranking_first,
+    sim_stats,
+    sim_total,
+)
 
 CHAT = "/v1/chat/completions"
 
 
-async def _post(http: aiohttp.ClientSession, url: str, **body: object) -> tuple[int, str, bytes]:
-    async with http.post(url + CHAT, json=chat_body(**body)) as resp:  # type: ignore[arg-type]
+async def _post(
+    http: aiohttp.ClientSession, url: str, session: str = "", **body: object
+) -> tuple[int, str, bytes]:
+    headers = {"x-session-id": session} if session else {}
+    async with http.post(url + CHAT, json=chat_body(**body), headers=headers) as resp:  # type: ignore[arg-type]
         return resp.status, resp.headers.get("x-unitgate-unit", ""), await resp.read()
 
 
@@ -19,8 +29,13 @@ async def test_each_failure_kind_is_retried_elsewhere(
     clean_sim: SimProcess, http: aiohttp.ClientSession
 ) -> None:
     config = gateway_config(
-        clean_sim.units, timeouts={"first_byte": 0.3}, retry={"budget_min_per_second": 10.0}
+        clean_sim.units,
+        timeouts={"first_byte": 0.3},
+        retry={"budget_min_per_second": 10.0},
+        routing={"affinity": "session"},
     )
+    # A session that favours u0, so every first attempt meets the fault (no luck involved).
+    session = session_ranking_first("u0", [u["id"] for u in clean_sim.units[1:]])
     async with running(config) as gw:
         for mode in ("error", "refuse", "hang"):
             clean_sim.post("/reset")
@@ -28,7 +43,7 @@ async def test_each_failure_kind_is_retried_elsewhere(
             # A hung unit shows only in streams (first_byte); a whole answer may take `total`.
             for stream in (True, False) if mode != "hang" else (True,):
                 for _ in range(6):
-                    status, unit, body = await _post(http, gw.public_url, stream=stream)
+                    status, unit, body = await _post(http, gw.public_url, session, stream=stream)
                     assert status == 200, (mode, body)
                     assert unit != "u0"
         text = gw.metrics.render().decode()

@@ -12,9 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gateway.routing.affinity import affinity_key, rank
 from gateway.server import running
-from tests.support import FakeUnit, chat_body, gateway_config
+from tests.support import chat_body, gateway_config, session_ranking_first
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 STREAM = b"data: {}\n\ndata: [DONE]\n\n"
@@ -50,17 +49,6 @@ async def capturing_unit(
     finally:
         server.close()
         await server.wait_closed()
-
-
-def session_ranking_first(unit_id: str, others: list[str]) -> str:
-    """A session key whose rendezvous favourite is `unit_id`: makes the first pick deterministic."""
-    fakes = [FakeUnit(u) for u in [unit_id, *others]]
-    for i in range(1000):
-        key = affinity_key("session", f"s{i}", "")
-        assert key is not None
-        if rank(key, fakes)[0].id == unit_id:
-            return f"s{i}"
-    raise AssertionError("no key found")
 
 
 async def test_span_tree_and_propagation(http: aiohttp.ClientSession) -> None:
