@@ -1,4 +1,4 @@
-"""The closed-loop load generator and what one run of it records."""
+"""One run of the benchmark: loadtest.gen's closed loop against one mode, and what it records."""
 
 from __future__ import annotations
 
@@ -6,26 +6,19 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
 
 from loadtest.bench.params import CONCURRENCIES, ITLS_MS, MODEL, MODES, TOKENS
 from loadtest.bench.processes import CLK_TCK, Cluster, cpu_ticks
+from loadtest.gen.client import RequestRecord
+from loadtest.gen.shapes import RunConfig, Runner
+from loadtest.gen.stats import Slo, aggregate
+from loadtest.gen.workload import Workload, WorkloadConfig
 
-DONE = b"data: [DONE]\n\n"
 RUN_DEADLINE_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
-BODY = orjson.dumps(
-    {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "hi"}],
-        "stream": True,
-        "max_tokens": TOKENS,
-    }
-)
-HEADERS = {"content-type": "application/json"}
 
 
 @dataclass
@@ -40,6 +33,8 @@ class Run:
     # CPU of the relay in the request path; None for "direct", which has none.
     relay_cpu_ticks: int | None
     ttft_ms: list[float]
+    # loadtest.gen's error kinds (e.g. "http_503", "missing_done"), and "not_sent".
+    errors: dict[str, int] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -52,72 +47,77 @@ class Run:
         return self.relay_cpu_ticks / CLK_TCK * 1e6 / self.completed
 
 
-async def _one(session: aiohttp.ClientSession, url: str) -> float | None:
-    """TTFT in seconds, or None unless the answer is a 200 stream that ends with [DONE]."""
-    start = time.perf_counter()
-    ttft: float | None = None
-    tail = b""
-    try:
-        async with session.post(url, data=BODY, headers=HEADERS) as resp:
-            async for chunk in resp.content.iter_any():
-                if ttft is None:
-                    ttft = time.perf_counter() - start
-                tail = (tail + chunk)[-len(DONE) :]
-            ok = resp.status == 200 and tail == DONE
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    return ttft if ok else None
+@dataclass(frozen=True)
+class Loop:
+    """One closed-loop run's records (all workers merged), wall time and unsent requests."""
+
+    records: list[RequestRecord]
+    wall_s: float
+    unsent: int
 
 
-async def _closed_loop(
-    session: aiohttp.ClientSession, urls: Sequence[str], count: int, concurrency: int, spread: float
-) -> tuple[list[float], int]:
-    """Workers start `spread` seconds apart in total: streams of equal length started together
-    stay in lockstep, and every TTFT would then measure a burst of `concurrency` arrivals.
-    Requests never sent because the deadline struck count as failures: the run is short.
+async def _worker(base: str, count: int, delay: float, seed: int) -> list[RequestRecord]:
+    """One loadtest.gen closed loop of concurrency 1, started `delay` seconds late."""
+    await asyncio.sleep(delay)
+    config = RunConfig(
+        url=base,
+        concurrency=1,
+        duration=RUN_DEADLINE_S - delay,
+        requests=count,
+        timeout=REQUEST_TIMEOUT_S,
+        seed=seed,
+    )
+    workload = Workload(WorkloadConfig(MODEL, max_tokens=TOKENS, seed=seed))
+    state = await Runner(config, workload).run()
+    return state.records
+
+
+async def _closed_loop(bases: Sequence[str], count: int, concurrency: int, spread: float) -> Loop:
+    """`concurrency` loadtest.gen workers, started `spread` seconds apart in total: streams of
+    equal length started together stay in lockstep, and every TTFT would then measure a burst
+    of `concurrency` arrivals. loadtest.gen starts its workers together, hence one Runner per
+    worker; worker i sends to bases[i % len(bases)] and its share of `count`. Requests never
+    sent because the deadline struck are counted: the run is short.
     """
-    deadline = time.monotonic() + RUN_DEADLINE_S
-    ttfts: list[float] = []
-    sent = failures = 0
+    share, extra = divmod(count, concurrency)
+    t0 = time.perf_counter()
+    per_worker = await asyncio.gather(
+        *(
+            _worker(bases[i % len(bases)], share + (i < extra), spread * i / concurrency, i)
+            for i in range(concurrency)
+            if share + (i < extra)
+        )
+    )
+    wall = time.perf_counter() - t0
+    records = [r for worker in per_worker for r in worker]
+    return Loop(records, wall, count - len(records))
 
-    async def worker(index: int) -> None:
-        nonlocal sent, failures
-        await asyncio.sleep(spread * index / concurrency)
-        while sent < count and time.monotonic() < deadline:
-            url = urls[sent % len(urls)]
-            sent += 1
-            ttft = await _one(session, url)
-            if ttft is None:
-                failures += 1
-            else:
-                ttfts.append(ttft)
 
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return ttfts, failures + count - sent
+def _errors(loop: Loop) -> dict[str, int]:
+    summary = aggregate(loop.records, loop.wall_s, Slo())
+    errors = summary["errors"]
+    assert isinstance(errors, dict)
+    return errors | ({"not_sent": loop.unsent} if loop.unsent else {})
 
 
 async def _measure(
-    session: aiohttp.ClientSession,
-    cluster: Cluster,
-    mode: str,
-    itl: float,
-    conc: int,
-    n: int,
-    lockstep: bool,
+    cluster: Cluster, mode: str, itl: float, conc: int, n: int, lockstep: bool
 ) -> Run:
     """Warm-up failures are added to the run's: a broken warm-up is as broken as the run."""
     spread = 0.0 if lockstep else TOKENS * itl / 1e3
     relay = cluster.relays.get(mode)
     bases = cluster.leaders if relay is None else (relay.url,)
-    urls = [f"{b}/v1/chat/completions" for b in bases]
-    _, warm_failures = await _closed_loop(session, urls, 2 * conc, conc, spread)
+    warm = await _closed_loop(bases, 2 * conc, conc, spread)
     cpu0 = cpu_ticks(relay.pid) if relay else 0
-    t0 = time.perf_counter()
-    ttfts, failures = await _closed_loop(session, urls, n, conc, spread)
-    wall = time.perf_counter() - t0
+    loop = await _closed_loop(bases, n, conc, spread)
     cpu = cpu_ticks(relay.pid) - cpu0 if relay else None
-    ttft_ms = [round(t * 1e3, 4) for t in ttfts]
-    return Run(mode, itl, conc, n, len(ttfts), failures + warm_failures, wall, cpu, ttft_ms)
+    errors = _errors(loop)
+    for kind, count in _errors(warm).items():
+        errors[f"warmup_{kind}"] = count
+    ok = [r for r in loop.records if r.ok and r.ttft is not None]
+    ttft_ms = [round(r.ttft * 1e3, 4) for r in ok if r.ttft is not None]
+    failures = sum(errors.values())
+    return Run(mode, itl, conc, n, len(ok), failures, loop.wall_s, cpu, ttft_ms, errors)
 
 
 async def _set_itl(session: aiohttp.ClientSession, cluster: Cluster, itl: float) -> None:
@@ -128,21 +128,19 @@ async def _set_itl(session: aiohttp.ClientSession, cluster: Cluster, itl: float)
 
 
 def _progress(run: Run) -> None:
-    failed = f"  *** {run.failures} FAILED ***" if run.failures else ""
+    failed = f"  *** {run.failures} FAILED: {run.errors} ***" if run.failures else ""
     line = f"  {run.mode:7} itl={run.itl_ms:g}ms c={run.concurrency}: {run.rps:.0f} req/s"
     print(line + failed, flush=True)
 
 
 async def run_all(cluster: Cluster, counts: dict[float, int], lockstep: bool) -> list[Run]:
     runs: list[Run] = []
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        for itl in ITLS_MS:
-            await _set_itl(session, cluster, itl)
-            for conc in CONCURRENCIES:
-                for mode in MODES:
-                    run = await _measure(session, cluster, mode, itl, conc, counts[itl], lockstep)
-                    _progress(run)
-                    runs.append(run)
+    for itl in ITLS_MS:
+        async with aiohttp.ClientSession() as control:
+            await _set_itl(control, cluster, itl)
+        for conc in CONCURRENCIES:
+            for mode in MODES:
+                run = await _measure(cluster, mode, itl, conc, counts[itl], lockstep)
+                _progress(run)
+                runs.append(run)
     return runs

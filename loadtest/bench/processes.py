@@ -36,6 +36,8 @@ affinity = "none"
 unit_max_inflight = 4096
 [upstream]
 max_connections = 0
+[admin]
+enabled = false
 """
 
 

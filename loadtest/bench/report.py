@@ -15,6 +15,7 @@ import orjson
 from loadtest.bench.load import Run
 from loadtest.bench.params import CONCURRENCIES, ITLS_MS
 from loadtest.bench.processes import CLK_TCK, Cluster, Pins
+from loadtest.gen.stats import percentile
 
 # Targets for a 64-token stream at c=128, keyed by inter-token delay (ms).
 TARGET_CPU_US = {0.0: 400.0, 20.0: 1500.0}
@@ -27,11 +28,8 @@ COLUMNS = (
 
 
 def _pct(values: Sequence[float], q: float) -> float:
-    """Nearest rank, so a reported percentile is a latency some request really saw."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    """loadtest.gen's nearest rank, so a reported percentile is a latency some request saw."""
+    return percentile(sorted(values), q) if values else math.nan
 
 
 def _ratio(a: float, b: float) -> float:
@@ -46,7 +44,7 @@ def _compare(direct: Run, floor: Run, gw: Run) -> dict[str, float]:
     floor_cpu, gw_cpu = floor.relay_cpu_us_per_request, gw.relay_cpu_us_per_request
     row |= {"floor_cpu_us_per_request": floor_cpu, "gateway_cpu_us_per_request": gw_cpu}
     row["gateway_floor_cpu_ratio"] = _ratio(gw_cpu, floor_cpu)
-    for q, name in ((0.5, "p50"), (0.99, "p99")):
+    for q, name in ((50, "p50"), (99, "p99")):
         d, f, g = (_pct(r.ttft_ms, q) for r in (direct, floor, gw))
         row |= {f"ttft_direct_{name}_ms": d, f"ttft_floor_{name}_ms": f}
         row[f"ttft_gateway_{name}_ms"] = g
@@ -98,8 +96,8 @@ def print_table(table_rows: list[dict[str, float]]) -> None:
         f" added TTFT p50 <= {TARGET_ADDED_TTFT_P50_MS:g} ms. Added TTFT = relay minus direct"
         " percentile. floor = verbatim byte relay (loadtest/floor_relay.py) pinned like the"
         " gateway: the least a Python relay pays per request, so gw/floor CPU is what the"
-        " gateway's own work costs. Workers start spread over one stream's duration"
-        " (--lockstep: all at once)."
+        " gateway's own work costs. Load: loadtest.gen closed loop, one worker per stream in"
+        " flight, workers start spread over one stream's duration (--lockstep: all at once)."
     )
 
 
