@@ -116,15 +116,21 @@ def machine(pins: Pins | None, cluster: Cluster) -> dict[str, object]:
         f"{mode}_affinity": sorted(os.sched_getaffinity(relay.pid))
         for mode, relay in cluster.relays.items()
     }
+    return machine_facts() | {
+        "pinned": pins is not None,
+        "load_cpu": None if pins is None else pins.load,
+        "relay_cpu": None if pins is None else pins.relay,
+        **affinity,
+    }
+
+
+def machine_facts() -> dict[str, object]:
+    """What every benchmark records about the machine and the code it measured."""
     return {
         "gateway_source_sha256": _gateway_digest(),
         "nproc": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "pinned": pins is not None,
-        "load_cpu": None if pins is None else pins.load,
-        "relay_cpu": None if pins is None else pins.relay,
-        **affinity,
         "clk_tck": CLK_TCK,
         "loadavg_at_start": os.getloadavg(),  # others' load on 2 cores skews everything
     }

@@ -7,7 +7,6 @@ disagree about what was missed.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import orjson
 
 from loadtest.bench.processes import CLK_TCK, Pins
-from loadtest.bench.report import _gateway_digest
+from loadtest.bench.report import machine_facts
 from loadtest.benchhealth.detect import POLL_S, Trials
 from loadtest.benchhealth.scale import SCRAPE_EFFECT_S, Scale
 
@@ -35,16 +34,10 @@ DETECT_HEADER = (
 
 
 def machine(pins: Pins | None) -> dict[str, Any]:
-    return {
-        "gateway_source_sha256": _gateway_digest(),
-        "nproc": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+    return machine_facts() | {
         "pinned": pins is not None,
         "simulator_and_harness_cpu": None if pins is None else pins.load,
         "gateway_cpu": None if pins is None else pins.relay,
-        "clk_tck": CLK_TCK,
-        "loadavg_at_start": os.getloadavg(),
     }
 
 
