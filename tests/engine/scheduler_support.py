@@ -1,0 +1,29 @@
+"""Helpers shared by the scheduler tests: a fake tokenizer and one-step driving."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+
+EOS = 1000
+
+
+def letters(ids: Seq[int]) -> str:
+    """Fake tokenizer: token i is the letter a + i mod 26; EOS is never decoded by the scheduler."""
+    return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def tok(text: str) -> list[int]:
+    return [ord(c) - ord("a") for c in text]
+
+
+def make(**config: int) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), frozenset({EOS}), letters)
+
+
+def step(sched: Scheduler, token: int) -> ScheduledBatch:
+    """Run one step where every scheduled sequence samples `token`."""
+    batch = sched.schedule()
+    sched.update(dict.fromkeys(batch.seq_ids, token))
+    return batch
