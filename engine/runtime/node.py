@@ -122,11 +122,6 @@ def run_follower_node(args: argparse.Namespace) -> int:
     return code
 
 
-def run_node(args: argparse.Namespace) -> LeaderEngine | int:
-    """Leader: a started engine for the server. Follower: the loop's exit code."""
-    return start_leader(args) if args.role == "leader" else run_follower_node(args)
-
-
 def _serve_bare_leader(args: argparse.Namespace) -> int:
     """Engine plus /health until SIGTERM or SIGINT, then STOP the followers."""
     engine = start_leader(args)

@@ -17,6 +17,7 @@ import orjson
 
 from gateway.health.result import NodeReport
 from gateway.proxy.connection import ConnectionBroken, ConnectionPool, Endpoint
+from gateway.proxy.upstream import request_head
 
 
 class Target:
@@ -52,11 +53,7 @@ async def canary(pool: ConnectionPool, endpoint: Endpoint, model: str, within: f
     Catches what `/health` cannot: a leader that answers probes but cannot generate.
     """
     body = orjson.dumps({"model": model, "prompt": "ping", "max_tokens": 1})
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "x-request-id: unitgate-canary\r\n\r\n"
-    ).encode("latin-1")
+    head = request_head(endpoint, "/v1/completions", len(body), "unitgate-canary", None)
     try:
         async with asyncio.timeout(within):
             status, answer = await exchange(pool, endpoint, head, body)

@@ -67,7 +67,7 @@ class UpstreamClient:
         try:
             async with asyncio.timeout_at(first_byte_at):
                 conn = await self.pool.acquire(endpoint)
-                conn.send(_head(endpoint, path, len(body), request_id, traceparent), body)
+                conn.send(request_head(endpoint, path, len(body), request_id, traceparent), body)
                 await conn.wait_for(lambda: _ready(conn))
             return self._answer(unit_id, endpoint, conn)
         except BaseException as exc:
@@ -98,9 +98,10 @@ def _ready(conn: UpstreamConnection) -> bool:
     return bool(conn.body) and conn.headers.get(b"content-type", b"").startswith(_SSE)
 
 
-def _head(
+def request_head(
     endpoint: Endpoint, path: str, length: int, request_id: str, traceparent: str | None
 ) -> bytes:
+    """The POST head of every request to a leader (proxied requests and the prober's canary)."""
     trace = f"traceparent: {traceparent}\r\n" if traceparent else ""
     return (
         f"POST {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
