@@ -13,11 +13,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import uvloop
 
 from loadtest.gen import compare, plots, sweep
 from loadtest.gen.actions import ActionRunner, add_timeseries
-from loadtest.gen.report import actions_section, show_progress, summary_table, write_result
+from loadtest.gen.lengths import LengthDist, LengthSpecError, parse_length
+from loadtest.gen.report import (
+    actions_section,
+    lengths_section,
+    show_progress,
+    summary_table,
+    write_result,
+)
 from loadtest.gen.scenario import Action, ScenarioError, load_scenario
 from loadtest.gen.shapes import RunConfig, Runner
 from loadtest.gen.stats import Slo, aggregate, record_json
@@ -35,8 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="seconds during which requests are sent")
     p.add_argument("--requests", type=int, help="total requests to send")
     p.add_argument("--prompts", type=Path, help="JSONL prompt file (default: shopping set)")
-    p.add_argument("--max-tokens", type=int, help="output length asked for (max_tokens)")
-    p.add_argument("--input-words", type=int, help="pad or cut prompts to this many words")
+    _add_lengths(p)
     p.add_argument("--session-share", type=float, default=0.0, help="share sending x-session-id")
     p.add_argument("--sessions", type=int, default=16, help="distinct session ids in the pool")
     p.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT limit")
@@ -51,12 +58,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_lengths(p: argparse.ArgumentParser) -> None:
+    """The old single-number flags stay as aliases so existing command lines keep working."""
+    forms = "N, uniform:MIN:MAX, normal:MEAN:STDDEV or lognormal:MEAN:STDDEV"
+    inputs = p.add_mutually_exclusive_group()
+    inputs.add_argument("--input-len", metavar="SPEC",
+                        help=f"prompt length in words (not tokens): each prompt is padded or cut "
+                             f"to a length drawn from {forms}, seeded by --seed")  # fmt: skip
+    inputs.add_argument("--input-words", metavar="SPEC", help="alias of --input-len")
+    outputs = p.add_mutually_exclusive_group()
+    outputs.add_argument(
+        "--output-len",
+        metavar="SPEC",
+        help="max_tokens of each request, drawn from SPEC (same forms)",
+    )
+    outputs.add_argument("--max-tokens", metavar="SPEC", help="alias of --output-len")
+    eos_help = "send ignore_eos (vLLM, unitgate) so answers run to max_tokens"
+    p.add_argument("--ignore-eos", action="store_true", help=eos_help)
+
+
+def _lengths(
+    p: argparse.ArgumentParser, args: argparse.Namespace, *names: str
+) -> LengthDist | None:
+    """Parsed under whichever alias the user typed, so an error message names that flag."""
+    for name in names:
+        if (text := getattr(args, name)) is not None:
+            try:
+                return parse_length(text, "--" + name.replace("_", "-"))
+            except LengthSpecError as exc:
+                p.error(str(exc))
+    return None
+
+
 def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not args.url.startswith(("http://", "https://")):
         p.error("--url must start with http:// or https://")
     if args.duration is None and args.requests is None:
         p.error("give --duration and/or --requests")
-    positive = ("concurrency", "rate", "duration", "requests", "max_tokens", "input_words")
+    positive = ("concurrency", "rate", "duration", "requests")
     for name in positive:
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -67,7 +106,9 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--sessions must be >= 1 and --timeout > 0")
 
 
-def _configs(args: argparse.Namespace) -> tuple[RunConfig, WorkloadConfig]:
+def _configs(
+    p: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[RunConfig, WorkloadConfig]:
     # Neither shape given means the simplest closed loop: one request at a time.
     concurrency = None if args.rate is not None else (args.concurrency or 1)
     run = RunConfig(
@@ -80,7 +121,13 @@ def _configs(args: argparse.Namespace) -> tuple[RunConfig, WorkloadConfig]:
         seed=args.seed,
     )
     work = WorkloadConfig(
-        args.model, args.max_tokens, args.input_words, args.session_share, args.sessions, args.seed
+        args.model,
+        session_share=args.session_share,
+        sessions=args.sessions,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+        input_len=_lengths(p, args, "input_len", "input_words"),
+        output_len=_lengths(p, args, "output_len", "max_tokens"),
     )
     return run, work
 
@@ -92,9 +139,10 @@ async def run_load(
     progress: bool,
     scenario: list[Action] | None = None,
     series: bool = False,
+    session: aiohttp.ClientSession | None = None,
 ) -> dict[str, object]:
-    """Run one shape and build the whole result document."""
-    runner = Runner(run, workload)
+    """Run one shape and build the whole result document; `session` as for `Runner`."""
+    runner = Runner(run, workload, session)
     started = time.time()
     ticker = asyncio.create_task(show_progress(runner.state, sys.stderr)) if progress else None
     actions = ActionRunner(scenario, runner.state) if scenario else None
@@ -129,14 +177,19 @@ def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -
         "duration_s": run.duration,
         "requests": run.requests,
         "timeout_s": run.timeout,
-        "max_tokens": w.max_tokens,
-        "input_words": w.input_words,
+        "input_len": _spec(w.inputs),
+        "output_len": _spec(w.outputs),
+        "ignore_eos": w.ignore_eos,
         "session_share": w.session_share,
         "sessions": w.sessions,
         "seed": run.seed,
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
         "started_unix": started,
     }
+
+
+def _spec(dist: LengthDist | None) -> str | None:
+    return None if dist is None else dist.spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(parser, args)
-    run, work = _configs(args)
+    run, work = _configs(parser, args)
     try:
         prompts = load_jsonl(args.prompts) if args.prompts is not None else None
         scenario = load_scenario(args.scenario) if args.scenario is not None else None
@@ -166,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = result["summary"]
     assert isinstance(summary, dict)
     print(summary_table(summary))
+    print("\n" + lengths_section(result))
     if isinstance(actions := result.get("actions"), list):
         print("\n" + actions_section(actions))
     return _save(args.out, result)
@@ -201,8 +255,9 @@ def _sweep(
     """Each point gets a fresh copy of the workload so all points send the same requests."""
     name, values = axis
 
-    async def load(point: RunConfig) -> dict[str, object]:
-        return await run_load(point, Workload(work, prompts), slo, not args.no_progress)
+    async def load(point: RunConfig, session: aiohttp.ClientSession) -> dict[str, object]:
+        workload = Workload(work, prompts)
+        return await run_load(point, workload, slo, not args.no_progress, session=session)
 
     try:
         rows = uvloop.run(sweep.run_sweep(run, name, values, load, args.out, plots.try_write_plots))

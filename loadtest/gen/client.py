@@ -8,6 +8,7 @@ stops the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import time
@@ -19,6 +20,8 @@ import orjson
 from loadtest.gen.workload import RequestSpec
 
 CHAT_PATH = "/v1/chat/completions"
+# A well-behaved server ends the body right after [DONE]; longer than this, we stop waiting.
+SETTLE_S = 0.2
 
 
 class StreamError(Exception):
@@ -36,6 +39,8 @@ class RequestRecord:
     index: int
     scheduled: float
     session_id: str | None = None
+    input_words: int | None = None
+    max_tokens: int | None = None
     status: int | None = None
     error: str | None = None
     ttft: float | None = None
@@ -66,7 +71,26 @@ class _Stream:
     content_chunks: int = 0
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
-    done: bool = False
+    done_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.done_at is not None
+
+
+def open_session(concurrency: int | None) -> aiohttp.ClientSession:
+    """A session whose pool holds `concurrency` connections, or any number for an open loop.
+
+    aiohttp's default pool of 100 would silently queue requests beyond it inside the client
+    and pass the wait off as server latency; the load shape is what must bound the load.
+    """
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency or 0))
+
+
+def pool_limit(session: aiohttp.ClientSession) -> int | None:
+    """The session's connection cap, None when it has none."""
+    connector = session.connector
+    return (connector.limit or None) if connector is not None else None
 
 
 def classify(exc: BaseException) -> str:
@@ -97,40 +121,54 @@ async def send(
     origin: float,
     timeout_s: float,
 ) -> RequestRecord:
-    """Run one request; latencies are measured from `record.scheduled`, not the send time."""
+    """Run one request; latencies are measured from `record.scheduled`, not the send time.
+
+    The end of the response after [DONE] is read outside the request's timeout, so a server
+    slow to close the stream can cost its connection but never fail a completed request.
+    """
     record.session_id = spec.session_id
+    record.input_words, record.max_tokens = spec.input_words, spec.max_tokens
     headers = {"Content-Type": "application/json"}
     if spec.session_id is not None:
         headers["x-session-id"] = spec.session_id
+    resp: aiohttp.ClientResponse | None = None
     try:
-        async with asyncio.timeout(timeout_s):
-            await _exchange(session, base_url + CHAT_PATH, spec.body, headers, record, origin)
-    except Exception as exc:  # any failure is data for the report, never a crash
-        record.error = classify(exc)
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await session.post(base_url + CHAT_PATH, data=spec.body, headers=headers)
+                await _read(resp, record, origin)
+        except Exception as exc:  # any failure is data for the report, never a crash
+            record.error = classify(exc)
+        else:
+            await _settle(resp)
+    finally:
+        if resp is not None:
+            resp.release()
     return record
 
 
-async def _exchange(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    record: RequestRecord,
-    origin: float,
-) -> None:
-    async with session.post(url, data=body, headers=headers) as resp:
-        record.status = resp.status
-        if resp.status != 200:
-            await resp.read()
-            raise StreamError(f"http_{resp.status}")
-        if not resp.content_type.startswith("text/event-stream"):
-            raise StreamError("not_sse")
-        stream = _Stream()
-        async for raw in resp.content:
-            _on_line(raw, stream, record, origin)
-            if stream.done:
-                break
-    _finish(stream, record, origin)
+async def _read(resp: aiohttp.ClientResponse, record: RequestRecord, origin: float) -> None:
+    record.status = resp.status
+    if resp.status != 200:
+        await resp.read()
+        raise StreamError(f"http_{resp.status}")
+    if not resp.content_type.startswith("text/event-stream"):
+        raise StreamError("not_sse")
+    stream = _Stream()
+    async for raw in resp.content:
+        _on_line(raw, stream, record, origin)
+        if stream.done:
+            break
+    _finish(stream, record)
+
+
+async def _settle(resp: aiohttp.ClientResponse) -> None:
+    """Reads what follows [DONE], normally just the end of the chunked body: aiohttp closes a
+    connection released with its body unread, and every request would then pay a new one."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError, OSError):
+        async with asyncio.timeout(SETTLE_S):
+            while await resp.content.readany():
+                pass
 
 
 def _on_line(raw: bytes, stream: _Stream, record: RequestRecord, origin: float) -> None:
@@ -139,7 +177,7 @@ def _on_line(raw: bytes, stream: _Stream, record: RequestRecord, origin: float) 
         return  # blank separators, comments and other SSE fields carry no tokens
     data = line[5:].strip()
     if data == b"[DONE]":
-        stream.done = True
+        stream.done_at = time.perf_counter() - origin
         return
     try:
         chunk = orjson.loads(data)
@@ -171,10 +209,10 @@ def _read_chunk(chunk: dict[str, object], stream: _Stream, rec: RequestRecord, n
             stream.content_chunks += 1
 
 
-def _finish(stream: _Stream, record: RequestRecord, origin: float) -> None:
-    if not stream.done:
+def _finish(stream: _Stream, record: RequestRecord) -> None:
+    if stream.done_at is None:
         raise StreamError("missing_done")
-    record.e2e = time.perf_counter() - origin - record.scheduled
+    record.e2e = stream.done_at - record.scheduled
     count = stream.usage_tokens
     record.output_tokens = count if count is not None else stream.content_chunks
     record.prompt_tokens = stream.prompt_tokens

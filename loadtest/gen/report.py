@@ -88,6 +88,30 @@ def _errors_line(summary: dict[str, object]) -> str:
     return "errors: " + ", ".join(f"{kind} {n}" for kind, n in errors.items())
 
 
+LENGTH_ROWS = (
+    ("input words", "input_words", "input_len", "prompts as given"),
+    ("prompt tokens", "prompt_tokens", None, "server usage"),
+    ("max_tokens", "max_tokens", "output_len", "not sent"),
+    ("output tokens", "output_tokens", None, "server usage"),
+)
+
+
+def lengths_section(result: dict[str, object]) -> str:
+    """Asked-for lengths next to what the server reports, so a gap between them shows."""
+    config, summary = result["config"], result["summary"]
+    assert isinstance(config, dict) and isinstance(summary, dict)
+    found = summary["lengths"]
+    assert isinstance(found, dict)
+    columns = ("mean", "p50", "p90", "max")
+    lines = [f"{'lengths':<15}{'spec':<22}" + "".join(f"{c:>9}" for c in columns)]
+    for label, key, spec_key, otherwise in LENGTH_ROWS:
+        dist = found[key]
+        spec = config.get(spec_key) if spec_key is not None else None
+        cells = "".join(f"{_cell(dist[c]):>9}" for c in columns)
+        lines.append(f"{label:<15}{spec or otherwise:<22}{cells}")
+    return "\n".join(lines)
+
+
 def write_result(out_dir: Path, result: dict[str, object]) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "result.json"

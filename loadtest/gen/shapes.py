@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from loadtest.gen.client import RequestRecord, send
+from loadtest.gen.client import RequestRecord, open_session, pool_limit, send
 from loadtest.gen.workload import Workload
 
 
@@ -58,23 +58,39 @@ class RunState:
 
 
 class Runner:
-    """Runs one shape to its bounds; `state` is live while it runs, for the progress line."""
+    """Runs one shape to its bounds; `state` is live while it runs, for the progress line.
 
-    def __init__(self, config: RunConfig, workload: Workload) -> None:
+    Without `session` each run opens (and closes) its own connections, so its first requests
+    pay connection setup. Runs that follow one another, such as sweep points, can pass one
+    session (see `client.open_session`) to keep the connections warm between them.
+    """
+
+    def __init__(
+        self, config: RunConfig, workload: Workload, session: aiohttp.ClientSession | None = None
+    ) -> None:
+        limit = None if session is None else pool_limit(session)
+        if limit is not None and (config.concurrency is None or config.concurrency > limit):
+            load = f"concurrency {config.concurrency}" if config.concurrency else "an open loop"
+            raise ValueError(f"the session's pool of {limit} connections would throttle {load}")
         self.config = config
         self.workload = workload
         self.state = RunState()
+        self._session = session
 
     async def run(self) -> RunState:
-        connector = aiohttp.TCPConnector(limit=0)  # the shape, not the pool, bounds the load
-        async with aiohttp.ClientSession(connector=connector) as session:
-            self.state.origin = time.perf_counter()  # the clock starts with the load
-            if self.config.concurrency is not None:
-                await self._closed(session, self.config.concurrency)
-            else:
-                assert self.config.rate is not None
-                await self._open(session, self.config.rate)
-            self.state.ended_at = time.perf_counter()
+        if self._session is not None:
+            return await self._drive(self._session)
+        async with open_session(self.config.concurrency) as session:
+            return await self._drive(session)
+
+    async def _drive(self, session: aiohttp.ClientSession) -> RunState:
+        self.state.origin = time.perf_counter()  # the clock starts with the load
+        if self.config.concurrency is not None:
+            await self._closed(session, self.config.concurrency)
+        else:
+            assert self.config.rate is not None
+            await self._open(session, self.config.rate)
+        self.state.ended_at = time.perf_counter()
         return self.state
 
     def _may_start(self, due: float) -> bool:

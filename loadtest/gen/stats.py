@@ -30,7 +30,12 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 
 def distribution(samples_s: Sequence[float]) -> dict[str, float | int | None]:
     """Summary of latencies given in seconds, reported in milliseconds."""
-    ordered = sorted(s * 1000 for s in samples_s)
+    return summarize([s * 1000 for s in samples_s])
+
+
+def summarize(samples: Sequence[float]) -> dict[str, float | int | None]:
+    """count, mean, p50, p90, p99 and max in the samples' own unit; None when empty."""
+    ordered = sorted(samples)
     if not ordered:
         return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     return {
@@ -77,6 +82,20 @@ def aggregate(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict
             "rps": good / wall,
             "fraction": good / len(records) if records else None,
         },
+        "lengths": lengths(records),
+    }
+
+
+def lengths(records: Sequence[RequestRecord]) -> dict[str, dict[str, float | int | None]]:
+    """Asked-for lengths over every request sent; realised ones (from the server's usage)
+    over the successful ones, so a server that cuts answers short or tokenizes the padded
+    words differently than expected shows as a gap between the pairs."""
+    ok = [r for r in records if r.ok]
+    return {
+        "input_words": summarize([r.input_words for r in records if r.input_words is not None]),
+        "prompt_tokens": summarize([r.prompt_tokens for r in ok if r.prompt_tokens is not None]),
+        "max_tokens": summarize([r.max_tokens for r in records if r.max_tokens is not None]),
+        "output_tokens": summarize([r.output_tokens for r in ok]),
     }
 
 
@@ -91,6 +110,8 @@ def record_json(record: RequestRecord) -> dict[str, object]:
         "index": record.index,
         "scheduled_ms": ms(record.scheduled),
         "session_id": record.session_id,
+        "input_words": record.input_words,
+        "max_tokens": record.max_tokens,
         "status": record.status,
         "error": record.error,
         "ttft_ms": ms(record.ttft),

@@ -2,6 +2,8 @@
 
 Every point is a full run with the same bounds (duration and/or request count) and a fresh,
 identically seeded workload, so the points differ only in the load and line up as a curve.
+All points share one client session: connections opened by a point stay warm for the next,
+so a point's first requests do not pay connection setup that the previous point did not.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+import aiohttp
 import orjson
 
+from loadtest.gen.client import open_session
 from loadtest.gen.compare import HEADLINE, cell, headline
 from loadtest.gen.report import write_result
 from loadtest.gen.shapes import RunConfig
 
-Load = Callable[[RunConfig], Awaitable[dict[str, object]]]
+Load = Callable[[RunConfig, aiohttp.ClientSession], Awaitable[dict[str, object]]]
 
 
 def _points(kind: type[int] | type[float]) -> Callable[[str], list[float]]:
@@ -64,9 +68,23 @@ async def run_sweep(
     on_point: Callable[[dict[str, object], Path], object] | None = None,
 ) -> list[dict[str, object]]:
     """Runs the points in order; each is saved as soon as it ends, so an abort keeps them."""
+    pool = int(max(values)) if axis == "concurrency" else None
+    async with open_session(pool) as session:
+        return await _points_in_turn(base, axis, values, load, session, out, on_point)
+
+
+async def _points_in_turn(
+    base: RunConfig,
+    axis: str,
+    values: Sequence[float],
+    load: Load,
+    session: aiohttp.ClientSession,
+    out: Path | None,
+    on_point: Callable[[dict[str, object], Path], object] | None,
+) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for i, value in enumerate(values):
-        result = await load(point_config(base, axis, value))
+        result = await load(point_config(base, axis, value), session)
         summary = result["summary"]
         assert isinstance(summary, dict)
         rows.append({"point": i, axis: value, **headline(summary)})

@@ -1,7 +1,9 @@
-"""What each request asks for: prompts, output length and session affinity.
+"""What each request asks for: prompts, input and output lengths and session affinity.
 
 Built once from the CLI options and seeded, so two runs with the same seed send the same
-sequence of bodies and session ids and their results can be compared.
+sequence of bodies and session ids and their results can be compared. Prompts, input lengths
+and output lengths draw from separate generators, so changing one distribution leaves the
+other two sequences as they were and a comparison isolates the change.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+
+from loadtest.gen.lengths import LengthDist
 
 SHOPPING_PROMPTS: tuple[str, ...] = (
     "Which running shoes under $120 are good for flat feet?",
@@ -40,18 +44,51 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
+    """`input_words` and `max_tokens` are what was asked for, kept for the length summary."""
+
     body: bytes
     session_id: str | None
+    input_words: int = 0
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
+    """`max_tokens`/`input_words` are shorthands for a fixed `output_len`/`input_len`.
+
+    `input_len` is in words, not tokens: without the server's tokenizer a token count can
+    only be guessed, while the server's usage chunk reports the real prompt tokens, which
+    the summary shows next to the words sent. `ignore_eos` asks engines that know it
+    (vLLM, ours) to produce exactly max_tokens, so the output distribution is the realised one.
+    """
+
     model: str
     max_tokens: int | None = None
     input_words: int | None = None
     session_share: float = 0.0
     sessions: int = 16
     seed: int = 0
+    input_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.output_len is not None:
+            raise ValueError("give max_tokens or output_len, not both")
+        if self.input_words is not None and self.input_len is not None:
+            raise ValueError("give input_words or input_len, not both")
+
+    @property
+    def inputs(self) -> LengthDist | None:
+        if self.input_words is not None:
+            return LengthDist.fixed(self.input_words)
+        return self.input_len
+
+    @property
+    def outputs(self) -> LengthDist | None:
+        if self.max_tokens is not None:
+            return LengthDist.fixed(self.max_tokens)
+        return self.output_len
 
 
 def load_jsonl(path: Path) -> list[str]:
@@ -95,24 +132,33 @@ class Workload:
     def __init__(self, config: WorkloadConfig, prompts: list[str] | None = None) -> None:
         self.config = config
         self._prompts = list(prompts) if prompts else list(SHOPPING_PROMPTS)
-        if config.input_words is not None:
-            self._prompts = [pad_words(p, config.input_words) for p in self._prompts]
+        self._inputs = config.inputs
+        self._outputs = config.outputs
         self._rng = random.Random(config.seed)
+        # String seeds hash with SHA-512, so these streams are the same in every process.
+        self._input_rng = random.Random(f"{config.seed}/input-len")
+        self._output_rng = random.Random(f"{config.seed}/output-len")
 
     def next_request(self) -> RequestSpec:
         prompt = self._rng.choice(self._prompts)
         session = None
         if self._rng.random() < self.config.session_share:
             session = f"loadtest-session-{self._rng.randrange(max(1, self.config.sessions))}"
-        return RequestSpec(orjson.dumps(self._body(prompt)), session)
+        if self._inputs is not None:
+            prompt = pad_words(prompt, self._inputs.sample(self._input_rng))
+        max_tokens = None if self._outputs is None else self._outputs.sample(self._output_rng)
+        body = orjson.dumps(self._body(prompt, max_tokens))
+        return RequestSpec(body, session, len(prompt.split()), max_tokens)
 
-    def _body(self, prompt: str) -> dict[str, object]:
+    def _body(self, prompt: str, max_tokens: int | None) -> dict[str, object]:
         body: dict[str, object] = {
             "model": self.config.model,
             "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": prompt}],
         }
-        if self.config.max_tokens is not None:
-            body["max_tokens"] = self.config.max_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if self.config.ignore_eos:
+            body["ignore_eos"] = True
         return body

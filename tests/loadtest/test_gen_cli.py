@@ -26,11 +26,14 @@ SUMMARY_KEYS = {
     "tpot_ms",
     "e2e_ms",
     "goodput",
+    "lengths",
 }
 RECORD_KEYS = {
     "index",
     "scheduled_ms",
     "session_id",
+    "input_words",
+    "max_tokens",
     "status",
     "error",
     "ttft_ms",
@@ -74,7 +77,7 @@ def test_cli_runs_and_writes_result_json(leader: str, tmp_path: Path) -> None:
     result = json.loads((tmp_path / "result.json").read_text())
     assert set(result) == {"config", "summary", "requests"}
     assert result["config"]["shape"] == "closed"
-    assert result["config"]["max_tokens"] == 4
+    assert result["config"]["output_len"] == "4"  # --max-tokens is an alias of --output-len
     summary = result["summary"]
     assert set(summary) == SUMMARY_KEYS
     assert summary["succeeded"] == 12 and summary["output_tokens"] == 48

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from loadtest.gen import sweep
@@ -26,10 +27,10 @@ async def test_sweep_runs_each_point_and_writes_results(tmp_path: Path) -> None:
         base = RunConfig(url=sim.units[0].leader_url, concurrency=1, requests=6)
         seen: list[RunConfig] = []
 
-        async def load(point: RunConfig) -> dict[str, object]:
+        async def load(point: RunConfig, session: aiohttp.ClientSession) -> dict[str, object]:
             seen.append(point)
             work = Workload(WorkloadConfig("unitgate-sim", seed=3))
-            return await run_load(point, work, Slo(), progress=False)
+            return await run_load(point, work, Slo(), progress=False, session=session)
 
         rows = await sweep.run_sweep(base, "concurrency", [1, 3], load, tmp_path, try_write_plots)
     assert [(p.concurrency, p.rate, p.requests) for p in seen] == [(1, None, 6), (3, None, 6)]
