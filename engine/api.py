@@ -16,6 +16,16 @@ from engine.model.tokenizer import Tokenizer
 from engine.scheduler import SamplingParams
 
 
+class TokenOutOfVocab(ValueError):
+    """A prompt id the model has no embedding for. Engines check ids against the model's own
+    vocabulary, which may be larger than the tokenizer's (padded embeddings): a resumed
+    stream sends back every id the model generated, including those."""
+
+    def __init__(self, token: int, vocab_size: int) -> None:
+        super().__init__(f"token id {token} is outside [0, {vocab_size})")
+        self.token, self.vocab_size = token, vocab_size
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str

@@ -30,7 +30,7 @@ from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.upstream import UpstreamClient
 from gateway.routing.admission import Admission
-from gateway.units import UnitRegistry
+from gateway.units import BitChange, UnitRegistry
 
 log = logging.getLogger("unitgate")
 
@@ -68,7 +68,8 @@ class Gateway:
         dispatcher.on_outcome = self.breakers.record
         self.breakers.start()
         await self.health.start()
-        proxy = ProxyHandler(self.config, dispatcher)
+        proxy = ProxyHandler(self.config, dispatcher, self.events)
+        self.units.on_change(lambda change: _eject_streams(proxy, change))
         g, m = self.config.gateway, self.config.metrics
         try:
             ops = ops_app(self.metrics, self.admin.app() if self.admin is not None else None)
@@ -149,3 +150,12 @@ def _write_ready(path: Path, gateway: Gateway) -> None:
         )
     )
     tmp.replace(path)
+
+
+def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
+    """A unit the probes declared unhealthy breaks its streams now, so they are resumed
+    elsewhere instead of idling until the idle timeout (drains and disables let them finish)."""
+    if change.bit == "healthy" and not change.value:
+        broken = proxy.live.eject(change.unit.id, change.reason or "unhealthy")
+        if broken:
+            log.warning("unit %s ejected: broke %d streams for resumption", change.unit.id, broken)

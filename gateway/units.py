@@ -61,6 +61,7 @@ class UnitState:
         "models",
         "nodes",
         "reasons",
+        "token_ids",
         "weight",
     )
 
@@ -82,6 +83,9 @@ class UnitState:
         self.draining = False
         # Why each bit has its current value (for the admin view and the events log).
         self.reasons: dict[Bit, str] = {}
+        # Whether the unit's leader returns token ids (learned from its streams; None until
+        # one has run): without them its broken streams cannot be resumed elsewhere.
+        self.token_ids: bool | None = None
         self.nodes = [
             NodeStatus(url, rank, "leader" if rank == 0 else "follower")
             for rank, url in enumerate(config.nodes)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from engine.api import GenerationRequest, TokenEvent
+from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
 from engine.model import Tokenizer, Transformer
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
@@ -150,8 +150,9 @@ class LeaderEngine:
             raise ValueError("prompt_ids: must hold at least one token")
         if len(ids) > self.max_seq_len - 1:
             raise ValueError(f"prompt_ids: {len(ids)} tokens, at most {self.max_seq_len - 1} fit")
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt_ids: ids must be in [0, {vocab})")
+        for token in (min(ids), max(ids)):
+            if not 0 <= token < vocab:
+                raise TokenOutOfVocab(token, vocab)
 
     # -- the engine thread --
 

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from engine.api import TokenOutOfVocab
 from engine.scheduler import EmptyPrompt, FieldError, PromptTooLong
 
 JSON = dict[str, Any]
@@ -60,6 +61,8 @@ def refused(exc: ValueError, prompt_param: str) -> ApiError:
         return bad(message, prompt_param, "context_length_exceeded")
     if isinstance(exc, EmptyPrompt):
         return bad(f"'{prompt_param}' must not be empty", prompt_param)
+    if isinstance(exc, TokenOutOfVocab):
+        return bad(f"'{prompt_param}': {exc}", prompt_param)
     if isinstance(exc, FieldError):
         return bad(f"'{exc.field}' {exc.problem}, got {exc.value!r}", exc.field)
     return bad(str(exc), None)

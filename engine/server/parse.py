@@ -145,7 +145,9 @@ def _completion_prompt(data: JSON, tokenizer: Tokenizer) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt, add_bos=True)
     elif isinstance(prompt, list):
-        ids = _token_ids(prompt, tokenizer.vocab_size, "prompt")
+        # Bounded by the engine, which knows the model's vocabulary: a model may emit ids past
+        # the tokenizer's (padded embeddings), and a resumed stream sends them back as prompt.
+        ids = _token_ids(prompt, 2**63, "prompt")
     else:
         raise bad("'prompt' is required: a string or an array of token ids", "prompt")
     if not ids:

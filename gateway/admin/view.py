@@ -30,6 +30,10 @@ def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> 
             "since": mark.since,
         },
         "in_flight": unit.inflight,
+        "resume": {
+            "token_ids": unit.token_ids,
+            "note": _resume_note(unit.token_ids),
+        },
         "drained": drained(unit),
         "leader": unit.leader,
         "weight": unit.weight,
@@ -57,3 +61,11 @@ def breaker(unit: UnitState, breaker_view: BreakerView | None) -> dict[str, obje
     if unit.admitting:
         return {"state": "admitting"}
     return {"state": "ejected", "reason": unit.reasons.get("admitting", "")}
+
+
+def _resume_note(token_ids: bool | None) -> str:
+    if token_ids is None:
+        return "unknown until a stream has run on this unit"
+    if token_ids:
+        return "broken streams are resumed on another unit"
+    return "the leader returns no token ids: its broken streams end with an error event"

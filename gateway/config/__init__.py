@@ -22,6 +22,7 @@ from gateway.config.proxy import (
     AdmissionConfig,
     GatewayConfig,
     ListenerConfig,
+    ResumeConfig,
     RetryConfig,
     RoutingConfig,
     TimeoutConfig,
@@ -40,6 +41,7 @@ __all__ = [
     "GatewayConfig",
     "HealthConfig",
     "ListenerConfig",
+    "ResumeConfig",
     "RetryConfig",
     "RoutingConfig",
     "TimeoutConfig",
@@ -59,6 +61,7 @@ class Config:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)

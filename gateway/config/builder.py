@@ -52,6 +52,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if dataclasses.is_dataclass(item):
             return tuple(build(item, v, f"{key}[{i}]") for i, v in enumerate(value))  # type: ignore[arg-type]
         return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:  # a free-form table (a unit's engine_args), passed on as it is
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a table, got {value!r}")
+        return dict(value)
     if dataclasses.is_dataclass(hint):
         return build(hint, value, key)  # type: ignore[arg-type]
     if hint is float and isinstance(value, int) and not isinstance(value, bool):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.config.checks import base_url as _url
 from gateway.config.checks import check as _check
@@ -118,6 +119,18 @@ class RetryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumeConfig:
+    # Continue a stream that broke after its first byte on another unit, token-exactly
+    # (the units must return token ids, as vLLM and the builtin engine do).
+    enabled: bool = True
+    # Continuations per stream; each is also paid from the retry budget.
+    max_resumes: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.max_resumes >= 0, "max_resumes", self.max_resumes, "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     # Per-unit in-flight cap for units that do not set `max_inflight`.
     unit_max_inflight: int = 256
@@ -136,6 +149,9 @@ class AdmissionConfig:
         _check(self.retry_after >= 0, "retry_after", self.retry_after, "must be >= 0")
 
 
+BACKENDS = ("builtin", "vllm")
+
+
 @dataclass(frozen=True, slots=True)
 class UnitConfig:
     id: str
@@ -148,6 +164,13 @@ class UnitConfig:
     models: tuple[str, ...] = ()
     # The operator's initial enable bit (the admin API flips it at run time).
     enabled: bool = True
+    # How `unitgate up` runs the unit's nodes (the gateway itself only routes): "builtin" (this
+    # project's engine) or "vllm" (needs `pip install 'unitgate[vllm]'`).
+    backend: str = "builtin"
+    # A model folder; "" = the builtin engine's seeded tiny model. Required with "vllm".
+    model: str = ""
+    # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
+    engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         _check(
@@ -165,3 +188,15 @@ class UnitConfig:
         _check(self.weight > 0 and math.isfinite(self.weight), "weight", self.weight, "must be > 0")
         if self.max_inflight is not None:
             _check(self.max_inflight >= 1, "max_inflight", self.max_inflight, "must be >= 1")
+        self._check_backend()
+
+    def _check_backend(self) -> None:
+        _check(self.backend in BACKENDS, "backend", self.backend, f"must be one of {BACKENDS}")
+        vllm = self.backend == "vllm"
+        _check(not vllm or bool(self.model), "model", self.model, 'is required with "vllm"')
+        _check(
+            vllm or not self.engine_args,
+            "engine_args",
+            self.engine_args,
+            'only applies to backend = "vllm"',
+        )

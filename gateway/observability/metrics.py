@@ -37,6 +37,14 @@ class Metrics:
             "Retries refused because the retry budget was spent.",
             registry=r,
         )
+        self.resumptions = Counter(
+            "unitgate_resumptions",
+            "Streams broken after their first byte, by the unit that broke them and what the "
+            "gateway did: ok (continued on another unit), gave_up (resume limit, budget or no "
+            "unit left), unsupported (the unit returned no token ids).",
+            ["unit", "outcome"],
+            registry=r,
+        )
         self.cancellations = Counter(
             "unitgate_cancellations",
             "Requests whose client went away before the answer ended.",

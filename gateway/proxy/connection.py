@@ -60,7 +60,10 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.fail(ConnectionBroken(f"invalid HTTP from the unit: {exc}"))
             self.abort()
-            return
+            if not self.complete:
+                return
+            # Junk after a complete answer in the same read: the answer still stands (and its
+            # last bytes must still reach the sink); the connection is closed, never reused.
         if self.sink is not None:
             if self.body or self.complete:
                 pieces, self.body = self.body, []
@@ -70,8 +73,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.head_done and not self.complete and not self._framed():
-            self.on_message_complete()  # a close-delimited body ends with the connection
+        if self.head_done and not self.complete and not self._framed() and exc is None:
+            # A close-delimited body ends with an orderly close; a reset (exc) breaks it.
+            self.on_message_complete()
             if self.sink is not None:
                 pieces, self.body = self.body, []
                 self.sink(pieces, True)
@@ -94,6 +98,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.status < 200:  # an interim answer (100 Continue, 103 Early Hints): skip it
+            self.head_done = False
+            self.headers = {}
+            return
         self.complete = True
         # Asked here: httptools answers False once the message is done.
         self.keep_alive = self.parser.should_keep_alive()

@@ -90,10 +90,27 @@ class Dispatcher:
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
         """A unit (its slot held: release it with `admission.release`) and its answer's start."""
+        self.budget.deposit(asyncio.get_running_loop().time())
+        return await self._open(call)
+
+    async def resume(self, call: Call) -> tuple[UnitState, Answer]:
+        """Open the continuation of a stream that broke after its first byte. It is paid from
+        the retry budget like a retry (a failing fleet must not double its load by resuming),
+        and goes to a unit not in `call.tried`."""
+        if not self.budget.withdraw(asyncio.get_running_loop().time()):
+            self.metrics.budget_exhausted.inc()
+            raise Overloaded(
+                "the retry budget is exhausted",
+                status=503,
+                code="retry_budget_exhausted",
+                retry_after=self.admission.retry_after,
+            )
+        return await self._open(call)
+
+    async def _open(self, call: Call) -> tuple[UnitState, Answer]:
         t = self.config.timeouts
         # A non-streamed answer's first byte comes when it is complete: only `total` bounds it.
         call.first_byte = t.first_byte if call.info.stream else t.total
-        self.budget.deposit(asyncio.get_running_loop().time())
         try:
             return await self._attempt(call)
         except UpstreamError as exc:

@@ -17,24 +17,34 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
+from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Span, Tracing, end_span
 from gateway.proxy.dispatch import Call, Dispatcher
-from gateway.proxy.relay import relay_stream
-from gateway.proxy.upstream import Answer, UpstreamClient
+from gateway.proxy.live import LiveStreams
+from gateway.proxy.resume import resumable, with_token_ids
+from gateway.proxy.stream import StreamSession, headers_for
+from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.upstream import UpstreamClient
 from gateway.proxy.validation import RequestInfo, parse_body, validate_chat, validate_completion
 from gateway.routing.admission import Admission
 from gateway.routing.affinity import affinity_key
-from gateway.units import UnitState
 
 log = logging.getLogger("unitgate.proxy")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
 class ProxyHandler:
-    def __init__(self, config: Config, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, config: Config, dispatcher: Dispatcher, events: EventLog | None = None
+    ) -> None:
         self.config = config
+        self.events = events
+        self.live = LiveStreams()  # streams in flight per unit, for ejections to break
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
         self.upstream: UpstreamClient = dispatcher.upstream
@@ -43,7 +53,7 @@ class ProxyHandler:
         self.models = frozenset(config.gateway.models)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, "/v1/chat/completions", validate_chat)
+        return await self._proxy(request, CHAT_PATH, validate_chat)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, "/v1/completions", validate_completion)
@@ -78,7 +88,8 @@ class ProxyHandler:
             rid = secrets.token_hex(12)
         try:
             body = await self._read_body(request)
-            info = validate(parse_body(body), self.models, self.config.routing.prefix_chars)
+            data = parse_body(body)
+            info = validate(data, self.models, self.config.routing.prefix_chars)
         except GatewayError as exc:
             return self._error(exc, rid)
         if span is not None:
@@ -92,71 +103,61 @@ class ProxyHandler:
         deadline = start + self.config.timeouts.total
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
+        chat = path == CHAT_PATH
+        tracker = None
+        if self.config.resume.enabled and resumable(data, chat):
+            tracker = StreamTracker(chat, data.get("return_token_ids") is True, _usage(data))
+            body = with_token_ids(data)
+        call = Call(path, body, info, key, rid, deadline, span)
         try:
-            call = Call(path, body, info, key, rid, deadline, span)
             unit, answer = await self.dispatcher.open(call)
         except GatewayError as exc:
             return self._error(exc, rid)
         except asyncio.CancelledError:
             self.metrics.cancellations.labels("none").inc()
             raise
-        try:
-            return await self._respond(request, unit, answer, rid, start, deadline)
-        finally:
-            self.admission.release(unit)
-
-    async def _respond(
-        self,
-        request: web.Request,
-        unit: UnitState,
-        answer: Answer,
-        rid: str,
-        start: float,
-        deadline: float,
-    ) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        headers = {"x-unitgate-unit": unit.id, "x-request-id": rid}
         self.metrics.ttft.labels(unit.id).observe(loop.time() - start)
-        if not answer.streaming:
+        if answer.streaming:
+            stream = StreamSession(self, request, call, data, tracker, start)
+            return await stream.run(unit, answer)
+        try:
             self.dispatcher.on_outcome(unit, True, start)
-            self._account(unit.id, answer.status, start)
+            self.account(unit.id, answer.status, start)
             return web.Response(
                 status=answer.status,
                 body=answer.first,
-                headers=headers,
+                headers=headers_for(unit, rid),
                 content_type=answer.content_type.split(";")[0],
             )
-        itl = self.metrics.itl.labels(unit.id)
-        try:
-            outcome = await relay_stream(
-                request, answer, headers, deadline, self.config.timeouts.idle, itl
-            )
-        except asyncio.CancelledError:
-            self.metrics.cancellations.labels(unit.id).inc()
-            raise
         finally:
-            self.upstream.finish(answer)  # closes the connection unless the answer ended cleanly
-        if outcome.kind == "client_gone":
-            self.metrics.cancellations.labels(unit.id).inc()
-        elif outcome.kind == "complete":
-            self.dispatcher.on_outcome(unit, True, start)
-        else:
-            # A total timeout is the request's own budget running out, not the unit's fault.
-            if outcome.kind != "total_timeout":
-                self.dispatcher.on_outcome(unit, False, start)
-            self.metrics.upstream_failures.labels(unit.id, outcome.kind).inc()
-            log.warning("stream from unit %s broke after the first byte: %s", unit.id, outcome.kind)
-        self._account(unit.id, answer.status, start)
-        return outcome.response
+            self.admission.release(unit)
 
-    def _account(self, unit_id: str, status: int, start: float) -> None:
+    def record_event(self, unit_id: str, what: str, reason: str) -> None:
+        if self.events is not None:
+            self.events.record(unit_id, what, reason, "gateway")
+
+    def account(self, unit_id: str, status: int, start: float) -> None:
         self.metrics.requests.labels(unit_id, str(status)).inc()
         self.metrics.e2e.labels(unit_id).observe(asyncio.get_running_loop().time() - start)
 
     async def _read_body(self, request: web.Request) -> bytes:
-        """The whole body; the app's `client_max_size` enforces the limit while reading."""
+        """The whole body; the app's `client_max_size` enforces the limit while reading.
+
+        A client trickling its body (a byte a second) would otherwise hold the connection and
+        its buffer forever: reading is bounded by the request's `total` timeout (408).
+        """
         try:
-            return await request.read()
+            async with asyncio.timeout(self.config.timeouts.total):
+                return await request.read()
+        except TimeoutError:
+            raise InvalidRequest(
+                f"request body not received within {self.config.timeouts.total:g} s",
+                status=408,
+                code="body_timeout",
+            ) from None
+        except web.RequestPayloadError as exc:  # undecodable gzip/deflate/br, broken chunks
+            detail = getattr(exc.__cause__, "message", None) or str(exc)
+            raise InvalidRequest(f"request body could not be read: {detail}") from None
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.gateway.max_body_bytes
             raise InvalidRequest(
@@ -170,3 +171,8 @@ class ProxyHandler:
         if isinstance(exc, UpstreamError):
             response.headers["x-unitgate-unit"] = exc.unit_id
         return response
+
+
+def _usage(data: dict[str, Any]) -> bool:
+    options = data.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True

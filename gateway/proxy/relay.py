@@ -16,11 +16,15 @@ import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from gateway.errors import error_body
 from gateway.observability.histogram import Histogram
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
+from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
+
+DONE = b"data: [DONE]\n\n"
 
 # Pause reading from the unit while the client has this much unsent data.
 HIGH_WATER = 256 * 1024
@@ -39,14 +43,24 @@ class IdleTimeout(Exception):
 
 
 class _Pump:
-    """Called by the upstream connection for every read; writes to the client at once."""
+    """Called by the upstream connection for every read; writes to the client at once.
 
-    __slots__ = ("client", "conn", "done", "gone", "itl", "last", "loop", "paused")
+    With a tracker (a resumable stream) the bytes pass through it first: only whole events
+    reach the client, and an error event from the unit breaks the stream like a reset."""
 
-    def __init__(self, conn: UpstreamConnection, client: asyncio.Transport, itl: Histogram) -> None:
+    __slots__ = ("client", "conn", "done", "gone", "itl", "last", "loop", "paused", "tracker")
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        itl: Histogram,
+        tracker: StreamTracker | None,
+    ) -> None:
         self.conn = conn
         self.client = client
         self.itl = itl
+        self.tracker = tracker
         self.loop = conn.loop
         self.last = self.loop.time()
         self.done = self.gone = self.paused = False
@@ -59,10 +73,17 @@ class _Pump:
             return
         if pieces:
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
-            now = self.loop.time()
-            self.itl.observe(now - self.last)
-            self.last = now
+            if self.tracker is not None:
+                data = self.tracker.feed(data)
+                if self.tracker.error is not None:
+                    self.conn.fail(UnitReportedError(self.tracker.error))
+                    self.conn.abort()
+                    return
+            if data:
+                self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
+                now = self.loop.time()
+                self.itl.observe(now - self.last)
+                self.last = now
         if complete:
             self.done = True
             self.conn.wake()
@@ -76,56 +97,127 @@ class _Pump:
         return self.done or self.gone or self.paused
 
 
-async def relay_stream(
-    request: web.BaseRequest,
-    answer: Answer,
-    headers: dict[str, str],
-    deadline: float,
-    idle: float,
-    itl: Histogram,
-) -> Outcome:
-    conn = answer.connection
-    assert conn is not None and request.transport is not None
-    out = web.StreamResponse(status=answer.status, headers=headers)
-    out.content_type = answer.content_type.split(";")[0]
-    writer = await out.prepare(request)
-    assert writer is not None
-    try:
-        await out.write(answer.first)  # sends the head together with the first bytes
-    except ConnectionError:
-        return Outcome("client_gone", out)
-    pump = _Pump(conn, request.transport, itl)
-    conn.sink = pump.push
-    if conn.body or conn.complete:  # arrived while the head was being sent
-        pieces, conn.body = conn.body, []
-        pump.push(pieces, conn.complete)
-    watchdog = _IdleWatchdog(conn, pump, idle)
-    try:
-        async with asyncio.timeout_at(deadline):
-            while True:
-                await conn.wait_for(pump.settled)
-                if not pump.paused:
-                    break
-                await writer.drain()
-                pump.paused = False
-                assert conn.transport is not None
-                conn.transport.resume_reading()
-    except (ConnectionBroken, IdleTimeout) as exc:
-        kind = "idle_timeout" if isinstance(exc, IdleTimeout) else "reset"
-        return await _end_with_error(out, kind, str(exc))
-    except ConnectionError:  # the client's side, while draining
-        return Outcome("client_gone", out)
-    except TimeoutError:
-        return await _end_with_error(
-            out, "total_timeout", "the answer exceeded the total time limit"
-        )
-    finally:
-        watchdog.cancel()
-        conn.sink = None
-    if pump.gone:
-        return Outcome("client_gone", out)
-    await out.write_eof()
-    return Outcome("complete", out)
+class UnitReportedError(ConnectionBroken):
+    """The unit ended the stream with an error event instead of the rest of the answer."""
+
+
+class StreamRelay:
+    """One client stream, fed by one upstream answer or, after resumptions, by several.
+
+    `start` sends the response head with the first answer's first bytes; `pump` relays an
+    answer until it ends and says how; the caller then either continues the stream with
+    another answer or ends it (`finish` / `fail`)."""
+
+    def __init__(
+        self,
+        request: web.BaseRequest,
+        headers: dict[str, str],
+        deadline: float,
+        idle: float,
+        itl: Histogram,
+        tracker: StreamTracker | None = None,
+    ) -> None:
+        assert request.transport is not None
+        self.request = request
+        self.headers = headers
+        self.deadline = deadline
+        self.idle = idle
+        self.itl = itl
+        self.tracker = tracker
+        self.response: web.StreamResponse | None = None
+        self._writer: AbstractStreamWriter | None = None
+
+    async def start(self, answer: Answer) -> bool:
+        """Send the head (and the first bytes); False if the client is already gone."""
+        out = web.StreamResponse(status=answer.status, headers=self.headers)
+        out.content_type = answer.content_type.split(";")[0]
+        self.response = out
+        self._writer = await out.prepare(self.request)
+        first = answer.first if self.tracker is None else self.tracker.feed(answer.first)
+        try:
+            await out.write(first)  # sends the head together with the first bytes
+        except ConnectionError:
+            return False
+        return True
+
+    async def pump(self, answer: Answer, resumed: bool = False) -> str:
+        """Relay `answer` to its end: `complete`, `client_gone`, or how the upstream failed
+        (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`). A resumed
+        answer's first bytes have not been sent yet; the first answer's went with the head."""
+        conn, writer = answer.connection, self._writer
+        assert conn is not None and writer is not None and self.request.transport is not None
+        pump = _Pump(conn, self.request.transport, self.itl, self.tracker)
+        conn.sink = pump.push
+        pending = [answer.first] if resumed and answer.first else []
+        if conn.body or conn.complete or pending:  # arrived while the head was being sent
+            pieces, conn.body = pending + conn.body, []
+            pump.push(pieces, conn.complete)
+        watchdog = _IdleWatchdog(conn, pump, self.idle)
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                while True:
+                    await conn.wait_for(pump.settled)
+                    if not pump.paused:
+                        break
+                    await writer.drain()
+                    pump.paused = False
+                    assert conn.transport is not None
+                    conn.transport.resume_reading()
+        except UnitReportedError:
+            return "unit_error"
+        except ConnectionBroken:
+            return "reset"
+        except IdleTimeout:
+            return "idle_timeout"
+        except ConnectionError:  # the client's side, while draining
+            return "client_gone"
+        except TimeoutError:
+            return "total_timeout"
+        finally:
+            watchdog.cancel()
+            conn.sink = None
+        if pump.gone:
+            return "client_gone"
+        if self.tracker is not None and not self.tracker.done:
+            return "truncated"  # a clean end of the body without [DONE]
+        return "complete"
+
+    async def write(self, data: bytes) -> bool:
+        """Send gateway-made bytes (a closing the tracker built); False if the client left."""
+        assert self.response is not None
+        try:
+            await self.response.write(data)
+        except ConnectionError:
+            return False
+        return True
+
+    async def finish(self) -> Outcome:
+        assert self.response is not None
+        try:
+            await self.response.write_eof()
+        except ConnectionError:
+            return Outcome("client_gone", self.response)
+        return Outcome("complete", self.response)
+
+    async def fail(self, kind: str, message: str) -> Outcome:
+        """End the stream with an explicit SSE error event (and [DONE] after it)."""
+        assert self.response is not None
+        event = b"data: " + error_body(message, "upstream_error", code=kind) + b"\n\n"
+        try:
+            await self.response.write(event + DONE)
+            await self.response.write_eof()
+        except ConnectionError:
+            return Outcome("client_gone", self.response)
+        return Outcome(kind, self.response)
+
+
+FAILURE_MESSAGES = {
+    "reset": "the unit's connection broke mid-stream",
+    "idle_timeout": "the unit sent nothing for too long",
+    "total_timeout": "the answer exceeded the total time limit",
+    "truncated": "the unit ended the stream before the answer was complete",
+    "unit_error": "the unit failed mid-stream",
+}
 
 
 class _IdleWatchdog:
@@ -147,12 +239,3 @@ class _IdleWatchdog:
 
     def cancel(self) -> None:
         self.handle.cancel()
-
-
-async def _end_with_error(out: web.StreamResponse, kind: str, message: str) -> Outcome:
-    try:
-        await out.write(b"data: " + error_body(message, "upstream_error", code=kind) + b"\n\n")
-        await out.write_eof()
-    except ConnectionError:
-        return Outcome("client_gone", out)
-    return Outcome(kind, out)

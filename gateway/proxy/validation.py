@@ -65,10 +65,13 @@ def validate_completion(
             "of token id arrays, and not empty",
             param="prompt",
         )
+    # Arrays are keyed by their JSON text's first characters. A byte slice can end inside a
+    # multi-byte character; the first `prefix_chars` characters fit in 4 bytes each, so only a
+    # cut character past them is dropped.
     prefix = (
         prompt[:prefix_chars]
         if isinstance(prompt, str)
-        else orjson.dumps(prompt)[:prefix_chars].decode()
+        else orjson.dumps(prompt)[: 4 * prefix_chars].decode("utf-8", "ignore")[:prefix_chars]
     )
     return RequestInfo(model, stream, user, prefix)
 

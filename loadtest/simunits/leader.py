@@ -156,7 +156,8 @@ class LeaderApi:
             await self._unit.emit(index, job.settings)
             if index == 0 and job.req.kind == "chat":
                 await response.write(sse_event(bodies.role_chunk()))
-            await response.write(sse_event(bodies.token_chunk(index)))
+            # A continuation (token-id prompt) picks the answer up at token `start`.
+            await response.write(sse_event(bodies.token_chunk(job.req.start + index)))
         if job.fault.mode is FaultMode.STALL:
             await self._unit.stall_forever()
         if job.fault.mode is FaultMode.DROP:

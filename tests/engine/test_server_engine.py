@@ -78,3 +78,18 @@ async def test_full_answer_through_http(served: tuple[LeaderEngine, str]) -> Non
     assert resp.status == 200, payload
     assert len(payload["choices"][0]["token_ids"]) == 5
     assert payload["usage"]["completion_tokens"] == 5
+
+
+async def test_prompt_ids_are_bounded_by_the_model_not_the_tokenizer(
+    served: tuple[LeaderEngine, str],
+) -> None:
+    """The tiny model's vocabulary (512) is larger than the byte tokenizer's (262): ids it
+    generates past the tokenizer come back as prompt when the gateway resumes a stream."""
+    _, url = served
+    body = {"model": "tiny", "max_tokens": 2, "temperature": 0}
+    async with aiohttp.ClientSession() as client:
+        async with client.post(url + "/v1/completions", json={**body, "prompt": [1, 400]}) as ok:
+            assert ok.status == 200, await ok.text()
+        async with client.post(url + "/v1/completions", json={**body, "prompt": [1, 512]}) as bad:
+            assert bad.status == 400
+            assert (await bad.json())["error"]["param"] == "prompt"

@@ -98,7 +98,7 @@ async def test_idle_timeout_mid_stream_ends_with_an_error_event(
         async with http.post(gw.public_url + CHAT, json=chat_body()) as resp:
             text = await resp.text()
         assert "tok1 " in text and "tok2 " not in text
-        assert '"code":"idle_timeout"' in text and "[DONE]" not in text
+        assert text.endswith('"code":"idle_timeout"}}\n\ndata: [DONE]\n\n')
         metrics = gw.metrics.render().decode()
         assert 'unitgate_upstream_failures_total{kind="idle_timeout",unit="u0"} 1.0' in metrics
         assert gw.units.units["u0"].inflight == 0
@@ -112,7 +112,7 @@ async def test_total_timeout_bounds_streams_and_whole_answers(
     async with running(config) as gw:
         async with http.post(gw.public_url + CHAT, json=chat_body()) as resp:
             text = await resp.text()
-        assert '"code":"total_timeout"' in text and "[DONE]" not in text
+        assert text.endswith('"code":"total_timeout"}}\n\ndata: [DONE]\n\n')
         clean_sim.fault("u0", "hang")
         async with http.post(gw.public_url + CHAT, json=chat_body(stream=False)) as resp:
             assert resp.status == 504

@@ -96,13 +96,14 @@ async def test_all_attempts_fail_gives_a_clear_error(
 async def test_no_retry_after_the_first_byte(
     clean_sim: SimProcess, http: aiohttp.ClientSession
 ) -> None:
-    async with running(gateway_config(clean_sim.units)) as gw:
+    config = gateway_config(clean_sim.units, resume={"enabled": False})
+    async with running(config) as gw:
         for unit in clean_sim.units:
             clean_sim.fault(unit["id"], "drop", after_tokens=2)
         async with http.post(gw.public_url + CHAT, json=chat_body()) as resp:
             assert resp.status == 200
             text = await resp.text()
         assert '"tok1 "' in text or "tok1 " in text
-        assert '"code":"reset"' in text  # an explicit SSE error event, not a silent truncation
-        assert "[DONE]" not in text
+        # An explicit SSE error event, then [DONE]: not a silent truncation.
+        assert text.endswith('"code":"reset"}}\n\ndata: [DONE]\n\n')
         assert await sim_total(http, clean_sim, "requests") == 1

@@ -1,0 +1,195 @@
+"""A streamed answer from first byte to end, continued on another unit when its unit breaks.
+
+Before the first byte, failures are the dispatcher's to retry. After it, a broken stream
+(reset, leader died, idle between tokens, the unit ejected by its probes, an error event,
+a body that ends without [DONE]) is resumed: the tracker knows the prompt ids and the tokens
+the client already has, the dispatcher opens a continuation on a unit not yet tried (paid
+from the retry budget), and the relay splices it into the same client stream. When it cannot
+(the request or the unit does not allow it, the resume limit, the budget, no unit left) the
+client gets an explicit SSE error event and [DONE], never a silent truncation.
+
+The session owns the admission slot of whichever unit serves it at the moment, so a resumed
+stream never holds two slots, or none while it is relayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.errors import GatewayError
+from gateway.proxy.dispatch import Call
+from gateway.proxy.relay import FAILURE_MESSAGES, StreamRelay
+from gateway.proxy.resume import continuation, max_new_tokens
+from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.upstream import Answer
+from gateway.units import UnitState
+
+if TYPE_CHECKING:
+    from gateway.proxy.handler import ProxyHandler
+
+log = logging.getLogger("unitgate.proxy")
+
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def headers_for(unit: UnitState, rid: str) -> dict[str, str]:
+    return {"x-unitgate-unit": unit.id, "x-request-id": rid}
+
+
+class StreamSession:
+    def __init__(
+        self,
+        proxy: ProxyHandler,
+        request: web.Request,
+        call: Call,
+        data: dict[str, Any],
+        tracker: StreamTracker | None,
+        start: float,
+    ) -> None:
+        self.proxy, self.request, self.call, self.data = proxy, request, call, data
+        self.tracker, self.start = tracker, start
+        self.held: UnitState | None = None  # the unit whose admission slot this stream holds
+
+    async def run(self, unit: UnitState, answer: Answer) -> web.StreamResponse:
+        proxy, call = self.proxy, self.call
+        self.held = unit
+        relay = StreamRelay(
+            self.request,
+            headers_for(unit, call.rid),
+            call.deadline,
+            proxy.config.timeouts.idle,
+            proxy.metrics.itl.labels(unit.id),
+            self.tracker,
+        )
+        try:
+            kind = await self._relay(relay, unit, answer, first=True)
+            while kind not in ("complete", "client_gone"):
+                nxt = await self._resume(relay, unit, kind)
+                if nxt is None:  # the stream was ended: closed cleanly or with an error event
+                    break
+                unit, answer = nxt
+                kind = await self._relay(relay, unit, answer, first=False)
+            if kind == "complete":
+                await relay.finish()
+            assert relay.response is not None
+            return relay.response
+        finally:
+            if self.held is not None:
+                proxy.admission.release(self.held)
+                self.held = None
+            proxy.account(unit.id, answer.status, self.start)
+
+    async def _relay(self, relay: StreamRelay, unit: UnitState, answer: Answer, first: bool) -> str:
+        """Relay one answer to its end (registered as live on its unit meanwhile) and feed its
+        outcome to the breaker and the metrics; returns how it ended."""
+        proxy, conn = self.proxy, answer.connection
+        assert conn is not None
+        proxy.live.add(unit.id, conn)
+        try:
+            kind = "client_gone"
+            if not first or await relay.start(answer):
+                kind = await relay.pump(answer, resumed=not first)
+        except asyncio.CancelledError:
+            proxy.metrics.cancellations.labels(unit.id).inc()
+            raise
+        finally:
+            proxy.live.discard(unit.id, conn)
+            proxy.upstream.finish(answer)  # closes the connection unless the answer ended cleanly
+        self._outcome(unit, kind)
+        return kind
+
+    def _outcome(self, unit: UnitState, kind: str) -> None:
+        proxy = self.proxy
+        if self.tracker is not None and self.tracker.capable is not None:
+            unit.token_ids = self.tracker.capable
+        if kind == "client_gone":
+            proxy.metrics.cancellations.labels(unit.id).inc()
+        elif kind == "complete":
+            proxy.dispatcher.on_outcome(unit, True, self.start)
+        else:
+            # A total timeout is the request's own budget running out, not the unit's fault.
+            if kind != "total_timeout":
+                proxy.dispatcher.on_outcome(unit, False, self.start)
+            proxy.metrics.upstream_failures.labels(unit.id, kind).inc()
+            log.warning("stream from unit %s broke after the first byte: %s", unit.id, kind)
+
+    async def _resume(
+        self, relay: StreamRelay, broken: UnitState, kind: str
+    ) -> tuple[UnitState, Answer] | None:
+        """Continue the stream on another unit, or end it; None once it is ended."""
+        proxy, tracker, call = self.proxy, self.tracker, self.call
+        assert self.held is broken
+        proxy.admission.release(broken)
+        self.held = None
+        if tracker is None or kind == "total_timeout":
+            await relay.fail(kind, FAILURE_MESSAGES[kind])
+            return None
+        if tracker.finish_reason is not None:  # only the usage chunk and [DONE] were missing
+            await self._close(relay, tracker.closing())
+            return None
+        refusal = self._refusal(tracker, broken)
+        if refusal is not None:
+            await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {refusal}")
+            return None
+        chat = tracker.chat
+        total = max_new_tokens(self.data, chat)
+        remaining = None if total is None else total - tracker.committed
+        if remaining is not None and remaining <= 0:  # every token was relayed but the finish
+            await self._close(relay, tracker.closing("length"))
+            return None
+        prompt = tracker.resume_point()
+        assert prompt is not None  # capable units gave their prompt ids
+        body = continuation(self.data, call.info.model, prompt, remaining, tracker.committed)
+        resume = Call(
+            COMPLETIONS_PATH, body, call.info, call.key, call.rid, call.deadline, call.span
+        )
+        resume.tried = [*call.tried, broken]
+        try:
+            unit, answer = await proxy.dispatcher.resume(resume)
+        except GatewayError as exc:
+            self._resumed(broken, "gave_up", f"{kind}: no continuation ({exc.message})")
+            await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {exc.message}")
+            return None
+        call.tried = resume.tried
+        if not answer.streaming or answer.status != 200:  # refused: a 4xx, or not a stream
+            proxy.admission.release(unit)
+            detail = f"unit {unit.id} answered HTTP {answer.status}: {_excerpt(answer.first)}"
+            self._resumed(broken, "gave_up", f"{kind}: {detail}")
+            await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {detail}")
+            return None
+        self.held = unit
+        tracker.begin_continuation()
+        detail = f"{kind}: continued on {unit.id} after {tracker.committed} tokens"
+        self._resumed(broken, "ok", detail)
+        return unit, answer
+
+    def _refusal(self, tracker: StreamTracker, broken: UnitState) -> str | None:
+        if not tracker.capable:
+            self._resumed(broken, "unsupported", "the unit returned no token ids")
+            return f"unit {broken.id} returns no token ids"
+        limit = self.proxy.config.resume.max_resumes
+        if tracker.resumes >= limit:
+            self._resumed(broken, "gave_up", f"resume limit ({limit}) reached")
+            return f"the stream was already resumed {tracker.resumes} time(s)"
+        return None
+
+    def _resumed(self, broken: UnitState, outcome: str, detail: str) -> None:
+        proxy, call = self.proxy, self.call
+        proxy.metrics.resumptions.labels(broken.id, outcome).inc()
+        proxy.record_event(broken.id, f"resume_{outcome}", f"request {call.rid}: {detail}")
+        if call.span is not None:
+            call.span.add_event("resume", {"unitgate.unit": broken.id, "outcome": outcome})
+        log.info("stream %s from unit %s: resume %s (%s)", call.rid, broken.id, outcome, detail)
+
+    @staticmethod
+    async def _close(relay: StreamRelay, tail: bytes) -> None:
+        if await relay.write(tail):
+            await relay.finish()
+
+
+def _excerpt(body: bytes) -> str:
+    return body[:200].decode("utf-8", "replace")

@@ -1,0 +1,240 @@
+"""One resumable stream, followed event by event on its way to the client.
+
+The tracker sits between a unit's SSE bytes and the client. It records what resumption needs
+(the prompt token ids, the generated ids whose text the client already has, how the answer
+ended), hides what the client did not ask for (the token ids the gateway requested for its own
+use, and the chunks that exist only to carry them), and, once a stream has been continued on
+another unit, rewrites that unit's text-completion chunks into the original answer's shape:
+same `id`, `created` and `model`, no second role delta, usage counting the whole answer once.
+
+"Committed" tokens are those whose text reached the client. A token whose text an engine
+still holds back (half of a UTF-8 character, a possible stop-string prefix) is not committed:
+the continuation generates it again, so the client never sees a character twice or a
+character cut in half.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.proxy.sse import EventSplitter, data_of
+
+_TEMPLATE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
+_DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class StreamTracker:
+    __slots__ = (
+        "base",
+        "capable",
+        "chat",
+        "client_ids",
+        "committed",
+        "continuing",
+        "done",
+        "error",
+        "finish_reason",
+        "generated",
+        "include_usage",
+        "prompt_ids",
+        "resent",
+        "resumes",
+        "splitter",
+        "template",
+    )
+
+    def __init__(self, chat: bool, client_ids: bool, include_usage: bool) -> None:
+        self.chat = chat
+        self.client_ids = client_ids  # the client asked for token ids itself
+        self.include_usage = include_usage
+        self.splitter = EventSplitter()
+        self.prompt_ids: list[int] | None = None
+        self.generated: list[int] = []
+        self.committed = 0
+        self.base = 0  # committed tokens the current continuation was given as its prompt
+        # Ids a client that asked for them already has past the committed ones: the
+        # continuation generates those tokens again, and they are not shown twice.
+        self.resent = 0
+        self.continuing = False
+        self.resumes = 0
+        self.capable: bool | None = None  # did the unit return token ids? None: no event yet
+        self.template: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.done = False  # [DONE] relayed
+        self.error: str | None = None  # an error event the unit sent instead of the rest
+
+    # -- the stream --------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to send the client for `data` read from the unit (whole events only)."""
+        out = [self._event(event) for event in self.splitter.feed(data)]
+        return b"".join(out)
+
+    def _event(self, event: bytes) -> bytes:
+        if self.done or self.error is not None:
+            return b""  # nothing follows the end, or an error the gateway will handle
+        payload = data_of(event)
+        if payload is None:
+            return b"" if self.continuing else event  # comments / keep-alives
+        if payload.strip() == b"[DONE]":
+            self.done = True
+            return _DONE
+        if self.capable is False:
+            return event  # a unit without token ids: relayed as it is, never resumed
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            if self.continuing:
+                self.error = "the unit sent an event that is not a JSON object"
+                return b""
+            self.capable = False  # not an OpenAI stream: the gateway only relays it
+            return event
+        if "error" in obj and not obj.get("choices"):
+            error = obj["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            self.error = str(message or "the unit reported an error")
+            return b""
+        return self._continued(obj) if self.continuing else self._original(obj, event)
+
+    def _original(self, obj: dict[str, Any], event: bytes) -> bytes:
+        if not self.template:
+            self.template = {k: obj[k] for k in _TEMPLATE_KEYS if k in obj}
+        choices = obj.get("choices") or []
+        first = choices[0] if choices and isinstance(choices[0], dict) else {}
+        if self.capable is None:
+            self.prompt_ids = _ids(obj.get("prompt_token_ids", first.get("prompt_token_ids")))
+            self.capable = self.prompt_ids is not None
+        changed = False
+        if not self.client_ids and "prompt_token_ids" in obj:
+            del obj["prompt_token_ids"]
+            changed = True
+        if not first:
+            return sse(obj) if changed else event
+        self.generated.extend(_ids(first.get("token_ids")) or ())
+        text = _text(first, self.chat)
+        if text:
+            self.committed = len(self.generated)
+        if first.get("finish_reason"):
+            self.finish_reason = first["finish_reason"]
+        if self.client_ids or not self.capable:
+            return sse(obj) if changed else event
+        for key in ("token_ids", "prompt_token_ids"):
+            if key in first:
+                del first[key]
+                changed = True
+        if not text and not first.get("finish_reason") and not _is_opening(first):
+            return b""  # a chunk that only carried token ids the client did not ask for
+        return sse(obj) if changed else event
+
+    def _continued(self, obj: dict[str, Any]) -> bytes:
+        choices = obj.get("choices") or []
+        if not choices:
+            usage = obj.get("usage")
+            if isinstance(usage, dict) and self.include_usage:
+                return self._usage_chunk(_int(usage.get("completion_tokens")) + self.base)
+            return b""
+        first = choices[0] if isinstance(choices[0], dict) else {}
+        ids = _ids(first.get("token_ids")) or []
+        self.generated.extend(ids)
+        if self.resent:
+            shown, self.resent = (
+                min(self.resent, len(ids)),
+                self.resent - min(self.resent, len(ids)),
+            )
+            ids = ids[shown:]
+        text = first.get("text") or ""
+        if text:
+            self.committed = len(self.generated)
+        finish = first.get("finish_reason")
+        if finish:
+            self.finish_reason = finish
+        if not text and not finish and not self.client_ids:
+            return b""
+        return sse(self._chunk(text, finish, ids))
+
+    def _chunk(self, text: str, finish: str | None, ids: list[int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"content": text} if text or not finish else {}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        if self.client_ids:
+            choice["token_ids"] = ids
+        chunk = {**self.template, "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _usage_chunk(self, completion: int) -> bytes:
+        prompt = len(self.prompt_ids or ())
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        return sse({**self.template, "choices": [], "usage": usage})
+
+    # -- resumption ---------------------------------------------------------------------------
+
+    def resume_point(self) -> list[int] | None:
+        """The continuation's prompt (prompt ids + committed ids), None if the unit gave none."""
+        if self.prompt_ids is None:
+            return None
+        return self.prompt_ids + self.generated[: self.committed]
+
+    def begin_continuation(self) -> None:
+        """Forget what the broken unit sent past the last committed token; rewrite from now."""
+        self.splitter.discard()
+        if self.client_ids:
+            self.resent += len(self.generated) - self.committed
+        del self.generated[self.committed :]
+        self.base = self.committed
+        self.continuing = True
+        self.error = None
+        self.finish_reason = None
+        self.resumes += 1
+
+    def closing(self, finish_reason: str | None = None) -> bytes:
+        """The end of an answer that needs no more tokens: the finish chunk (unless relayed
+        already), the usage chunk when asked for, and [DONE]."""
+        out = b""
+        if finish_reason is not None and self.finish_reason is None:
+            self.finish_reason = finish_reason
+            out += sse(self._chunk("", finish_reason, []))
+        if self.include_usage:
+            out += self._usage_chunk(len(self.generated))
+        self.done = True
+        return out + _DONE
+
+
+def _ids(value: object) -> list[int] | None:
+    """`value` when it is a list of token ids (ints), else None."""
+    if isinstance(value, list) and all(type(t) is int for t in value):
+        return value
+    return None
+
+
+def _text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        delta = choice.get("delta")
+        return (delta.get("content") or "") if isinstance(delta, dict) else ""
+    return choice.get("text") or ""
+
+
+def _is_opening(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and "role" in delta
+
+
+def _int(value: object) -> int:
+    return value if type(value) is int else 0

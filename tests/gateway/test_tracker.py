@@ -1,0 +1,219 @@
+"""StreamTracker: what the client sees of a resumable stream, and what resumption learns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.proxy.resume import continuation, max_new_tokens, resumable, with_token_ids
+from gateway.proxy.sse import EventSplitter, data_of
+from gateway.proxy.tracker import StreamTracker
+
+BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
+PROMPT = [5, 6, 7]
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def chat_chunk(
+    content: str | None, ids: list[int] | None, finish: str | None = None, **top: Any
+) -> bytes:
+    delta: dict[str, Any] = {} if content is None else {"content": content}
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return sse({**BASE, "system_fingerprint": None, **top, "choices": [choice]})
+
+
+def role_chunk(with_ids: bool) -> bytes:
+    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+    choice |= {"logprobs": None, "finish_reason": None}
+    body: dict[str, Any] = {**BASE, "system_fingerprint": None, "choices": [choice]}
+    if with_ids:
+        body["prompt_token_ids"] = PROMPT
+    return sse(body)
+
+
+def engine_stream(with_ids: bool, tokens: list[tuple[int, str]], finish: str) -> list[bytes]:
+    """Chunks as the builtin engine writes them (engine/server/wire.py): with ids, a chunk for
+    every token (empty text included); without, only tokens with text."""
+    events = [role_chunk(with_ids)]
+    for token, text in tokens:
+        if text or with_ids:
+            events.append(chat_chunk(text, [token] if with_ids else None))
+    events.append(chat_chunk(None, [] if with_ids else None, finish))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+TOKENS = [(10, "Hel"), (11, "lo"), (12, ""), (13, "!"), (14, " ok")]
+
+
+def test_stripping_token_ids_gives_the_bytes_of_a_plain_stream() -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    asked = b"".join(engine_stream(True, TOKENS, "stop"))
+    plain = b"".join(engine_stream(False, TOKENS, "stop"))
+    # Fed in awkward pieces: events split anywhere must come out whole.
+    out = b"".join(tracker.feed(asked[i : i + 7]) for i in range(0, len(asked), 7))
+    assert out == plain
+    assert tracker.done and tracker.capable and tracker.prompt_ids == PROMPT
+    assert tracker.generated == [10, 11, 12, 13, 14] and tracker.committed == 5
+
+
+def test_a_client_that_asked_for_token_ids_gets_them_verbatim() -> None:
+    tracker = StreamTracker(chat=True, client_ids=True, include_usage=False)
+    asked = b"".join(engine_stream(True, TOKENS, "stop"))
+    assert tracker.feed(asked) == asked
+
+
+def test_held_back_tokens_are_not_committed() -> None:
+    """A token whose text the engine still holds (half a character) is generated again."""
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    events = engine_stream(True, TOKENS, "stop")
+    tracker.feed(b"".join(events[:4]))  # role, "Hel", "lo", "" (held back)
+    assert tracker.generated == [10, 11, 12] and tracker.committed == 2
+    assert tracker.resume_point() == [*PROMPT, 10, 11]
+
+
+def test_a_partial_event_is_never_relayed_and_is_dropped_on_resume() -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    events = engine_stream(True, TOKENS, "stop")
+    head = b"".join(events[:2])
+    assert tracker.feed(head + events[2][:10]) == b"".join(engine_stream(False, TOKENS, "")[:2])
+    tracker.begin_continuation()
+    assert tracker.splitter.pending == 0 and tracker.committed == 1
+
+
+def continuation_chunk(text: str, ids: list[int], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    choice["token_ids"] = ids
+    return sse(
+        {
+            "id": "cmpl-9",
+            "object": "text_completion",
+            "created": 99,
+            "model": "m",
+            "choices": [choice],
+        }
+    )
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_continuation_is_spliced_in_the_original_shape(include_usage: bool) -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=include_usage)
+    events = engine_stream(True, TOKENS, "stop")
+    tracker.feed(b"".join(events[:3]))  # role, "Hel", "lo"; then the unit dies
+    assert tracker.resume_point() == [*PROMPT, 10, 11]
+    tracker.begin_continuation()
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    tail = [
+        continuation_chunk("", [12]),  # held back again by the new unit: no client chunk
+        continuation_chunk("!", [13]),
+        continuation_chunk(" ok", [14]),
+        continuation_chunk("", [], "stop"),
+        sse({"id": "cmpl-9", "object": "text_completion", "created": 99, "model": "m",
+             "choices": [], "usage": usage}),
+        b"data: [DONE]\n\n",
+    ]  # fmt: skip
+    out = tracker.feed(b"".join(tail))
+    chunks = [orjson.loads(data_of(e) or b"") for e in EventSplitter().feed(out)[:-1]]
+    texts = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert texts == ["!", " ok", None]
+    for chunk in chunks:
+        assert {k: chunk[k] for k in BASE} == BASE  # same id, object, created, model
+        for choice in chunk["choices"]:
+            assert "role" not in choice["delta"] and "token_ids" not in choice
+    assert chunks[len(texts) - 1]["choices"][0]["finish_reason"] == "stop"
+    if include_usage:
+        # The whole answer once: 2 tokens before the break + 3 from the continuation.
+        assert chunks[-1]["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 5,
+            "total_tokens": 8,
+        }
+    else:
+        assert all("usage" not in c for c in chunks)
+    assert out.endswith(b"data: [DONE]\n\n") and tracker.done
+
+
+def test_an_error_event_is_held_back_for_the_gateway() -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    events = engine_stream(True, TOKENS, "stop")
+    error = sse({"error": {"message": "engine unhealthy: follower lost", "type": "server_error"}})
+    out = tracker.feed(b"".join(events[:2]) + error)
+    assert b"error" not in out and tracker.error == "engine unhealthy: follower lost"
+
+
+def test_units_without_token_ids_are_relayed_verbatim_and_not_resumable() -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    plain = b"".join(engine_stream(False, TOKENS, "stop"))
+    assert tracker.feed(plain) == plain
+    assert tracker.capable is False and tracker.resume_point() is None
+
+
+def test_a_non_openai_stream_passes_through() -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    raw = b"data: one\n\n: comment\n\ndata: [DONE]\n\n"
+    assert tracker.feed(raw) == raw and tracker.done
+
+
+def test_closing_an_answer_whose_last_token_was_relayed() -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=True)
+    tracker.feed(b"".join(engine_stream(True, TOKENS, "stop")[:6]))
+    out = tracker.closing("length")
+    events = [orjson.loads(data_of(e) or b"") for e in EventSplitter().feed(out)[:-1]]
+    finish = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    assert events[0]["choices"] == [finish]
+    assert events[1]["usage"]["completion_tokens"] == 5
+    assert out.endswith(b"data: [DONE]\n\n")
+
+
+# -- resume policy and the continuation request ---------------------------------------------
+
+
+def test_what_can_be_resumed() -> None:
+    chat = {"model": "m", "messages": [], "stream": True}
+    assert resumable(chat, chat=True)
+    assert not resumable({**chat, "stream": False}, chat=True)
+    assert not resumable({**chat, "n": 2}, chat=True)
+    assert not resumable({**chat, "tools": [{"type": "function"}]}, chat=True)
+    assert not resumable({**chat, "logprobs": True}, chat=True)
+    assert resumable({**chat, "logprobs": False}, chat=True)
+    completion = {"model": "m", "stream": True}
+    assert resumable({**completion, "prompt": "hi"}, chat=False)
+    assert resumable({**completion, "prompt": [1, 2]}, chat=False)
+    assert not resumable({**completion, "prompt": ["a", "b"]}, chat=False)
+    assert not resumable({**completion, "prompt": "hi", "echo": True}, chat=False)
+
+
+def test_the_continuation_request() -> None:
+    data = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "max_tokens": 10,
+        "temperature": 0.0,
+        "stop": ["\n\n"],
+        "min_tokens": 4,
+        "parallel_tool_calls": False,  # chat-only: must not reach /v1/completions
+        "stream_options": {"include_usage": False},
+    }
+    assert orjson.loads(with_token_ids(data))["return_token_ids"] is True
+    assert max_new_tokens(data, chat=True) == 10
+    assert max_new_tokens({"model": "m"}, chat=True) is None
+    assert max_new_tokens({"model": "m"}, chat=False) == 16
+    body = orjson.loads(continuation(data, "m", [1, 2, 3], 7, 3))
+    assert body == {
+        "model": "m",
+        "prompt": [1, 2, 3],
+        "temperature": 0.0,
+        "stop": ["\n\n"],
+        "min_tokens": 1,
+        "max_tokens": 7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }

@@ -1,0 +1,156 @@
+"""Token-exact mid-stream resumption with real builtin-engine units.
+
+Two single-node units of the same seeded model sit behind the gateway. A greedy stream is
+started, its leader is SIGKILLed mid-answer, and the client's stream must be the same answer
+an uninterrupted run gives: same text, one id, one role delta, one finish, usage counted once.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.server import Gateway, running
+from tests.engine.test_runtime_support import free_port
+from tests.engine.test_up_support import MODEL, Proc, unitgate
+from tests.support import gateway_config
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 320  # long enough that the kill lands mid-answer even on a fast machine
+KILL_AFTER = 8  # content chunks the client has before its unit dies
+
+
+@pytest.fixture
+def units(tmp_path: Path) -> Iterator[dict[str, tuple[Proc, str]]]:
+    procs: dict[str, tuple[Proc, str]] = {}
+    try:
+        for unit in ("u0", "u1"):
+            port = free_port()
+            proc = unitgate(
+                tmp_path, unit, "node", "--role", "leader", "--world-size", "1",
+                "--master", f"127.0.0.1:{free_port()}", "--port", str(port), "--threads", "1",
+                "--unit", unit, "--served-model-name", MODEL,
+            )  # fmt: skip
+            procs[unit] = (proc, f"http://127.0.0.1:{port}")
+        for proc, _ in procs.values():
+            proc.wait_line("health_port=", 60)
+        yield procs
+    finally:
+        for proc, _ in procs.values():
+            proc.stop()
+
+
+def config(units: dict[str, tuple[Proc, str]]) -> Any:
+    specs = [{"id": u, "leader": url, "nodes": [url]} for u, (_, url) in units.items()]
+    return gateway_config(specs, retry={"budget_min_per_second": 10.0})
+
+
+async def events(resp: aiohttp.ClientResponse) -> list[Any]:
+    out: list[Any] = []
+    async for line in resp.content:
+        if line.startswith(b"data: "):
+            payload = line[6:].strip()
+            out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return out
+
+
+def text_of(chunks: list[Any], chat: bool) -> str:
+    parts = []
+    for chunk in chunks:
+        for choice in chunk.get("choices", []) if isinstance(chunk, dict) else []:
+            parts.append((choice["delta"].get("content") or "") if chat else choice["text"])
+    return "".join(parts)
+
+
+async def killed_mid_stream(
+    gw: Gateway, units: dict[str, tuple[Proc, str]], path: str, body: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """Stream `body`; after KILL_AFTER chunks SIGKILL the unit serving it; read to the end."""
+    chunks: list[Any] = []
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
+        http.post(gw.public_url + path, json=body) as resp,
+    ):
+        assert resp.status == 200
+        victim = resp.headers["x-unitgate-unit"]
+        async for line in resp.content:
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:].strip()
+            chunks.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+            if len(chunks) == KILL_AFTER:
+                units[victim][0].stop(signal.SIGKILL)
+    return victim, chunks
+
+
+async def reference(gw: Gateway, path: str, body: dict[str, Any]) -> list[Any]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
+        http.post(gw.public_url + path, json=body) as resp,
+    ):
+        assert resp.status == 200
+        return await events(resp)
+
+
+async def test_a_chat_stream_survives_its_leader_being_killed(
+    units: dict[str, tuple[Proc, str]],
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Which running shoes suit flat feet?"}],
+        "stream": True,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with running(config(units)) as gw:
+        expected = await reference(gw, "/v1/chat/completions", body)
+        victim, got = await killed_mid_stream(gw, units, "/v1/chat/completions", body)
+        metrics = gw.metrics.render().decode()
+    assert text_of(got, chat=True) == text_of(expected, chat=True)
+    assert got[-1] == "[DONE]" and not any("error" in c for c in got if isinstance(c, dict))
+    chunks = [c for c in got if isinstance(c, dict)]
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum("role" in ch["delta"] for c in chunks for ch in c["choices"]) == 1
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == ["length"]
+    usage = chunks[-1]["usage"]
+    assert usage == expected[-2]["usage"]  # the whole answer, counted once
+    assert usage["completion_tokens"] == MAX_TOKENS
+    assert all("token_ids" not in ch for c in chunks for ch in c["choices"])
+    assert all("prompt_token_ids" not in c for c in chunks)
+    assert f'unitgate_resumptions_total{{outcome="ok",unit="{victim}"}} 1.0' in metrics
+
+
+async def test_a_completion_stream_survives_its_leader_being_killed(
+    units: dict[str, tuple[Proc, str]],
+) -> None:
+    body = {
+        "model": MODEL,
+        "prompt": "The best tent for two people is",
+        "stream": True,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,  # the client's own ask: it gets them, continuation included
+    }
+    async with running(config(units)) as gw:
+        expected = await reference(gw, "/v1/completions", body)
+        _, got = await killed_mid_stream(gw, units, "/v1/completions", body)
+    assert text_of(got, chat=False) == text_of(expected, chat=False)
+    chunks = [c for c in got if isinstance(c, dict)]
+    assert len({c["id"] for c in chunks}) == 1
+    ids = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+    expected_ids = [
+        t for c in expected if isinstance(c, dict) for ch in c["choices"] for t in ch["token_ids"]
+    ]
+    assert ids == expected_ids  # no id shown twice, none missing
+    assert got[-1] == "[DONE]"
