@@ -59,6 +59,7 @@ class Gateway:
         self.metrics_url = ""
         self._runners: list[web.AppRunner] = []
         self._upstream: UpstreamClient | None = None
+        self.proxy: ProxyHandler | None = None  # the request path, once started
 
     async def start(self) -> None:
         self._upstream = UpstreamClient(self.config)
@@ -68,7 +69,7 @@ class Gateway:
         dispatcher.on_outcome = self.breakers.record
         self.breakers.start()
         await self.health.start()
-        proxy = ProxyHandler(self.config, dispatcher, self.events)
+        self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.events)
         self.units.on_change(lambda change: _eject_streams(proxy, change))
         g, m = self.config.gateway, self.config.metrics
         try:

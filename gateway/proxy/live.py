@@ -28,7 +28,10 @@ class LiveStreams:
             if not conns:
                 del self._by_unit[unit_id]
 
-    def count(self, unit_id: str) -> int:
+    def count(self, unit_id: str | None = None) -> int:
+        """Streams in flight on `unit_id`, or on every unit."""
+        if unit_id is None:
+            return sum(len(conns) for conns in self._by_unit.values())
         return len(self._by_unit.get(unit_id, ()))
 
     def eject(self, unit_id: str, reason: str) -> int:

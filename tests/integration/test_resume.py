@@ -1,0 +1,194 @@
+"""Mid-stream resumption against simulated units: what breaks a stream, what continues it,
+and where it stops trying. The sim's token i has text `tok{i} ` wherever it is generated, so
+an answer is correct when it is exactly tok0 .. tok{n-1}, once each."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.server import Gateway, running
+from tests.integration.test_relay_edges import raw_unit
+from tests.support import (
+    SimProcess,
+    chat_body,
+    gateway_config,
+    session_ranking_first,
+    sim_stats,
+    sim_total,
+)
+
+CHAT = "/v1/chat/completions"
+# A session whose first choice (affinity "session") is u0, with u1 as the only other unit.
+FIRST_U0 = {"x-session-id": session_ranking_first("u0", ["u1"])}
+
+
+def expected_text(n: int) -> str:
+    return "".join(f"tok{i} " for i in range(n))
+
+
+async def read_stream(resp: aiohttp.ClientResponse) -> list[Any]:
+    events: list[Any] = []
+    async for line in resp.content:
+        if line.startswith(b"data: "):
+            payload = line[6:].strip()
+            events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return events
+
+
+def content(events: list[Any]) -> str:
+    return "".join(
+        ch["delta"].get("content") or ""
+        for e in events
+        if isinstance(e, dict)
+        for ch in e.get("choices", [])
+    )
+
+
+def metric(gw: Gateway, unit: str, outcome: str) -> float:
+    needle = f'unitgate_resumptions_total{{outcome="{outcome}",unit="{unit}"}} '
+    for line in gw.metrics.render().decode().splitlines():
+        if line.startswith(needle):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def chat(
+    http: aiohttp.ClientSession, gw: Gateway, headers: dict[str, str] | None = None, **extra: Any
+) -> list[Any]:
+    async with http.post(gw.public_url + CHAT, json=chat_body(**extra), headers=headers) as resp:
+        assert resp.status == 200
+        return await read_stream(resp)
+
+
+async def test_resumed_answer_is_the_uninterrupted_one(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    config = gateway_config(clean_sim.units[:2], routing={"affinity": "session"})
+    async with running(config) as gw:
+        usage = {"stream_options": {"include_usage": True}}
+        plain = await chat(http, gw, max_tokens=10, **usage)
+        clean_sim.fault("u0", "drop", after_tokens=4)
+        got = await chat(http, gw, FIRST_U0, max_tokens=10, **usage)
+        assert metric(gw, "u0", "ok") == 1.0
+        assert gw.units.total_inflight() == 0
+    assert content(got) == content(plain) == expected_text(10)
+    chunks = [e for e in got if isinstance(e, dict)]
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum("role" in ch["delta"] for c in chunks for ch in c["choices"]) == 1
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == ["length"]
+    assert chunks[-1]["usage"] == plain[-2]["usage"]  # the whole answer, once
+    assert all("token_ids" not in ch for c in chunks for ch in c["choices"])
+    assert got[-1] == "[DONE]"
+
+
+async def test_every_unit_dropping_gives_up_after_max_resumes(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    config = gateway_config(clean_sim.units, retry={"budget_min_per_second": 10.0})
+    async with running(config) as gw:
+        for unit in clean_sim.units:
+            clean_sim.fault(unit["id"], "drop", after_tokens=2)
+        got = await chat(http, gw, max_tokens=12)
+        ok = sum(metric(gw, u["id"], "ok") for u in clean_sim.units)
+        gave_up = sum(metric(gw, u["id"], "gave_up") for u in clean_sim.units)
+        assert gw.units.total_inflight() == 0
+    # 2 resumptions (the default), each advancing 2 tokens, then an explicit error and [DONE].
+    assert content(got) == expected_text(6)
+    assert got[-2]["error"]["code"] == "reset" and "not resumed" in got[-2]["error"]["message"]
+    assert got[-1] == "[DONE]"
+    assert (ok, gave_up) == (2.0, 1.0)
+    assert await sim_total(http, clean_sim, "requests") == 3
+
+
+async def test_resumes_are_paid_from_the_retry_budget(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    retry = {"budget_ratio": 0.0, "budget_min_per_second": 0.0}
+    async with running(gateway_config(clean_sim.units[:2], retry=retry)) as gw:
+        clean_sim.fault("u0", "drop", after_tokens=2)
+        clean_sim.fault("u1", "drop", after_tokens=2)
+        got = await chat(http, gw, max_tokens=8)
+    assert content(got) == expected_text(2)
+    assert "retry budget" in got[-2]["error"]["message"] and got[-1] == "[DONE]"
+
+
+async def test_a_unit_ejected_by_its_probes_hands_its_streams_over_at_once(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    """A stalled unit sends nothing (the idle timeout is 30 s); once its follower's probes
+    fail, the ejection breaks the stream for resumption long before the idle timeout."""
+    config = gateway_config(
+        clean_sim.units[:2], health={"enabled": True}, routing={"affinity": "session"}
+    )
+    async with running(config) as gw:
+        clean_sim.fault("u0", "stall", after_tokens=3)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with http.post(
+            gw.public_url + CHAT, json=chat_body(max_tokens=12), headers=FIRST_U0
+        ) as resp:
+            assert resp.headers["x-unitgate-unit"] == "u0"
+            events: list[Any] = []
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].strip()
+                events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+                if content(events) == expected_text(3):  # u0 is stalled now: fail its probes
+                    clean_sim.post("/units/u0/nodes/1/health", {"mode": "unhealthy"})
+        elapsed = loop.time() - started
+        assert metric(gw, "u0", "ok") == 1.0
+    assert content(events) == expected_text(12) and events[-1] == "[DONE]"
+    assert elapsed < 10.0  # the idle timeout (30 s) played no part
+
+
+async def test_units_without_token_ids_fall_back_to_an_error_event(
+    http: aiohttp.ClientSession,
+) -> None:
+    async def no_ids(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        chunk["choices"] = [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        w.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await w.drain()
+        w.transport.abort()
+
+    async with raw_unit(no_ids) as a, raw_unit(no_ids) as b:
+        units = [{**a, "id": "a"}, {**b, "id": "b"}]
+        async with running(gateway_config(units)) as gw:
+            got = await chat(http, gw)
+            broken = [u for u in gw.units.units.values() if u.token_ids is False]
+            assert len(broken) == 1 and metric(gw, broken[0].id, "unsupported") == 1.0
+    assert content(got) == "hi"
+    assert "returns no token ids" in got[-2]["error"]["message"] and got[-1] == "[DONE]"
+
+
+async def test_a_client_leaving_a_resumed_stream_frees_everything(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    config = gateway_config(clean_sim.units[:2], routing={"affinity": "session"})
+    async with running(config) as gw:
+        clean_sim.post("/units/u1/settings", {"itl_ms": 50})
+        clean_sim.fault("u0", "drop", after_tokens=2)
+        body = chat_body(max_tokens=200)
+        async with http.post(gw.public_url + CHAT, json=body, headers=FIRST_U0) as resp:
+            async for line in resp.content:
+                # Two tokens past the resumption: leave.
+                if line.startswith(b"data: {") and content([orjson.loads(line[6:])]) == "tok3 ":
+                    break
+        assert gw.units.units["u0"].token_ids is True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        assert gw.proxy is not None
+        while gw.units.total_inflight() or gw.proxy.live.count():
+            assert loop.time() < deadline, "the resumed stream was not released"
+            await asyncio.sleep(0.02)
+        assert metric(gw, "u0", "ok") == 1.0
+        while (await sim_stats(http, clean_sim, "u1"))["cancelled"] < 1:  # u1 saw it abort
+            assert loop.time() < deadline, "the continuation was not cancelled upstream"
+            await asyncio.sleep(0.02)
