@@ -20,6 +20,9 @@ class EventSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The events completed by `data`, each with its terminating blank line."""
+        one = not self._tail and data.endswith(b"\n\n") and data.count(b"\n\n") == 1
+        if one and b"\r" not in data:
+            return [data]  # the common read: exactly one whole event
         buf = self._tail + data if self._tail else data
         events: list[bytes] = []
         start = 0

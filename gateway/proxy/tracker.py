@@ -22,6 +22,13 @@ import orjson
 from gateway.proxy.sse import EventSplitter, data_of
 
 _TEMPLATE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
+_IDS = b',"token_ids":['
+_IDS_LEN = len(_IDS)
+_NULL_FINISH = b'"finish_reason":null'
+_NULL_FINISH_LEN = len(_NULL_FINISH)
+_ENDINGS = (b"}]}\n\n", b'}],"usage":null}\n\n')
+_TEXT = {True: b'"delta":{"content":"', False: b'"text":"'}
+_QUOTE = ord('"')
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -79,6 +86,10 @@ class StreamTracker:
     def _event(self, event: bytes) -> bytes:
         if self.done or self.error is not None:
             return b""  # nothing follows the end, or an error the gateway will handle
+        if self.capable and not self.continuing and event.startswith(b"data: {"):
+            fast = self._token_chunk(event)
+            if fast is not None:
+                return fast
         payload = data_of(event)
         if payload is None:
             return b"" if self.continuing else event  # comments / keep-alives
@@ -103,6 +114,33 @@ class StreamTracker:
             self.error = str(message or "the unit reported an error")
             return b""
         return self._continued(obj) if self.continuing else self._original(obj, event)
+
+    def _token_chunk(self, event: bytes) -> bytes | None:
+        """The common event, one token of the one choice, read and stripped without parsing
+        the JSON (a parse and a re-serialisation cost as much as relaying the event). It
+        knows exactly one shape, the builtin engine's and the simulated units': token_ids
+        right after a null finish_reason, closing the only choice. Anything else (a finish,
+        another server's key order) returns None and takes the parsing path."""
+        start = event.find(_IDS)
+        if start < 0 or event[start - _NULL_FINISH_LEN : start] != _NULL_FINISH:
+            return None
+        end = event.find(b"]", start + _IDS_LEN)
+        if end < 0 or event[end + 1 :] not in _ENDINGS:
+            return None
+        text_at = event.find(_TEXT[self.chat])
+        if text_at < 0:
+            return None
+        has_text = event[text_at + len(_TEXT[self.chat])] != _QUOTE
+        listed = event[start + _IDS_LEN : end]
+        if listed:
+            self.generated.extend(int(t) for t in listed.split(b","))
+        if has_text:
+            self.committed = len(self.generated)
+        if self.client_ids:
+            return event
+        if not has_text:
+            return b""  # a chunk that only carried token ids the client did not ask for
+        return event[:start] + event[end + 1 :]
 
     def _original(self, obj: dict[str, Any], event: bytes) -> bytes:
         if not self.template:

@@ -217,3 +217,27 @@ def test_the_continuation_request() -> None:
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
+
+
+@pytest.mark.parametrize("client_ids", [False, True])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_the_unparsed_fast_path_agrees_with_parsing(
+    monkeypatch: pytest.MonkeyPatch, client_ids: bool, include_usage: bool
+) -> None:
+    """Token chunks skip the JSON parser; the parser must reach the same bytes and state."""
+    extra = {"usage": None} if include_usage else {}
+    events = [role_chunk(True)]
+    for token, text in TOKENS:
+        events.append(chat_chunk(text, [token], **extra))
+    events += [chat_chunk(None, [], "stop", **extra), b"data: [DONE]\n\n"]
+    stream = b"".join(events)
+
+    def run() -> tuple[bytes, list[int], int]:
+        tracker = StreamTracker(chat=True, client_ids=client_ids, include_usage=include_usage)
+        out = b"".join(tracker.feed(stream[i : i + 50]) for i in range(0, len(stream), 50))
+        return out, tracker.generated, tracker.committed
+
+    fast = run()
+    calls: list[bytes] = []
+    monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, e: calls.append(e))
+    assert run() == fast and len(calls) == len(TOKENS) + 1  # every chunk but the role's
