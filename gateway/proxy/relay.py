@@ -48,7 +48,18 @@ class _Pump:
     With a tracker (a resumable stream) the bytes pass through it first: only whole events
     reach the client, and an error event from the unit breaks the stream like a reset."""
 
-    __slots__ = ("client", "conn", "done", "gone", "itl", "last", "loop", "paused", "tracker")
+    __slots__ = (
+        "client",
+        "conn",
+        "done",
+        "gone",
+        "itl",
+        "last",
+        "loop",
+        "mid_event",
+        "paused",
+        "tracker",
+    )
 
     def __init__(
         self,
@@ -64,6 +75,7 @@ class _Pump:
         self.loop = conn.loop
         self.last = self.loop.time()
         self.done = self.gone = self.paused = False
+        self.mid_event = False  # the last bytes written end inside an SSE event
 
     def push(self, pieces: list[bytes], complete: bool) -> None:
         if self.client.is_closing():
@@ -81,6 +93,7 @@ class _Pump:
                     return
             if data:
                 self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
+                self.mid_event = not data.endswith(b"\n\n")
                 now = self.loop.time()
                 self.itl.observe(now - self.last)
                 self.last = now
@@ -126,6 +139,9 @@ class StreamRelay:
         self.tracker = tracker
         self.response: web.StreamResponse | None = None
         self._writer: AbstractStreamWriter | None = None
+        # Whether the client's stream stops inside an SSE event (only a verbatim relay can
+        # leave it so): a gateway-made event must then first close it, or it is unreadable.
+        self._mid_event = False
 
     async def start(self, answer: Answer) -> bool:
         """Send the head (and the first bytes); False if the client is already gone."""
@@ -138,6 +154,7 @@ class StreamRelay:
             await out.write(first)  # sends the head together with the first bytes
         except ConnectionError:
             return False
+        self._mid_event = bool(first) and not first.endswith(b"\n\n")
         return True
 
     async def pump(self, answer: Answer, resumed: bool = False) -> str:
@@ -147,6 +164,7 @@ class StreamRelay:
         conn, writer = answer.connection, self._writer
         assert conn is not None and writer is not None and self.request.transport is not None
         pump = _Pump(conn, self.request.transport, self.itl, self.tracker)
+        pump.mid_event = self._mid_event
         conn.sink = pump.push
         pending = [answer.first] if resumed and answer.first else []
         if conn.body or conn.complete or pending:  # arrived while the head was being sent
@@ -176,6 +194,7 @@ class StreamRelay:
         finally:
             watchdog.cancel()
             conn.sink = None
+            self._mid_event = pump.mid_event
         if pump.gone:
             return "client_gone"
         if self.tracker is not None and not self.tracker.done:
@@ -203,6 +222,8 @@ class StreamRelay:
         """End the stream with an explicit SSE error event (and [DONE] after it)."""
         assert self.response is not None
         event = b"data: " + error_body(message, "upstream_error", code=kind) + b"\n\n"
+        if self._mid_event:
+            event = b"\n\n" + event
         try:
             await self.response.write(event + DONE)
             await self.response.write_eof()
