@@ -154,9 +154,15 @@ def _write_ready(path: Path, gateway: Gateway) -> None:
 
 
 def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
-    """A unit the probes declared unhealthy breaks its streams now, so they are resumed
-    elsewhere instead of idling until the idle timeout (drains and disables let them finish)."""
+    """A unit the probes declared unhealthy hands over its stalled streams for resumption now
+    instead of at the idle timeout (drains and disables let streams finish)."""
     if change.bit == "healthy" and not change.value:
-        broken = proxy.live.eject(change.unit.id, change.reason or "unhealthy")
-        if broken:
-            log.warning("unit %s ejected: broke %d streams for resumption", change.unit.id, broken)
+        quiet = proxy.config.resume.ejected_idle
+        count = proxy.live.eject(change.unit.id, change.reason or "unhealthy", quiet)
+        if count:
+            log.warning(
+                "unit %s ejected: its %d streams break for resumption after %g s without data",
+                change.unit.id,
+                count,
+                quiet,
+            )

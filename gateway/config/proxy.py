@@ -125,9 +125,14 @@ class ResumeConfig:
     enabled: bool = True
     # Continuations per stream; each is also paid from the retry budget.
     max_resumes: int = 2
+    # Once its probes eject a unit, a stream on it that has been this many seconds without
+    # data is resumed elsewhere at once (instead of at [timeouts].idle); one still receiving
+    # tokens runs on.
+    ejected_idle: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self.max_resumes >= 0, "max_resumes", self.max_resumes, "must be >= 0")
+        _positive("ejected_idle", self.ejected_idle)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,43 +1,44 @@
-"""The upstream connections of streams in flight, per unit, so a unit's ejection reaches them.
+"""The streams in flight per unit, so that a unit's ejection reaches them.
 
-When the prober declares a unit unhealthy, its streams would otherwise run on until the idle
-timeout (a follower frozen mid-step leaves the leader silent, not disconnected). Breaking
-them at once hands them to resumption, which continues them on a healthy unit.
+When the prober declares a unit unhealthy its streams would otherwise run on until the idle
+timeout (a follower frozen mid-step leaves the leader silent, not disconnected). An ejection
+tightens the idle limit of each resumable stream on the unit: a stream already quiet that long
+breaks at once and is resumed elsewhere; one still receiving tokens goes on (a probe can fail
+on a loaded but working unit), and breaks only if it then stalls.
 """
 
 from __future__ import annotations
 
-from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
+from typing import Protocol
 
 
-class UnitEjected(ConnectionBroken):
-    """The health checks took the unit out while this stream was running on it."""
+class Ejectable(Protocol):
+    def on_unit_ejected(self, quiet: float, reason: str) -> None: ...
 
 
 class LiveStreams:
     def __init__(self) -> None:
-        self._by_unit: dict[str, set[UpstreamConnection]] = {}
+        self._by_unit: dict[str, set[Ejectable]] = {}
 
-    def add(self, unit_id: str, conn: UpstreamConnection) -> None:
-        self._by_unit.setdefault(unit_id, set()).add(conn)
+    def add(self, unit_id: str, stream: Ejectable) -> None:
+        self._by_unit.setdefault(unit_id, set()).add(stream)
 
-    def discard(self, unit_id: str, conn: UpstreamConnection) -> None:
-        conns = self._by_unit.get(unit_id)
-        if conns is not None:
-            conns.discard(conn)
-            if not conns:
+    def discard(self, unit_id: str, stream: Ejectable) -> None:
+        streams = self._by_unit.get(unit_id)
+        if streams is not None:
+            streams.discard(stream)
+            if not streams:
                 del self._by_unit[unit_id]
 
     def count(self, unit_id: str | None = None) -> int:
         """Streams in flight on `unit_id`, or on every unit."""
         if unit_id is None:
-            return sum(len(conns) for conns in self._by_unit.values())
+            return sum(len(streams) for streams in self._by_unit.values())
         return len(self._by_unit.get(unit_id, ()))
 
-    def eject(self, unit_id: str, reason: str) -> int:
-        """Break every stream on the unit; returns how many."""
-        conns = self._by_unit.pop(unit_id, set())
-        for conn in conns:
-            conn.fail(UnitEjected(f"unit {unit_id} ejected: {reason}"))
-            conn.abort()
-        return len(conns)
+    def eject(self, unit_id: str, reason: str, quiet: float) -> int:
+        """Tighten every stream on the unit to `quiet` seconds of silence; returns how many."""
+        streams = list(self._by_unit.get(unit_id, ()))
+        for stream in streams:
+            stream.on_unit_ejected(quiet, reason)
+        return len(streams)

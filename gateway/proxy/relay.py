@@ -1,13 +1,12 @@
 """Relaying a streamed answer from a unit's connection to the client.
 
 The unit's body bytes go from the upstream connection's read callback straight to the
-client's transport (re-framed as HTTP chunks, SSE bytes unchanged): no parsing of events, no
-task wake-up per token. The request task sleeps until the answer ends, the client's send
-buffer fills (then it waits for the client to drain while upstream reading is paused), or
-something fails.
-
-Once the first byte has reached the client a failure can no longer be retried; the client
-then gets an explicit SSE `error` event instead of a silent truncation.
+client's transport (re-framed as HTTP chunks): no task wake-up per token. A plain stream's SSE
+bytes pass unchanged; a resumable one's pass through its StreamTracker first, which forwards
+whole events only. The request task sleeps until the answer ends, the client's send buffer
+fills (then it waits for the client to drain while upstream reading is paused), or something
+fails; the caller (stream.py) then continues the stream on another unit or ends it with an
+explicit SSE `error` event, never a silent truncation.
 """
 
 from __future__ import annotations
@@ -114,6 +113,10 @@ class UnitReportedError(ConnectionBroken):
     """The unit ended the stream with an error event instead of the rest of the answer."""
 
 
+class UnitEjected(ConnectionBroken):
+    """The health checks took the unit out, and then its stream went quiet."""
+
+
 class StreamRelay:
     """One client stream, fed by one upstream answer or, after resumptions, by several.
 
@@ -142,6 +145,7 @@ class StreamRelay:
         # Whether the client's stream stops inside an SSE event (only a verbatim relay can
         # leave it so): a gateway-made event must then first close it, or it is unreadable.
         self._mid_event = False
+        self._watchdog: _IdleWatchdog | None = None  # the answer being relayed's
 
     async def start(self, answer: Answer) -> bool:
         """Send the head (and the first bytes); False if the client is already gone."""
@@ -170,7 +174,7 @@ class StreamRelay:
         if conn.body or conn.complete or pending:  # arrived while the head was being sent
             pieces, conn.body = pending + conn.body, []
             pump.push(pieces, conn.complete)
-        watchdog = _IdleWatchdog(conn, pump, self.idle)
+        self._watchdog = watchdog = _IdleWatchdog(conn, pump, self.idle)
         try:
             async with asyncio.timeout_at(self.deadline):
                 while True:
@@ -183,6 +187,8 @@ class StreamRelay:
                     conn.transport.resume_reading()
         except UnitReportedError:
             return "unit_error"
+        except UnitEjected:
+            return "unit_ejected"
         except ConnectionBroken:
             return "reset"
         except IdleTimeout:
@@ -193,6 +199,7 @@ class StreamRelay:
             return "total_timeout"
         finally:
             watchdog.cancel()
+            self._watchdog = None
             conn.sink = None
             self._mid_event = pump.mid_event
         if pump.gone:
@@ -200,6 +207,11 @@ class StreamRelay:
         if self.tracker is not None and not self.tracker.done:
             return "truncated"  # a clean end of the body without [DONE]
         return "complete"
+
+    def on_unit_ejected(self, quiet: float, reason: str) -> None:
+        """The serving unit was ejected: break once the stream has been quiet for `quiet`."""
+        if self._watchdog is not None:
+            self._watchdog.tighten(quiet, reason)
 
     async def write(self, data: bytes) -> bool:
         """Send gateway-made bytes (a closing the tracker built); False if the client left."""
@@ -238,6 +250,7 @@ FAILURE_MESSAGES = {
     "total_timeout": "the answer exceeded the total time limit",
     "truncated": "the unit ended the stream before the answer was complete",
     "unit_error": "the unit failed mid-stream",
+    "unit_ejected": "the unit was ejected by its health checks mid-stream",
 }
 
 
@@ -246,7 +259,13 @@ class _IdleWatchdog:
 
     def __init__(self, conn: UpstreamConnection, pump: _Pump, idle: float) -> None:
         self.conn, self.pump, self.idle = conn, pump, idle
+        self.ejected: str | None = None  # why the unit was ejected, once it was
         self.handle = conn.loop.call_at(conn.loop.time() + idle, self._check)
+
+    def tighten(self, idle: float, reason: str) -> None:
+        self.idle, self.ejected = min(self.idle, idle), reason
+        self.handle.cancel()
+        self._check()
 
     def _check(self) -> None:
         loop = self.conn.loop
@@ -256,7 +275,10 @@ class _IdleWatchdog:
                 max(quiet_since + self.idle, loop.time() + 0.01), self._check
             )
             return
-        self.conn.fail(IdleTimeout(f"the unit sent nothing for {self.idle:g} s"))
+        if self.ejected is not None:
+            self.conn.fail(UnitEjected(f"unit ejected ({self.ejected}), then quiet"))
+        else:
+            self.conn.fail(IdleTimeout(f"the unit sent nothing for {self.idle:g} s"))
 
     def cancel(self) -> None:
         self.handle.cancel()

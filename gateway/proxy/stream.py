@@ -88,7 +88,8 @@ class StreamSession:
         outcome to the breaker and the metrics; returns how it ended."""
         proxy, conn = self.proxy, answer.connection
         assert conn is not None
-        proxy.live.add(unit.id, conn)
+        if self.tracker is not None:  # only a resumable stream gains from an early break
+            proxy.live.add(unit.id, relay)
         try:
             kind = "client_gone"
             if not first or await relay.start(answer):
@@ -97,7 +98,7 @@ class StreamSession:
             proxy.metrics.cancellations.labels(unit.id).inc()
             raise
         finally:
-            proxy.live.discard(unit.id, conn)
+            proxy.live.discard(unit.id, relay)
             proxy.upstream.finish(answer)  # closes the connection unless the answer ended cleanly
         self._outcome(unit, kind)
         return kind

@@ -12,7 +12,7 @@ import aiohttp
 
 from loadtest.bench.params import CONCURRENCIES, ITLS_MS, MODEL, MODES, TOKENS
 from loadtest.bench.processes import CLK_TCK, Cluster, cpu_ticks
-from loadtest.gen.client import RequestRecord
+from loadtest.gen.client import RequestRecord, open_session
 from loadtest.gen.shapes import RunConfig, Runner
 from loadtest.gen.stats import Slo, aggregate
 from loadtest.gen.workload import Workload, WorkloadConfig
@@ -56,8 +56,11 @@ class Loop:
     unsent: int
 
 
-async def _worker(base: str, count: int, delay: float, seed: int) -> list[RequestRecord]:
-    """One loadtest.gen closed loop of concurrency 1, started `delay` seconds late."""
+async def _worker(
+    session: aiohttp.ClientSession, base: str, count: int, delay: float, seed: int
+) -> list[RequestRecord]:
+    """One loadtest.gen closed loop of concurrency 1, started `delay` seconds late, on the
+    mode's shared session: the warm-up's connections serve the measured run."""
     await asyncio.sleep(delay)
     config = RunConfig(
         url=base,
@@ -68,11 +71,17 @@ async def _worker(base: str, count: int, delay: float, seed: int) -> list[Reques
         seed=seed,
     )
     workload = Workload(WorkloadConfig(MODEL, max_tokens=TOKENS, seed=seed))
-    state = await Runner(config, workload).run()
+    state = await Runner(config, workload, session).run()
     return state.records
 
 
-async def _closed_loop(bases: Sequence[str], count: int, concurrency: int, spread: float) -> Loop:
+async def _closed_loop(
+    session: aiohttp.ClientSession,
+    bases: Sequence[str],
+    count: int,
+    concurrency: int,
+    spread: float,
+) -> Loop:
     """`concurrency` loadtest.gen workers, started `spread` seconds apart in total: streams of
     equal length started together stay in lockstep, and every TTFT would then measure a burst
     of `concurrency` arrivals. loadtest.gen starts its workers together, hence one Runner per
@@ -83,7 +92,9 @@ async def _closed_loop(bases: Sequence[str], count: int, concurrency: int, sprea
     t0 = time.perf_counter()
     per_worker = await asyncio.gather(
         *(
-            _worker(bases[i % len(bases)], share + (i < extra), spread * i / concurrency, i)
+            _worker(
+                session, bases[i % len(bases)], share + (i < extra), spread * i / concurrency, i
+            )
             for i in range(concurrency)
             if share + (i < extra)
         )
@@ -107,10 +118,11 @@ async def _measure(
     spread = 0.0 if lockstep else TOKENS * itl / 1e3
     relay = cluster.relays.get(mode)
     bases = cluster.leaders if relay is None else (relay.url,)
-    warm = await _closed_loop(bases, 2 * conc, conc, spread)
-    cpu0 = cpu_ticks(relay.pid) if relay else 0
-    loop = await _closed_loop(bases, n, conc, spread)
-    cpu = cpu_ticks(relay.pid) - cpu0 if relay else None
+    async with open_session(conc) as session:
+        warm = await _closed_loop(session, bases, 2 * conc, conc, spread)
+        cpu0 = cpu_ticks(relay.pid) if relay else 0
+        loop = await _closed_loop(session, bases, n, conc, spread)
+        cpu = cpu_ticks(relay.pid) - cpu0 if relay else None
     errors = _errors(loop)
     for kind, count in _errors(warm).items():
         errors[f"warmup_{kind}"] = count

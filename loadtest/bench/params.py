@@ -7,4 +7,5 @@ TOKENS = 64
 CONCURRENCIES = (32, 128)
 ITLS_MS = (0.0, 20.0)
 # Within one (ITL, concurrency) row, in this order: the reference first, the gateway last.
-MODES = ("direct", "floor", "gateway")
+# "gateway-plain" is the gateway with [resume] off: the relay without per-event tracking.
+MODES = ("direct", "floor", "gateway-plain", "gateway")

@@ -38,6 +38,8 @@ unit_max_inflight = 4096
 max_connections = 0
 [admin]
 enabled = false
+[resume]
+enabled = {resume}
 """
 
 
@@ -121,28 +123,35 @@ def _child(argv: list[str], ready: Path, cpu: int | None, what: str) -> Iterator
         _stop(proc)
 
 
-def _gateway_config(sim: dict[str, Any]) -> str:
+def _gateway_config(sim: dict[str, Any], resume: bool) -> str:
     units = "".join(
         f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\n' for u in sim["units"]
     )
-    return GATEWAY_TOML.format(model=MODEL) + units
+    return GATEWAY_TOML.format(model=MODEL, resume=str(resume).lower()) + units
 
 
 @contextlib.contextmanager
 def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
-    """Both relays run for the whole benchmark and idle while the other is measured."""
-    toml = tmp / "gw.toml"
+    """The relays run for the whole benchmark and idle while another is measured."""
+    toml, plain_toml = tmp / "gw.toml", tmp / "gw-plain.toml"
     sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
     sim_argv += ["--itl-ms", "0", "--tokens", str(TOKENS), "--ready-file", str(tmp / "sim.json")]
-    gw_argv = ["gateway", "gateway", "--config", str(toml), "--log-level", "warning"]
-    gw_argv += ["--ready-file", str(tmp / "gw.json")]
     floor_argv = ["loadtest.floor_relay", "--config", str(toml)]
     floor_argv += ["--ready-file", str(tmp / "floor.json")]
     relay_cpu = None if pins is None else pins.relay
     with _child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
-        toml.write_text(_gateway_config(sim))
+        toml.write_text(_gateway_config(sim, resume=True))
+        plain_toml.write_text(_gateway_config(sim, resume=False))
         with (
-            _child(gw_argv, tmp / "gw.json", relay_cpu, "gateway") as gw,
+            _child(
+                _gateway_argv(toml, tmp / "gw.json"), tmp / "gw.json", relay_cpu, "gateway"
+            ) as gw,
+            _child(
+                _gateway_argv(plain_toml, tmp / "plain.json"),
+                tmp / "plain.json",
+                relay_cpu,
+                "gateway (resume off)",
+            ) as plain,
             _child(floor_argv, tmp / "floor.json", relay_cpu, "floor relay") as floor,
         ):
             units = sim["units"]
@@ -152,6 +161,12 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
                 leaders=tuple(u["leader"] for u in units),
                 relays={
                     "floor": Relay(floor["public"], int(floor["pid"])),
+                    "gateway-plain": Relay(plain["public"], int(plain["pid"])),
                     "gateway": Relay(gw["public"], int(gw["pid"])),
                 },
             )
+
+
+def _gateway_argv(toml: Path, ready: Path) -> list[str]:
+    argv = ["gateway", "gateway", "--config", str(toml), "--log-level", "warning"]
+    return [*argv, "--ready-file", str(ready)]

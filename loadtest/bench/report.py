@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from loadtest.bench.load import Run
-from loadtest.bench.params import CONCURRENCIES, ITLS_MS
+from loadtest.bench.params import CONCURRENCIES, ITLS_MS, MODES
 from loadtest.bench.processes import CLK_TCK, Cluster, Pins
 from loadtest.gen.stats import percentile
 
@@ -23,7 +23,8 @@ TARGET_ADDED_TTFT_P50_MS = 1.0
 COLUMNS = (
     "ITL ms", "c", "direct/s", "floor/s", "gw/s", "gw/direct", "floor CPU us/req",
     "gw CPU us/req (target)", "gw/floor CPU", "TTFT direct p50/p99", "TTFT gw p50/p99",
-    "added TTFT p50/p99 (target p50)", "floor added TTFT p50/p99", "fail",
+    "added TTFT p50/p99 (target p50)", "floor added TTFT p50/p99", "resume off CPU us/req",
+    "resume cost", "fail",
 )  # fmt: skip
 
 
@@ -36,7 +37,7 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
-def _compare(direct: Run, floor: Run, gw: Run) -> dict[str, float]:
+def _compare(direct: Run, floor: Run, plain: Run, gw: Run) -> dict[str, float]:
     """Added TTFT is a difference of percentiles: requests of two modes are not paired."""
     row: dict[str, float] = {"itl_ms": gw.itl_ms, "concurrency": gw.concurrency}
     row |= {"direct_rps": direct.rps, "floor_rps": floor.rps, "gateway_rps": gw.rps}
@@ -49,7 +50,10 @@ def _compare(direct: Run, floor: Run, gw: Run) -> dict[str, float]:
         row |= {f"ttft_direct_{name}_ms": d, f"ttft_floor_{name}_ms": f}
         row[f"ttft_gateway_{name}_ms"] = g
         row |= {f"added_ttft_{name}_ms": g - d, f"floor_added_ttft_{name}_ms": f - d}
-    row["failures"] = direct.failures + floor.failures + gw.failures
+    plain_cpu = plain.relay_cpu_us_per_request
+    row["gateway_plain_cpu_us_per_request"] = plain_cpu
+    row["resume_cpu_ratio"] = _ratio(gw_cpu, plain_cpu)  # what tracking for resumption costs
+    row["failures"] = direct.failures + floor.failures + plain.failures + gw.failures
     return row
 
 
@@ -57,9 +61,7 @@ def rows(runs: Sequence[Run]) -> list[dict[str, float]]:
     """One row per (ITL, concurrency), whatever order the runs came in."""
     by = {(r.itl_ms, r.concurrency, r.mode): r for r in runs}
     return [
-        _compare(by[itl, c, "direct"], by[itl, c, "floor"], by[itl, c, "gateway"])
-        for itl in ITLS_MS
-        for c in CONCURRENCIES
+        _compare(*(by[itl, c, mode] for mode in MODES)) for itl in ITLS_MS for c in CONCURRENCIES
     ]
 
 
@@ -81,7 +83,8 @@ def _cells(r: dict[str, float]) -> list[str]:
         f"{r['gateway_floor_cpu_ratio']:.2f}",
         _pair(r, "ttft_direct"), _pair(r, "ttft_gateway"),
         f"{_pair(r, 'added_ttft')} {_verdict(added, TARGET_ADDED_TTFT_P50_MS)}",
-        _pair(r, "floor_added_ttft"), f"{r['failures']:g}",
+        _pair(r, "floor_added_ttft"), f"{r['gateway_plain_cpu_us_per_request']:.0f}",
+        f"{r['resume_cpu_ratio']:.2f}", f"{r['failures']:g}",
     ]  # fmt: skip
 
 

@@ -192,3 +192,28 @@ async def test_a_client_leaving_a_resumed_stream_frees_everything(
         while (await sim_stats(http, clean_sim, "u1"))["cancelled"] < 1:  # u1 saw it abort
             assert loop.time() < deadline, "the continuation was not cancelled upstream"
             await asyncio.sleep(0.02)
+
+
+async def test_an_ejected_unit_still_sending_tokens_keeps_its_stream(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    """A probe can fail on a loaded but working unit: its live streams are not cut."""
+    config = gateway_config(
+        clean_sim.units[:2], health={"enabled": True}, routing={"affinity": "session"}
+    )
+    async with running(config) as gw:
+        clean_sim.post("/units/u0/settings", {"itl_ms": 25})
+        async with http.post(
+            gw.public_url + CHAT, json=chat_body(max_tokens=80), headers=FIRST_U0
+        ) as resp:
+            events: list[Any] = []
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].strip()
+                events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+                if content(events) == expected_text(2):
+                    clean_sim.post("/units/u0/nodes/1/health", {"mode": "unhealthy"})
+        assert not gw.units.units["u0"].healthy  # it was ejected while the stream ran
+        assert metric(gw, "u0", "ok") == 0.0
+    assert content(events) == expected_text(80) and events[-1] == "[DONE]"
