@@ -221,23 +221,30 @@ def test_the_continuation_request() -> None:
 
 @pytest.mark.parametrize("client_ids", [False, True])
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_the_unparsed_fast_path_agrees_with_parsing(
-    monkeypatch: pytest.MonkeyPatch, client_ids: bool, include_usage: bool
+@pytest.mark.parametrize("reads", ["50 bytes", "one event", "three events"])
+def test_the_unparsed_fast_paths_agree_with_parsing(
+    monkeypatch: pytest.MonkeyPatch, client_ids: bool, include_usage: bool, reads: str
 ) -> None:
-    """Token chunks skip the JSON parser; the parser must reach the same bytes and state."""
+    """Token chunks skip the JSON parser, one at a time or a read at a time; the parser
+    must reach the same bytes and state, however the stream is cut into reads."""
     extra = {"usage": None} if include_usage else {}
     events = [role_chunk(True)]
-    for token, text in TOKENS:
+    for token, text in [*TOKENS, (15, "x"), (16, "y"), (17, "z")]:
         events.append(chat_chunk(text, [token], **extra))
     events += [chat_chunk(None, [], "stop", **extra), b"data: [DONE]\n\n"]
     stream = b"".join(events)
+    if reads == "50 bytes":
+        pieces = [stream[i : i + 50] for i in range(0, len(stream), 50)]
+    else:
+        size = 1 if reads == "one event" else 3
+        pieces = [b"".join(events[i : i + size]) for i in range(0, len(events), size)]
 
     def run() -> tuple[bytes, list[int], int]:
         tracker = StreamTracker(chat=True, client_ids=client_ids, include_usage=include_usage)
-        out = b"".join(tracker.feed(stream[i : i + 50]) for i in range(0, len(stream), 50))
+        out = b"".join(tracker.feed(piece) for piece in pieces)
         return out, tracker.generated, tracker.committed
 
     fast = run()
-    calls: list[bytes] = []
-    monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, e: calls.append(e))
-    assert run() == fast and len(calls) == len(TOKENS) + 1  # every chunk but the role's
+    monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, event: None)
+    monkeypatch.setattr(StreamTracker, "_token_run", lambda self, data: None)
+    assert run() == fast
