@@ -9,6 +9,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from gateway.server import Gateway, running
 from tests.integration.test_relay_edges import raw_unit
@@ -217,3 +221,24 @@ async def test_an_ejected_unit_still_sending_tokens_keeps_its_stream(
         assert not gw.units.units["u0"].healthy  # it was ejected while the stream ran
         assert metric(gw, "u0", "ok") == 0.0
     assert content(events) == expected_text(80) and events[-1] == "[DONE]"
+
+
+async def test_a_resumption_is_traced_and_logged(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    config = gateway_config(clean_sim.units[:2], routing={"affinity": "session"})
+    async with running(config, provider) as gw:
+        clean_sim.fault("u0", "drop", after_tokens=3)
+        got = await chat(http, gw, FIRST_U0, max_tokens=6)
+        logged = [e.to_json() for e in gw.events.recent(unit="u0")]
+    assert content(got) == expected_text(6)
+    spans = exporter.get_finished_spans()
+    request = next(s for s in spans if s.kind == SpanKind.SERVER)
+    attempts = [s for s in spans if s.kind == SpanKind.CLIENT]
+    assert sorted(a.attributes["unitgate.unit"] for a in attempts) == ["u0", "u1"]  # type: ignore[index]
+    resumes = [e for e in request.events if e.name == "resume"]
+    assert [dict(e.attributes or {}) for e in resumes] == [{"unitgate.unit": "u0", "outcome": "ok"}]
+    assert any(e["what"] == "resume_ok" and "continued on u1" in e["reason"] for e in logged)
