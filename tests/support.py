@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from gateway.config import Config, config_from_dict
 from gateway.routing.affinity import affinity_key, hash_key, rank
@@ -127,6 +129,21 @@ def chat_body(stream: bool = True, **extra: Any) -> dict[str, Any]:
         "stream": stream,
         **extra,
     }
+
+
+async def sse_events(
+    resp: aiohttp.ClientResponse, after_each: Callable[[list[Any]], None] | None = None
+) -> list[Any]:
+    """Every SSE data payload of a streamed answer, parsed, "[DONE]" kept as that string.
+    `after_each` sees the list after every event (to inject a fault at a chosen point)."""
+    events: list[Any] = []
+    async for line in resp.content:
+        if line.startswith(b"data: "):
+            payload = line[6:].strip()
+            events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+            if after_each is not None:
+                after_each(events)
+    return events
 
 
 async def sim_stats(http: aiohttp.ClientSession, sim: Any, unit_id: str) -> dict[str, Any]:

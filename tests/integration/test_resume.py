@@ -5,6 +5,7 @@ an answer is correct when it is exactly tok0 .. tok{n-1}, once each."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -23,6 +24,7 @@ from tests.support import (
     session_ranking_first,
     sim_stats,
     sim_total,
+    sse_events,
 )
 
 CHAT = "/v1/chat/completions"
@@ -34,15 +36,6 @@ def expected_text(n: int) -> str:
     return "".join(f"tok{i} " for i in range(n))
 
 
-async def read_stream(resp: aiohttp.ClientResponse) -> list[Any]:
-    events: list[Any] = []
-    async for line in resp.content:
-        if line.startswith(b"data: "):
-            payload = line[6:].strip()
-            events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
-    return events
-
-
 def content(events: list[Any]) -> str:
     return "".join(
         ch["delta"].get("content") or ""
@@ -50,6 +43,16 @@ def content(events: list[Any]) -> str:
         if isinstance(e, dict)
         for ch in e.get("choices", [])
     )
+
+
+def fail_u0_probes_at(sim: SimProcess, tokens: int) -> Callable[[list[Any]], None]:
+    """An `sse_events` hook: once the client has `tokens` tokens, u0's follower fails its probes."""
+
+    def hook(events: list[Any]) -> None:
+        if content(events) == expected_text(tokens):
+            sim.post("/units/u0/nodes/1/health", {"mode": "unhealthy"})
+
+    return hook
 
 
 def metric(gw: Gateway, unit: str, outcome: str) -> float:
@@ -65,7 +68,7 @@ async def chat(
 ) -> list[Any]:
     async with http.post(gw.public_url + CHAT, json=chat_body(**extra), headers=headers) as resp:
         assert resp.status == 200
-        return await read_stream(resp)
+        return await sse_events(resp)
 
 
 async def test_resumed_answer_is_the_uninterrupted_one(
@@ -137,14 +140,8 @@ async def test_a_unit_ejected_by_its_probes_hands_its_streams_over_at_once(
             gw.public_url + CHAT, json=chat_body(max_tokens=12), headers=FIRST_U0
         ) as resp:
             assert resp.headers["x-unitgate-unit"] == "u0"
-            events: list[Any] = []
-            async for line in resp.content:
-                if not line.startswith(b"data: "):
-                    continue
-                payload = line[6:].strip()
-                events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
-                if content(events) == expected_text(3):  # u0 is stalled now: fail its probes
-                    clean_sim.post("/units/u0/nodes/1/health", {"mode": "unhealthy"})
+            # Once u0 has sent its 3 tokens it is stalled: fail its probes.
+            events = await sse_events(resp, fail_u0_probes_at(clean_sim, 3))
         elapsed = loop.time() - started
         assert metric(gw, "u0", "ok") == 1.0
     assert content(events) == expected_text(12) and events[-1] == "[DONE]"
@@ -210,14 +207,7 @@ async def test_an_ejected_unit_still_sending_tokens_keeps_its_stream(
         async with http.post(
             gw.public_url + CHAT, json=chat_body(max_tokens=80), headers=FIRST_U0
         ) as resp:
-            events: list[Any] = []
-            async for line in resp.content:
-                if not line.startswith(b"data: "):
-                    continue
-                payload = line[6:].strip()
-                events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
-                if content(events) == expected_text(2):
-                    clean_sim.post("/units/u0/nodes/1/health", {"mode": "unhealthy"})
+            events = await sse_events(resp, fail_u0_probes_at(clean_sim, 2))
         assert not gw.units.units["u0"].healthy  # it was ejected while the stream ran
         assert metric(gw, "u0", "ok") == 0.0
     assert content(events) == expected_text(80) and events[-1] == "[DONE]"

@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from gateway.server import Gateway, running
 from tests.engine.test_runtime_support import free_port
 from tests.engine.test_up_support import MODEL, Proc, unitgate
-from tests.support import gateway_config
+from tests.support import gateway_config, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +51,6 @@ def config(units: dict[str, tuple[Proc, str]]) -> Any:
     return gateway_config(specs, retry={"budget_min_per_second": 10.0})
 
 
-async def events(resp: aiohttp.ClientResponse) -> list[Any]:
-    out: list[Any] = []
-    async for line in resp.content:
-        if line.startswith(b"data: "):
-            payload = line[6:].strip()
-            out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
-    return out
-
-
 def text_of(chunks: list[Any], chat: bool) -> str:
     parts = []
     for chunk in chunks:
@@ -73,21 +63,18 @@ async def killed_mid_stream(
     gw: Gateway, units: dict[str, tuple[Proc, str]], path: str, body: dict[str, Any]
 ) -> tuple[str, list[Any]]:
     """Stream `body`; after KILL_AFTER chunks SIGKILL the unit serving it; read to the end."""
-    chunks: list[Any] = []
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
         http.post(gw.public_url + path, json=body) as resp,
     ):
         assert resp.status == 200
         victim = resp.headers["x-unitgate-unit"]
-        async for line in resp.content:
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            chunks.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+
+        def kill_at(chunks: list[Any]) -> None:
             if len(chunks) == KILL_AFTER:
                 units[victim][0].stop(signal.SIGKILL)
-    return victim, chunks
+
+        return victim, await sse_events(resp, kill_at)
 
 
 async def reference(gw: Gateway, path: str, body: dict[str, Any]) -> list[Any]:
@@ -96,7 +83,7 @@ async def reference(gw: Gateway, path: str, body: dict[str, Any]) -> list[Any]:
         http.post(gw.public_url + path, json=body) as resp,
     ):
         assert resp.status == 200
-        return await events(resp)
+        return await sse_events(resp)
 
 
 async def test_a_chat_stream_survives_its_leader_being_killed(
