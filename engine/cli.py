@@ -1,4 +1,4 @@
-"""`unitgate node`: one node of a builtin-engine unit, as its own process.
+"""`unitgate node`: one node of a unit, as its own process (`--backend builtin` or `vllm`).
 
 The leader is rank 0 plus the OpenAI server, which also answers /health: the gateway then
 probes the leader on the very URL it sends traffic to. A follower mirrors the leader's steps
@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from engine.api import Engine, GenerationRequest, TokenEvent
+from engine.backends.vllm import VllmMissing
+from engine.backends.vllm.args import add_flags as add_vllm_flags
 from engine.model.tokenizer import Tokenizer
 from engine.runtime import node
 
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="leader: the model id clients send (default: the model's own name)",
     )
+    add_vllm_flags(p)
     return p
 
 
@@ -101,14 +104,15 @@ def run_leader(args: argparse.Namespace) -> int:
     if args.served_model_name:
         served = ServedAs(engine, args.served_model_name)
     try:
-        uvloop.run(_serve_until_signal(served, args.host, args.port))
+        uvloop.run(serve_until_signal(served, args.host, args.port))
     finally:
         engine.shutdown(timeout=10.0)
     log.info("leader of unit %s stopped", args.unit)
     return 0
 
 
-async def _serve_until_signal(engine: Engine, host: str, port: int) -> None:
+async def serve_until_signal(engine: Engine, host: str, port: int) -> None:
+    """The leader server of either backend, until SIGTERM/SIGINT."""
     from engine.server import serve
 
     loop = asyncio.get_running_loop()
@@ -138,10 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        if args.backend == "vllm":
+            from engine.backends.vllm.node import run_node
+
+            return run_node(args)
         if args.role == "follower":
             return node.run_follower_node(args)
         return run_leader(args)
-    except ValueError as exc:
+    except (ValueError, VllmMissing) as exc:
         print(f"unitgate node: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # e.g. the API port is taken

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--log-dir", type=Path, help="node logs (default: a new temp directory)")
     sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
-    sub.add_parser("node", help="one node of a builtin-engine unit (see `unitgate node -h`)")
+    sub.add_parser("node", help="one node of a unit, builtin or vLLM (see `unitgate node -h`)")
     sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
     sub.add_parser(
         "loadtest", help="drive an OpenAI endpoint and report (see `unitgate loadtest -h`)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import os
 import secrets
@@ -19,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.backends.vllm import VllmMissing, require_vllm
+from engine.backends.vllm.args import check_known, known_engine_args
 from engine.up.backoff import Backoff
 from engine.up.plan import EngineOptions, Plan, PlanError, plan_units
 from engine.up.processes import Launcher, node_env
@@ -42,11 +45,17 @@ def run_up(config: Config, log_dir: Path | None = None) -> int:
         return 2
     try:
         plan = _local_plan(config)
-    except PlanError as exc:
+        _check_vllm_units(plan)
+    except (PlanError, VllmMissing) as exc:
         print(f"unitgate up: {exc}", file=sys.stderr)
         return 2
     generated = _ensure_admin_token(config)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="unitgate-up-"))
+    try:
+        logs.mkdir(parents=True, exist_ok=True)  # --log-dir may name a folder to create
+    except OSError as exc:
+        print(f"unitgate up: --log-dir {logs}: {exc.strerror}", file=sys.stderr)
+        return 2
     launcher = Launcher(EngineOptions(), logs, node_env(os.environ, [config.admin.token_env]))
     return _run_loop(config, plan, launcher, generated)
 
@@ -58,6 +67,21 @@ def _local_plan(config: Config) -> Plan:
     for unit in plan.skipped:
         log.info("unit %s: not on loopback, not started here (the gateway still routes)", unit)
     return plan
+
+
+def _check_vllm_units(plan: Plan) -> None:
+    """A vLLM unit that cannot start should fail here, once, with the unit's name, not in a
+    restart loop with the reason buried in a node log."""
+    units = [u for u in plan.units if u.leader.backend == "vllm"]
+    if not units:
+        return
+    require_vllm()
+    known = known_engine_args()
+    for unit in units:
+        try:
+            check_known(json.loads(unit.leader.engine_args), known, "engine_args")
+        except ValueError as exc:
+            raise PlanError(f"unit {unit.unit}: {exc}") from None
 
 
 def _ensure_admin_token(config: Config) -> str | None:

@@ -7,9 +7,11 @@ processes. The master (rendezvous) port is not in the plan: a unit gets a fresh 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from engine.backends.vllm.args import check_keys
 from gateway.config import Config, UnitConfig
 from gateway.net import is_loopback
 
@@ -38,6 +40,9 @@ class NodeSpec:
     host: str
     port: int  # leader: the OpenAI API (and /health); follower: /health
     served_model: str
+    backend: str = "builtin"
+    model: str = ""  # "" = EngineOptions.model
+    engine_args: str = "{}"  # vllm: the unit's engine_args as JSON
 
     @property
     def role(self) -> str:
@@ -50,13 +55,15 @@ class NodeSpec:
             *("node", "--role", self.role, "--unit", self.unit, "--rank", str(self.rank)),
             *("--world-size", str(self.world_size), "--master", master),
             *(where[0], self.host, where[1], str(self.port)),
-            *("--model", options.model, "--seed", str(options.seed)),
+            *("--model", self.model or options.model, "--seed", str(options.seed)),
             *("--threads", str(options.threads), "--num-slots", str(options.num_slots)),
             *("--collective-timeout", str(options.collective_timeout)),
             *("--connect-timeout", str(options.connect_timeout)),
         ]
         if self.rank == 0:
             args += ["--served-model-name", self.served_model]
+        if self.backend != "builtin":
+            args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
 
 
@@ -100,11 +107,31 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             f"the API and its /health), got {unit.nodes[0]!r}"
         )
     world = len(unit.nodes)
+    engine_args = _engine_args(unit)
     specs = tuple(
-        NodeSpec(unit.id, rank, world, _host(unit, url), _port(unit, url), served_model)
+        NodeSpec(
+            unit.id,
+            rank,
+            world,
+            _host(unit, url),
+            _port(unit, url),
+            served_model,
+            unit.backend,
+            unit.model,
+            engine_args,
+        )
         for rank, url in enumerate(unit.nodes)
     )
     return UnitPlan(unit.id, specs)
+
+
+def _engine_args(unit: UnitConfig) -> str:
+    """The unit's engine_args as the nodes' --vllm-args, minus what the plan itself decides."""
+    try:
+        check_keys(unit.engine_args, f"unit {unit.id}: engine_args")
+        return json.dumps(unit.engine_args, sort_keys=True)
+    except (ValueError, TypeError) as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _served_model(config: Config, unit: UnitConfig) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,27 @@ class NodeProcess:
         if self.alive:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
+
+    def group_alive(self) -> bool:
+        """Is anything left in the node's process group (it runs in its own session)?"""
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    async def reap_group(self, within: float) -> None:
+        """A node's own children (vLLM's engine core and workers) would outlive a node that
+        was killed before it could stop them; what is still in its group after `within`
+        seconds (time for helpers that exit by themselves once the node is gone) is killed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        for _ in range(int(within / 0.1) + 1):  # nothing signals "group empty": poll it
+            if not self.group_alive() or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +124,7 @@ async def stop_nodes(nodes: Sequence[NodeProcess], grace: float) -> None:
         for node in nodes:
             node.signal(signal.SIGKILL)
         await wait_exited(nodes, grace)
+    await asyncio.gather(*(node.reap_group(min(grace, 2.0)) for node in nodes))
 
 
 def describe_exit(code: int | None) -> str:

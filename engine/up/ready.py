@@ -66,9 +66,11 @@ def announce(
     nodes = sum(len(u.nodes) for u in plan.units)
     served = sorted({u.leader.served_model for u in plan.units})
     admin = f"{gateway.metrics_url}/admin/units"
+    backends = " and ".join(sorted({u.leader.backend for u in plan.units}))
+    models = ", ".join(sorted({repr(u.leader.model or "tiny") for u in plan.units}))
     lines = [
-        f"unitgate up: {len(plan.units)} units ({nodes} nodes) of the builtin engine, "
-        f"model 'tiny' served as {', '.join(served)}; node logs in {log_dir}",
+        f"unitgate up: {len(plan.units)} units ({nodes} nodes) of the {backends} engine, "
+        f"model {models} served as {', '.join(served)}; node logs in {log_dir}",
         f"  API      {gateway.public_url}/v1",
         f"  metrics  {gateway.metrics_url}/metrics",
     ]

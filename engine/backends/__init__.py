@@ -1,0 +1,1 @@
+"""Engine backends besides the builtin one; each is imported only when selected."""

@@ -1,0 +1,22 @@
+"""The vLLM backend: a unit whose nodes run vLLM, behind the project's own leader server.
+
+Nothing here imports vLLM at module level: `unitgate node --backend builtin` and the gateway
+must work where vLLM is not installed. `require_vllm` is the one place that says what to
+install when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+INSTALL_HINT = "pip install 'unitgate[vllm]'"
+
+
+class VllmMissing(RuntimeError):
+    """`--backend vllm` on an interpreter without vLLM."""
+
+
+def require_vllm() -> None:
+    """Fail with one actionable line before any slow start-up work."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VllmMissing(f"--backend vllm: vLLM is not installed; install it with {INSTALL_HINT}")

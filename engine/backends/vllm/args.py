@@ -1,0 +1,130 @@
+"""`unitgate node` flags -> vLLM engine arguments, for the leader and for headless followers.
+
+One node of a unit is one vLLM node: `--world-size` nodes make vLLM's `nnodes`, `--rank` its
+`node_rank`, and `--master` the address of its torch.distributed rendezvous. Tensor parallelism
+spans the nodes (one worker per node unless the engine args say otherwise). Everything else is
+vLLM's own engine arguments, passed through by name from `--vllm-args` (a JSON object, which is
+what `unitgate up` builds from a unit's `engine_args` table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+# Keys unitgate sets from its own flags: taking them from --vllm-args as well would let the two
+# disagree about the unit's shape, which only shows up as a hang at rendezvous.
+RESERVED = {
+    "model": "--model",
+    "nnodes": "--world-size",
+    "node_rank": "--rank",
+    "master_addr": "--master",
+    "master_port": "--master",
+    "headless": "--role",
+    "distributed_executor_backend": "--backend",
+    "served_model_name": "--served-model-name",
+}
+# A vLLM step on a CPU can take seconds, where the builtin engine's --collective-timeout default
+# (10 s) assumes milliseconds; below this floor a healthy but busy unit would be declared dead.
+MIN_STEP_TIMEOUT_S = 30.0
+DEFAULTS: dict[str, Any] = {
+    # Eager mode: compiling graphs costs minutes on a CPU and buys little for small models.
+    "enforce_eager": True,
+    # vLLM's periodic log lines and Prometheus loggers; the node's own step logger still gets
+    # stats (a custom logger keeps stats on).
+    "disable_log_stats": True,
+}
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=("builtin", "vllm"),
+        default="builtin",
+        help="builtin: this project's engine; vllm: vLLM (pip install 'unitgate[vllm]')",
+    )
+    parser.add_argument(
+        "--vllm-args",
+        default="{}",
+        metavar="JSON",
+        help='vLLM engine arguments as a JSON object, e.g. \'{"dtype": "float32"}\'',
+    )
+    parser.add_argument(
+        "--leader-lost-after",
+        type=float,
+        default=5.0,
+        help="vllm follower: exit once the leader's rendezvous port has been gone this long (s)",
+    )
+
+
+def step_timeout(args: argparse.Namespace) -> float:
+    """How long one engine step may take before the unit counts as failed."""
+    return max(float(args.collective_timeout), MIN_STEP_TIMEOUT_S)
+
+
+def parse_vllm_args(text: str) -> dict[str, Any]:
+    """The JSON object of --vllm-args, its keys checked against what unitgate sets itself."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--vllm-args: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--vllm-args: expected a JSON object, got {text!r}")
+    check_keys(value, "--vllm-args")
+    return value
+
+
+def check_keys(engine_args: dict[str, Any], where: str) -> None:
+    """Refuse keys unitgate owns; callers without vLLM installed can still run this."""
+    for key in engine_args:
+        if key in RESERVED:
+            raise ValueError(f"{where}: {key!r} is set by unitgate (from {RESERVED[key]})")
+
+
+def check_known(engine_args: dict[str, Any], known: set[str], where: str) -> None:
+    """A misspelt engine argument must stop the node, not be silently dropped."""
+    for key in engine_args:
+        if key not in known:
+            raise ValueError(f"{where}: {key!r} is not a vLLM engine argument")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments for this node (leader or follower alike: vLLM needs
+    both sides to agree on the whole parallel config)."""
+    kwargs: dict[str, Any] = {
+        **DEFAULTS,
+        "model": args.model,
+        "tensor_parallel_size": args.world_size,
+        "distributed_executor_backend": "mp",
+    }
+    if args.dtype:
+        kwargs["dtype"] = args.dtype
+    if args.max_seq_len is not None:
+        kwargs["max_model_len"] = args.max_seq_len
+    kwargs["max_num_seqs"] = args.num_slots
+    kwargs |= parse_vllm_args(args.vllm_args)
+    if args.world_size > 1:
+        host, _, port = args.master.rpartition(":")
+        kwargs |= {"nnodes": args.world_size, "node_rank": args.rank}
+        kwargs |= {"master_addr": host, "master_port": int(port)}
+    if getattr(args, "served_model_name", None):
+        kwargs["served_model_name"] = args.served_model_name
+    return kwargs
+
+
+def known_engine_args() -> set[str]:
+    """The names AsyncEngineArgs takes; imports vLLM (seconds), so only where it will run."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def build_engine_args(args: argparse.Namespace) -> Any:
+    """vLLM's AsyncEngineArgs; imports vLLM, so call it after the environment is set."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kwargs = engine_kwargs(args)
+    check_known(kwargs, known_engine_args(), "--vllm-args")
+    return AsyncEngineArgs(**kwargs)
