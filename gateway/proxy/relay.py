@@ -51,6 +51,7 @@ class _Pump:
         "client",
         "conn",
         "done",
+        "failed",
         "gone",
         "itl",
         "last",
@@ -73,7 +74,7 @@ class _Pump:
         self.tracker = tracker
         self.loop = conn.loop
         self.last = self.loop.time()
-        self.done = self.gone = self.paused = False
+        self.done = self.gone = self.paused = self.failed = False
         self.mid_event = False  # the last bytes written end inside an SSE event
 
     def push(self, pieces: list[bytes], complete: bool) -> None:
@@ -86,16 +87,19 @@ class _Pump:
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             if self.tracker is not None:
                 data = self.tracker.feed(data)
-                if self.tracker.error is not None:
-                    self.conn.fail(UnitReportedError(self.tracker.error))
-                    self.conn.abort()
-                    return
             if data:
                 self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
                 self.mid_event = not data.endswith(b"\n\n")
                 now = self.loop.time()
                 self.itl.observe(now - self.last)
                 self.last = now
+            if self.tracker is not None and self.tracker.error is not None:
+                # Settled here, not through conn.fail(): that ignores errors once the answer
+                # is complete, and the error event often comes in the same read as its end.
+                self.failed = True
+                self.conn.abort()
+                self.conn.wake()
+                return
         if complete:
             self.done = True
             self.conn.wake()
@@ -106,11 +110,7 @@ class _Pump:
             self.conn.wake()
 
     def settled(self) -> bool:
-        return self.done or self.gone or self.paused
-
-
-class UnitReportedError(ConnectionBroken):
-    """The unit ended the stream with an error event instead of the rest of the answer."""
+        return self.done or self.gone or self.paused or self.failed
 
 
 class UnitEjected(ConnectionBroken):
@@ -185,12 +185,10 @@ class StreamRelay:
                     pump.paused = False
                     assert conn.transport is not None
                     conn.transport.resume_reading()
-        except UnitReportedError:
-            return "unit_error"
         except UnitEjected:
             return "unit_ejected"
-        except ConnectionBroken:
-            return "reset"
+        except ConnectionBroken:  # also what aborting after the unit's error event leads to
+            return "unit_error" if pump.failed else "reset"
         except IdleTimeout:
             return "idle_timeout"
         except ConnectionError:  # the client's side, while draining
@@ -204,6 +202,8 @@ class StreamRelay:
             self._mid_event = pump.mid_event
         if pump.gone:
             return "client_gone"
+        if pump.failed:
+            return "unit_error"
         if self.tracker is not None and not self.tracker.done:
             return "truncated"  # a clean end of the body without [DONE]
         return "complete"

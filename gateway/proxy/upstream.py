@@ -84,7 +84,9 @@ class UpstreamClient:
             raise UpstreamError(
                 unit_id, "status", f"HTTP {status} {detail}", retryable=True, status=status
             )
-        if conn.complete:
+        # A whole SSE answer that arrived at once still goes through the stream relay, which
+        # reads its events (an error event, a missing [DONE]) as it would read them one by one.
+        if conn.complete and not content_type.startswith(_SSE.decode()):
             self.pool.release(endpoint, conn)  # resets the connection for its next request
             return Answer(status, content_type, first, None, endpoint)
         return Answer(status, content_type, first, conn, endpoint)

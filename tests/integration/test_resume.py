@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -232,3 +233,44 @@ async def test_a_resumption_is_traced_and_logged(
     resumes = [e for e in request.events if e.name == "resume"]
     assert [dict(e.attributes or {}) for e in resumes] == [{"unitgate.unit": "u0", "outcome": "ok"}]
     assert any(e["what"] == "resume_ok" and "continued on u1" in e["reason"] for e in logged)
+
+
+@pytest.mark.parametrize("writes", ["head first", "all at once"])
+async def test_an_error_event_in_the_same_read_as_the_end_is_resumed(
+    clean_sim: SimProcess, http: aiohttp.ClientSession, writes: str
+) -> None:
+    """A leader whose follower died ends its streams with an error event, and the end of the
+    body often arrives in the same read: the stream must be resumed, not left hanging."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    role = {**base, "prompt_token_ids": [1, 2], "choices": [opening]}
+    hi = {"index": 0, "delta": {"content": "hi"}, "logprobs": None, "finish_reason": None}
+    token = {**base, "choices": [{**hi, "token_ids": [5]}]}
+    error = {"error": {"message": "engine unhealthy: lost follower 1", "type": "server_error"}}
+    events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in (role, token, error)]
+
+    async def dying(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+        w.write(b"Transfer-Encoding: chunked\r\n\r\n")
+        framed = [b"%x\r\n%b\r\n" % (len(e), e) for e in events] + [b"0\r\n\r\n"]
+        if writes == "head first":  # the error event and the body's end in one write
+            w.write(b"".join(framed[:2]))
+            await w.drain()
+            await asyncio.sleep(0.05)
+            framed = framed[2:]
+        w.write(b"".join(framed))
+        await w.drain()
+
+    async with raw_unit(dying) as raw:
+        units = [{**raw, "id": "dying"}, clean_sim.units[0]]
+        config = gateway_config(units, routing={"affinity": "session"}, timeouts={"total": 20.0})
+        headers = {"x-session-id": session_ranking_first("dying", ["u0"])}
+        async with running(config) as gw:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            got = await chat(http, gw, headers, max_tokens=4)
+            elapsed = loop.time() - started
+            assert metric(gw, "dying", "ok") == 1.0
+    assert content(got).startswith("hi") and got[-1] == "[DONE]"
+    assert not any("error" in e for e in got if isinstance(e, dict))
+    assert elapsed < 5.0  # not the total timeout
