@@ -1,0 +1,244 @@
+"""Chaos the real engine cannot express on 2 cores, on simulated units: slow probes, a
+flapping unit, 200 clients leaving mid-stream at once, and SIGTERM of the gateway under load.
+
+One simulator process serves three units of two nodes (faults through its control API); each
+scenario gets a fresh gateway process in front of it, so metrics and events start at zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from loadtest.gen.shapes import RunConfig
+from tests.chaos.clusters import GatewayProcess, start_gateway
+from tests.chaos.harness import (
+    Fault,
+    Load,
+    Report,
+    Trace,
+    conclude,
+    first_event_after,
+    run_load,
+    samples,
+    send_traced,
+    streaming_on,
+    until,
+    workload,
+)
+from tests.support import MODEL, SimProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
+
+CONCURRENCY = 24
+MAX_TOKENS = 50  # 20 ms apart: 1 s streams
+DURATION = 8.0
+FAULT_AT = 2.5
+
+
+def sim_load(gw: GatewayProcess, duration: float = DURATION) -> RunConfig:
+    return RunConfig(
+        gw.public, concurrency=CONCURRENCY, duration=duration, requests=2000, timeout=30.0
+    )
+
+
+@pytest.fixture
+def sim(simulator: SimProcess) -> SimProcess:
+    simulator.post("/reset")
+    for unit in simulator.units:
+        simulator.post(f"/units/{unit['id']}/settings", {"ttft_ms": 20, "itl_ms": 20})
+    return simulator
+
+
+@pytest.fixture
+def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
+    gw = start_gateway(tmp_path, sim, MODEL)
+    try:
+        yield gw
+    finally:
+        gw.close()
+
+
+async def node_health(sim: SimProcess, unit: str, rank: int, **mode: object) -> None:
+    await asyncio.to_thread(sim.post, f"/units/{unit}/nodes/{rank}/health", mode)
+
+
+async def test_4_node_answering_probes_slowly(sim: SimProcess, gateway: GatewayProcess) -> None:
+    """u0's follower answers /health in 0.8 s (the probe timeout is 0.5 s) for 3 s."""
+
+    async def slow() -> None:
+        await node_health(sim, "u0", 1, mode="slow", delay_ms=800)
+        try:
+            await until(lambda: not gateway.ops.unit("u0")["routable"], 5.0, "u0 out")
+            await asyncio.sleep(3.0)  # the fault itself: slow for 3 s
+        finally:
+            await node_health(sim, "u0", 1, mode="ok")
+
+    fault = Fault(FAULT_AT, "u0 follower probes slow", slow, when=streaming_on("u0", fresh_s=0.3))
+    load = await run_load(sim_load(gateway), workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    report = Report(
+        "4. a node answers probes slowly (sim)", load.traces, fault.fired_perf, ("u0",), False
+    )
+    back = await until(
+        lambda: first_event_after(gateway.ops, "u0", ("healthy",), fault.fired_wall or 0.0),
+        10.0,
+        "u0 readmitted once its probes are fast again",
+    )
+    report.notes.append(f"readmitted: {back['reason']}")
+    await conclude(report, load, gateway.ops, eject_unit="u0")
+
+
+async def test_5_unit_flapping(sim: SimProcess, gateway: GatewayProcess) -> None:
+    """u0's follower turns unhealthy and healthy again every 0.6 s, five times over."""
+
+    async def flap() -> None:
+        try:
+            for _ in range(5):
+                await node_health(sim, "u0", 1, mode="unhealthy")
+                await asyncio.sleep(0.6)
+                await node_health(sim, "u0", 1, mode="ok")
+                await asyncio.sleep(0.6)
+        finally:
+            await node_health(sim, "u0", 1, mode="ok")
+
+    fault = Fault(FAULT_AT, "u0 flapping", flap, when=streaming_on("u0", fresh_s=0.3))
+    load = await run_load(sim_load(gateway), workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    report = Report("5. a unit flapping (sim)", load.traces, fault.fired_perf, ("u0",), False)
+    flips = [e["what"] for e in gateway.ops.events("u0") if e["time"] >= (fault.fired_wall or 0.0)]
+    served = sum(1 for t in load.traces if t.unit == "u0" and t.sent_at > (fault.fired_perf or 0))
+    report.notes.append(
+        f"{flips.count('unhealthy')} ejections, {flips.count('healthy')} readmissions; "
+        f"u0 served {served} requests sent during and after the flapping"
+    )
+    await until(lambda: gateway.ops.unit("u0")["routable"], 5.0, "u0 routable at the end")
+    await conclude(report, load, gateway.ops, eject_unit="u0")
+    assert flips.count("unhealthy") >= 2, f"the flapping was not seen: {flips}"
+
+
+LEAVERS = 200
+
+
+async def test_6_clients_disconnect_mid_stream_at_once(
+    sim: SimProcess, gateway: GatewayProcess
+) -> None:
+    """200 long streams start; once all are streaming their clients vanish in one go, while
+    background load runs on. Every one must be cancelled upstream and no other stream hurt."""
+    leavers: list[Trace] = []
+    streaming: list[tuple[Trace, aiohttp.ClientResponse]] = []
+    everyone_in = asyncio.Event()
+    left_at: list[float] = []
+
+    async def one(session: aiohttp.ClientSession, trace: Trace) -> None:
+        def started(resp: aiohttp.ClientResponse) -> None:
+            streaming.append((trace, resp))
+            if len(streaming) == LEAVERS:
+                everyone_in.set()
+
+        spec = workload(MODEL, 400, seed=trace.index).next_request()  # 8 s if not cancelled
+        await send_traced(session, gateway.public, spec, trace, 30.0, on_started=started)
+
+    def leave_at_once() -> None:
+        left_at.append(time.perf_counter())
+        for trace, resp in streaming:
+            trace.cancelled = True
+            assert resp.connection is not None and resp.connection.transport is not None
+            resp.connection.transport.abort()  # the client vanishes (no FIN handshake)
+
+    upstream_after: list[float] = []
+
+    def sim_cancelled() -> int:
+        return sum(sim.stats(u["id"])["cancelled"] for u in sim.units)
+
+    async def burst() -> None:
+        counted = await asyncio.to_thread(gateway.ops.counter, "unitgate_cancellations_total")
+        aborted = await asyncio.to_thread(sim_cancelled)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            leavers.extend(Trace(10_000 + i) for i in range(LEAVERS))
+            tasks = [asyncio.create_task(one(session, t)) for t in leavers]
+            try:
+                await asyncio.wait_for(everyone_in.wait(), 20.0)
+                leave_at_once()
+                await until(lambda: sim_cancelled() - aborted >= LEAVERS, 10.0, "units see aborts")
+                upstream_after.append(time.perf_counter() - left_at[0])
+            finally:
+                await asyncio.wait(tasks, timeout=30.0)
+        await until(
+            lambda: gateway.ops.counter("unitgate_cancellations_total") - counted >= LEAVERS,
+            10.0,
+            "the gateway counted every client that left",
+        )
+
+    fault = Fault(FAULT_AT, f"{LEAVERS} clients leave", burst)
+    load = await run_load(sim_load(gateway), workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    fault.fired_perf = left_at[0] if left_at else None  # the fault is the moment they left
+    report = Report(
+        f"6. {LEAVERS} clients disconnect mid-stream at once (sim)",
+        [*load.traces, *leavers],
+        fault.fired_perf,
+        None,
+        False,
+        fault_end=fault.fired_perf,
+    )
+    in_flight_upstream = await until(
+        lambda: sum(sim.stats(u["id"])["in_flight"] for u in sim.units) == 0 or None,
+        10.0,
+        "every upstream stream closed",
+    )
+    assert in_flight_upstream
+    report.notes.append(
+        f"{len(report.of('cancelled'))} cancelled by their clients; the units saw all "
+        f"{LEAVERS} aborts within {upstream_after[0]:.2f} s"
+    )
+    await conclude(report, load, gateway.ops)
+    assert len(report.of("cancelled")) == LEAVERS
+
+
+async def test_8_gateway_sigterm_under_load(sim: SimProcess, gateway: GatewayProcess) -> None:
+    """The load stops sending at SIGTERM (a load balancer stops routing to a draining
+    gateway); every request already sent must end complete, and the gateway must exit 0."""
+    for unit in sim.units:
+        sim.post(f"/units/{unit['id']}/settings", {"ttft_ms": 20, "itl_ms": 30})
+    exit_after: list[float] = []
+    last_gauges: list[dict[str, float]] = []
+
+    async def sigterm() -> None:
+        sent = time.monotonic()
+        os.kill(gateway.proc.pid, signal.SIGTERM)
+        while gateway.proc.poll() is None and time.monotonic() - sent < 20.0:
+            try:
+                text = await asyncio.to_thread(gateway.ops.metrics)
+                last_gauges.append(samples(text, "unitgate_unit_inflight"))
+            except OSError:
+                pass  # the operator listener closes last, just before the exit
+            await asyncio.sleep(0.02)
+        exit_after.append(time.monotonic() - sent)
+
+    # An open loop (Poisson arrivals) of 2.4 s streams (80 tokens 30 ms apart): at SIGTERM
+    # the streams in flight have anything from nothing to 2.4 s still to come.
+    duration = 3.0
+    run = RunConfig(gateway.public, rate=15.0, duration=duration, requests=200, timeout=30.0)
+    fault = Fault(duration + 0.05, "SIGTERM gateway", sigterm)  # after the last send
+    load: Load = await run_load(run, workload(MODEL, 80), [fault])
+    code = await asyncio.to_thread(gateway.proc.wait, 5)
+    report = Report(
+        "8. gateway SIGTERM under load (sim)", load.traces, fault.fired_perf, None, False
+    )
+    report.gauges_note = "gateway exited"
+    if last_gauges and not any(last_gauges[-1].values()):
+        report.gauges_note = "0 (last scrape before exit)"
+    ran_on = max((t.ended_at or 0.0) for t in load.traces) - (fault.fired_perf or 0.0)
+    report.notes.append(
+        f"streams ran on {ran_on:.2f} s after SIGTERM; exit code {code} {exit_after[0]:.2f} s "
+        "after SIGTERM"
+    )
+    await conclude(report, load, None)
+    assert code == 0
+    assert report.in_flight, "SIGTERM found no stream in flight: the scenario tested nothing"
+    assert ran_on > 0.5, f"streams ended {ran_on:.2f} s after SIGTERM: too little left to drain"
