@@ -60,6 +60,9 @@ class ActionRunner:
     def __init__(self, actions: list[Action], state: RunState) -> None:
         self.outcomes = [Outcome(a) for a in actions]
         self._state = state
+        # Pids found through /health, by health URL: a frozen (SIGSTOPped) node cannot answer
+        # /health, so `cont` signals the pid an earlier action found there.
+        self._pids: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -86,7 +89,7 @@ class ActionRunner:
             await asyncio.sleep(delay)
         outcome.fired = self._now()
         try:
-            outcome.detail = await fire(session, outcome.action)
+            outcome.detail = await fire(session, outcome.action, self._pids)
             outcome.error = None
         except asyncio.CancelledError:
             outcome.error = "cancelled: the load ended while it was running"
@@ -106,8 +109,11 @@ class ActionError(Exception):
     """The target answered, but not with success."""
 
 
-async def fire(session: aiohttp.ClientSession, action: Action) -> str | None:
-    """Run one action now; returns a short detail worth keeping (the pid signalled)."""
+async def fire(
+    session: aiohttp.ClientSession, action: Action, pids: dict[str, int] | None = None
+) -> str | None:
+    """Run one action now; returns a short detail worth keeping (the pid signalled). `pids`
+    remembers the pids found through /health across the actions of one run."""
     kind = action.kind
     if isinstance(kind, AdminAction):
         await _admin(session, kind)
@@ -115,7 +121,7 @@ async def fire(session: aiohttp.ClientSession, action: Action) -> str | None:
     if isinstance(kind, SimFaultAction):
         await _post(session, f"{kind.control}/units/{kind.unit}/fault", kind.fault, {})
         return None
-    return await _signal(session, kind)
+    return await _signal(session, kind, {} if pids is None else pids)
 
 
 async def _admin(session: aiohttp.ClientSession, action: AdminAction) -> None:
@@ -134,11 +140,16 @@ async def _post(
             raise ActionError(f"HTTP {resp.status} from {url}: {text[:200]}")
 
 
-async def _signal(session: aiohttp.ClientSession, action: SignalAction) -> str:
+async def _signal(
+    session: aiohttp.ClientSession, action: SignalAction, pids: dict[str, int]
+) -> str:
     pid = action.pid
     if pid is None:
-        assert action.health_url is not None
-        pid = await _health_pid(session, action.health_url)
+        url = action.health_url
+        assert url is not None
+        pid = pids.get(url) if action.name == "cont" else None
+        if pid is None:
+            pid = pids[url] = await _health_pid(session, url)
     os.kill(pid, SIGNALS[action.name])
     return f"pid {pid}"
 

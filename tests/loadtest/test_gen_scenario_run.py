@@ -84,6 +84,38 @@ async def test_signals_fire_on_time_with_pid_from_health(
     assert result["summary"]["failed"] == 0
 
 
+async def test_cont_signals_the_pid_its_stop_found(
+    sim: SimCluster, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    """A frozen node cannot answer /health: `cont` uses the pid the `stop` found there."""
+    answered: list[str] = []
+
+    async def health(request: web.Request) -> web.Response:
+        if answered:  # frozen now: never answers (the action's own timeout would strike)
+            await asyncio.sleep(60)
+        answered.append(request.path)
+        return web.json_response({"status": "ok", "pid": sleepers[0].pid})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    async for health_url in _serve(app):
+        actions = [
+            {"at": 0.2, "signal": "stop", "health_url": health_url},
+            {"at": 0.5, "signal": "cont", "health_url": health_url},
+        ]
+        result = await _load(sim.units[0].leader_url, actions, 0.8)
+    fired = result["actions"]
+    assert [a["outcome"] for a in fired] == ["ok", "ok"], fired
+    assert [a["detail"] for a in fired] == [f"pid {sleepers[0].pid}"] * 2
+    assert answered == ["/health"]  # asked once, by the stop
+    assert _proc_state(sleepers[0].pid) != "T"  # running again
+
+
+def _proc_state(pid: int) -> str:
+    """R, S, T (stopped), ... from /proc/PID/stat."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 @pytest.fixture
 async def admin() -> AsyncIterator[tuple[str, list[tuple[str, str | None, Any]]]]:
     calls: list[tuple[str, str | None, Any]] = []
