@@ -9,28 +9,22 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from engine.backends.vllm.env import clean_shm
+from tests.engine.test_runtime_support import free_port
+from tests.engine.test_up_support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 START_S = 300.0  # a cold vLLM unit on two busy cores; measured 35-75 s per engine when idle
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -126,7 +120,7 @@ class Unit:
         for proc in self.procs:
             proc.kill_group()
         for proc in self.procs:
-            eventually(lambda proc=proc: not proc.group_alive(), 30, f"{proc.log.name} ends")
+            eventually(partial(group_gone, proc), 30, f"{proc.log.name} ends")
         clean_shm(since=self.started)
 
 
@@ -162,20 +156,9 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read() or b"null")
 
 
-def eventually(check: Callable[[], Any], within: float, what: str) -> Any:
-    """Poll `check` until it returns something truthy, or fail at the deadline."""
-    deadline = time.monotonic() + within
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except Exception as exc:  # keep polling; report the last failure
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {within} s (last: {last!r})")
+def group_gone(proc: Proc) -> bool:
+    """Nothing left in the process group of `proc` (its vLLM engine core and workers)."""
+    return not proc.group_alive()
 
 
 def write_gateway_config(path: Path, unit: Unit) -> None:

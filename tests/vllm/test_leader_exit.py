@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import signal
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from tests.vllm.support import eventually, start_unit
+from tests.engine.test_up_support import eventually
+from tests.vllm.support import group_gone, start_unit
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,6 +29,6 @@ def test_a_stopped_leader_makes_the_follower_exit(tmp_path: Path, tiny_model: Pa
         assert follower.proc.wait(timeout=90) == 1, follower.tail()  # 1: it lost its leader
         assert "gone for" in follower.text()
         for node in unit.procs:  # no engine core or worker outlives its node
-            eventually(lambda node=node: not node.group_alive(), 30, f"{node.log.name} group ends")
+            eventually(partial(group_gone, node), 30, f"{node.log.name} group ends")
     finally:
         unit.stop()

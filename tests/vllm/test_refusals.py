@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.support import ROOT, free_port
+from tests.engine.test_runtime_support import free_port
+from tests.vllm.support import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_required")]
 

@@ -22,7 +22,8 @@ from urllib.parse import urlsplit
 import pytest
 from openai import OpenAI
 
-from tests.vllm.support import Proc, Unit, eventually, get_json, start_gateway, start_unit
+from tests.engine.test_up_support import eventually
+from tests.vllm.support import Proc, Unit, get_json, start_gateway, start_unit
 
 pytestmark = [
     pytest.mark.slow,
