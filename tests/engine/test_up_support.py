@@ -30,6 +30,10 @@ class Proc:
     def text(self) -> str:
         return self.out.read_text(errors="replace")
 
+    def tail(self) -> str:
+        """What a failure message shows of the output."""
+        return self.text()[-3000:]
+
     def wait_line(self, prefix: str, within: float) -> str:
         """The rest of the first output line starting with `prefix`."""
         deadline = time.monotonic() + within
@@ -38,9 +42,13 @@ class Proc:
                 if line.startswith(prefix):
                     return line[len(prefix) :].strip()
             if self.proc.poll() is not None:
-                raise AssertionError(f"exited {self.proc.returncode}:\n{self.text()[-3000:]}")
+                raise AssertionError(
+                    f"{self.out.name} exited {self.proc.returncode}:\n{self.tail()}"
+                )
             time.sleep(0.1)
-        raise AssertionError(f"no {prefix!r} line in {within} s:\n{self.text()[-3000:]}")
+        raise AssertionError(
+            f"no {prefix!r} line in {within} s from {self.out.name}:\n{self.tail()}"
+        )
 
     def stop(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:

@@ -21,43 +21,23 @@ from typing import Any
 
 from engine.backends.vllm.env import clean_shm
 from tests.engine.test_runtime_support import free_port
+from tests.engine.test_up_support import Proc as UpProc
 from tests.engine.test_up_support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 START_S = 300.0  # a cold vLLM unit on two busy cores; measured 35-75 s per engine when idle
 
 
-@dataclass
-class Proc:
-    proc: subprocess.Popen[bytes]
-    log: Path
+class Proc(UpProc):
+    """A `gateway` process in its own session: vLLM's engine core and workers join its group."""
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
     def tail(self) -> str:
         lines = [ln for ln in self.text().splitlines() if "WARNING: Location" not in ln]
         return "\n".join(lines[-40:])
-
-    def wait_line(self, prefix: str, within: float) -> str:
-        """The rest of the first output line starting with `prefix`."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            for line in self.text().splitlines():
-                if line.startswith(prefix):
-                    return line[len(prefix) :].strip()
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"{self.log.name} exited {self.proc.returncode}:\n{self.tail()}"
-                )
-            time.sleep(0.2)
-        raise AssertionError(
-            f"no {prefix!r} line in {within} s from {self.log.name}:\n{self.tail()}"
-        )
 
     def group_alive(self) -> bool:
         """Any process left in this node's group (its vLLM children included)?"""
@@ -120,7 +100,7 @@ class Unit:
         for proc in self.procs:
             proc.kill_group()
         for proc in self.procs:
-            eventually(partial(group_gone, proc), 30, f"{proc.log.name} ends")
+            eventually(partial(group_gone, proc), 30, f"{proc.out.name} ends")
         clean_shm(since=self.started)
 
 

@@ -29,6 +29,6 @@ def test_a_stopped_leader_makes_the_follower_exit(tmp_path: Path, tiny_model: Pa
         assert follower.proc.wait(timeout=90) == 1, follower.tail()  # 1: it lost its leader
         assert "gone for" in follower.text()
         for node in unit.procs:  # no engine core or worker outlives its node
-            eventually(partial(group_gone, node), 30, f"{node.log.name} group ends")
+            eventually(partial(group_gone, node), 30, f"{node.out.name} group ends")
     finally:
         unit.stop()
