@@ -20,10 +20,10 @@ class EventSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The events completed by `data`, each with its terminating blank line."""
-        one = not self._tail and data.endswith(b"\n\n") and data.count(b"\n\n") == 1
-        if one and b"\r" not in data:
-            return [data]  # the common read: exactly one whole event
         buf = self._tail + data if self._tail else data
+        if b"\r" not in buf:  # LF-only framing, what every engine sends: plain splits
+            *whole, self._tail = buf.split(b"\n\n")
+            return [event + b"\n\n" for event in whole]
         events: list[bytes] = []
         start = 0
         while (end := _EVENT_END.search(buf, start)) is not None:

@@ -15,7 +15,6 @@ character cut in half.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -29,11 +28,6 @@ _NULL_FINISH = b'"finish_reason":null'
 _NULL_FINISH_LEN = len(_NULL_FINISH)
 _ENDINGS = (b"}]}\n\n", b'}],"usage":null}\n\n')
 _TEXT = {True: b'"delta":{"content":"', False: b'"text":"'}
-_EMPTY_TEXT = {True: b'"delta":{"content":""', False: b'"text":""'}
-_DATA_OBJECT = b"data: {"
-_NULL_FINISH_IDS = _NULL_FINISH + _IDS
-_IDS_LIST = re.compile(rb',"token_ids":\[([0-9,]*)\]')
-_IDS_FIELD = re.compile(rb',"token_ids":\[[0-9,]*\]')
 _QUOTE = ord('"')
 _DONE = b"data: [DONE]\n\n"
 
@@ -86,34 +80,14 @@ class StreamTracker:
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the client for `data` read from the unit (whole events only)."""
-        if self.capable and not self.continuing and not self.splitter.pending:
-            # The common read, one whole token chunk (its exact ending excludes CRLF framing).
-            one = data.count(b"\n\n") == 1 and data.endswith(b"\n\n")
-            fast = self._token_chunk(data) if one else self._token_run(data)
+        # The common read: one whole token chunk (whose exact ending excludes CRLF framing).
+        plain = self.capable and not self.continuing and not self.splitter.pending
+        if plain and data.count(b"\n\n") == 1 and data.endswith(b"\n\n"):
+            fast = self._token_chunk(data)
             if fast is not None:
                 return fast
         out = [self._event(event) for event in self.splitter.feed(data)]
         return b"".join(out)
-
-    def _token_run(self, data: bytes) -> bytes | None:
-        """A read made only of whole token chunks of the common shape (see `_token_chunk`),
-        each with text: handled with a few scans of the whole read instead of one pass per
-        event, since a fast unit delivers many events per read. None when anything in the
-        read is less plain; the per-event path then takes it."""
-        events = data.count(b"\n\n")
-        if not events or not data.endswith(b"\n\n") or b"\r" in data:
-            return None
-        if data.count(_DATA_OBJECT) != events or not data.startswith(_DATA_OBJECT):
-            return None
-        if data.count(_NULL_FINISH_IDS) != events or data.count(_TEXT[self.chat]) != events:
-            return None
-        if data.count(_EMPTY_TEXT[self.chat]) or sum(map(data.count, _ENDINGS)) != events:
-            return None
-        for listed in _IDS_LIST.findall(data):
-            if listed:
-                self.generated.extend(map(int, listed.split(b",")))
-        self.committed = len(self.generated)
-        return data if self.client_ids else _IDS_FIELD.sub(b"", data)
 
     def _event(self, event: bytes) -> bytes:
         if self.done or self.error is not None:
