@@ -130,7 +130,6 @@ class StreamRelay:
         headers: dict[str, str],
         deadline: float,
         idle: float,
-        itl: Histogram,
         tracker: StreamTracker | None = None,
     ) -> None:
         assert request.transport is not None
@@ -138,7 +137,6 @@ class StreamRelay:
         self.headers = headers
         self.deadline = deadline
         self.idle = idle
-        self.itl = itl
         self.tracker = tracker
         self.response: web.StreamResponse | None = None
         self._writer: AbstractStreamWriter | None = None
@@ -161,13 +159,14 @@ class StreamRelay:
         self._mid_event = bool(first) and not first.endswith(b"\n\n")
         return True
 
-    async def pump(self, answer: Answer, resumed: bool = False) -> str:
+    async def pump(self, answer: Answer, itl: Histogram, resumed: bool = False) -> str:
         """Relay `answer` to its end: `complete`, `client_gone`, or how the upstream failed
-        (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`). A resumed
-        answer's first bytes have not been sent yet; the first answer's went with the head."""
+        (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`, `unit_ejected`).
+        Gaps between chunks go to `itl`, the serving unit's histogram. A resumed answer's first
+        bytes have not been sent yet; the first answer's went with the head."""
         conn, writer = answer.connection, self._writer
         assert conn is not None and writer is not None and self.request.transport is not None
-        pump = _Pump(conn, self.request.transport, self.itl, self.tracker)
+        pump = _Pump(conn, self.request.transport, itl, self.tracker)
         pump.mid_event = self._mid_event
         conn.sink = pump.push
         pending = [answer.first] if resumed and answer.first else []

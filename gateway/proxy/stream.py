@@ -62,7 +62,6 @@ class StreamSession:
             headers_for(unit, call.rid),
             call.deadline,
             proxy.config.timeouts.idle,
-            proxy.metrics.itl.labels(unit.id),
             self.tracker,
         )
         try:
@@ -93,7 +92,8 @@ class StreamSession:
         try:
             kind = "client_gone"
             if not first or await relay.start(answer):
-                kind = await relay.pump(answer, resumed=not first)
+                itl = proxy.metrics.itl.labels(unit.id)
+                kind = await relay.pump(answer, itl, resumed=not first)
         except asyncio.CancelledError:
             proxy.metrics.cancellations.labels(unit.id).inc()
             raise
