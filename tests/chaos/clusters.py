@@ -23,7 +23,8 @@ from typing import Any
 
 import orjson
 
-from tests.chaos.harness import RESUME_SECTION, Ops
+from tests.chaos.harness import RESUME_SECTION
+from tests.chaos.ops import Ops
 from tests.support import ROOT, SimProcess, start_sim, stop_process
 
 REAL_MODEL = "tiny"
@@ -47,9 +48,8 @@ def toml_value(value: Any) -> str:
 
 
 def config_toml(sections: dict[str, dict[str, Any]], units: list[dict[str, Any]]) -> str:
-    """A gateway config; `[resume]` is added once the gateway knows it (see RESUME_LANDED)."""
-    if RESUME_SECTION is not None:
-        sections = {**sections, "resume": RESUME_SECTION}
+    """A gateway config, with the suite's `[resume]` section (see RESUME_ON)."""
+    sections = {**sections, "resume": RESUME_SECTION}
     out = []
     for name, values in sections.items():
         out.append(f"[{name}]")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.clusters import start_simulator
-from tests.chaos.harness import HEADER, RESUME_LANDED, RESUME_SECTION, ROWS
+from tests.chaos.harness import RESUME_ON
+from tests.chaos.report import HEADER, ROWS
 from tests.support import SimProcess, stop_process
 
 
@@ -32,12 +33,10 @@ def _number(row: str) -> int:
 
 
 def table() -> str:
-    if RESUME_LANDED:
+    if RESUME_ON:
         resume = "on (the in-flight share of scenarios 1-3 is asserted >= 99%)"
-    elif RESUME_SECTION is not None:
-        resume = "switched off by UNITGATE_CHAOS_RESUME=0 (in-flight share of 1-3 not asserted)"
     else:
-        resume = "not in the gateway yet (the in-flight share of 1-3 is not asserted)"
+        resume = "switched off by UNITGATE_CHAOS_RESUME=0 (in-flight share of 1-3 not asserted)"
     rows = "\n".join(sorted(ROWS, key=_number))
     return f"{HEADER}\n{rows}\n\nmid-stream resumption: {resume}\n"
 

@@ -1,5 +1,6 @@
-"""The chaos suite's measuring code: drive load through the gateway, classify every request,
-fire faults on a schedule, read the gateway's ops listener, and build one report row.
+"""The chaos suite's measuring code: drive load through the gateway, classify every request
+and fire faults on a schedule (ops.py reads the gateway's operator listener, report.py builds
+one report row).
 
 Every request ends in exactly one outcome, judged from the client side:
 
@@ -14,8 +15,8 @@ A request "started" once it received a data event that is not an error (the gate
 byte). Failures of requests that never started must be 0: the gateway retries those
 elsewhere. A stream "in flight at the fault" had started before the fault and not yet ended,
 on the faulted unit(s); the share of those that still completed is what mid-stream resumption
-(issue 7) must bring to >= 99%. Until it lands the gateway ends them with an error event, so
-that share is reported but asserted only when `RESUME_LANDED` (see `resume_landed`).
+(issue 7) must bring to >= 99%; with resumption off (`RESUME_ON`) the gateway ends them with an
+error event, and that share is reported, not asserted.
 """
 
 from __future__ import annotations
@@ -23,58 +24,28 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import re
 import time
-import urllib.request
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
-from gateway.config import ConfigError, config_from_dict
 from loadtest.gen.client import CHAT_PATH, RequestRecord, classify
 from loadtest.gen.shapes import RunConfig, Runner, RunState
-from loadtest.gen.stats import Slo, aggregate
 from loadtest.gen.workload import RequestSpec, Workload, WorkloadConfig
+from tests.chaos.ops import Ops, resumptions
 from tests.support import sse_events
 
 AIM = 0.99  # issue 7: share of in-flight streams completed through resumption
 
 
-def gateway_has_resume() -> bool:
-    """Whether the gateway knows mid-stream resumption: its config accepts a `[resume]` table
-    (unknown keys are refused, so this flips by itself when resumption lands)."""
-    raw = {
-        "gateway": {"port": 0, "models": ["m"]},
-        "metrics": {"port": 0},
-        "admin": {"enabled": False},
-        "resume": {"enabled": True, "max_resumes": 2},
-        "units": [{"id": "u0", "leader": "http://127.0.0.1:1", "nodes": ["http://127.0.0.1:1"]}],
-    }
-    try:
-        config_from_dict(raw)
-    except ConfigError:
-        return False
-    return True
-
-
-def resume_landed() -> bool:
-    """The gateway's own answer unless `UNITGATE_CHAOS_RESUME=0|1` overrides it: 0 runs the
-    suite with resumption switched off (a baseline), 1 asserts the aim even without it."""
-    forced = os.environ.get("UNITGATE_CHAOS_RESUME")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return gateway_has_resume()
-
-
-# The one switch: the in-flight-completed assertion of the scenarios where resumption applies,
-# and `[resume] enabled` in the gateway configs the suite writes (when the gateway has it).
-RESUME_LANDED = resume_landed()
-RESUME_SECTION: dict[str, Any] | None = (
-    {"enabled": RESUME_LANDED, "max_resumes": 2} if gateway_has_resume() else None
-)
+# Mid-stream resumption is on in the gateway configs the suite writes, and the in-flight share
+# of the scenarios it applies to is asserted; `UNITGATE_CHAOS_RESUME=0` switches both off, for
+# a baseline of the gateway without it.
+RESUME_ON = os.environ.get("UNITGATE_CHAOS_RESUME", "1") != "0"
+RESUME_SECTION: dict[str, Any] = {"enabled": RESUME_ON, "max_resumes": 2}
 
 
 # --- one request --------------------------------------------------------------------------
@@ -344,315 +315,3 @@ async def run_load(
             firing.cancel()
             await asyncio.gather(firing, return_exceptions=True)
     return Load(runner, list(faults), state, before)
-
-
-# --- the gateway's operator listener ------------------------------------------------------
-
-
-@dataclass
-class Ops:
-    """/metrics and /admin of one gateway (the operator listener)."""
-
-    url: str
-    token: str | None = None
-
-    def _get(self, path: str, timeout: float = 5.0) -> bytes:
-        req = urllib.request.Request(self.url + path)
-        if self.token is not None:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body: bytes = resp.read()
-            return body
-
-    def admin(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        req = urllib.request.Request(self.url + path, data=orjson.dumps(body or {}), method="POST")
-        req.add_header("Content-Type", "application/json")
-        if self.token is not None:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return orjson.loads(resp.read())
-
-    def unit(self, unit_id: str) -> dict[str, Any]:
-        doc: dict[str, Any] = orjson.loads(self._get(f"/admin/units/{unit_id}"))
-        return doc
-
-    def units(self) -> list[dict[str, Any]]:
-        doc: dict[str, Any] = orjson.loads(self._get("/admin/units"))
-        return list(doc["units"])
-
-    def events(self, unit: str | None = None) -> list[dict[str, Any]]:
-        query = "?limit=10000" + (f"&unit={unit}" if unit else "")
-        doc: dict[str, Any] = orjson.loads(self._get("/admin/events" + query))
-        return list(doc["events"])
-
-    def metrics(self) -> str:
-        return self._get("/metrics").decode()
-
-    def gauges(self, name: str) -> dict[str, float]:
-        """Every sample of one gauge, keyed by its label text."""
-        return samples(self.metrics(), name)
-
-    def counter(self, name: str) -> float:
-        return sum(samples(self.metrics(), name).values())
-
-
-def resumptions(ops: Ops) -> dict[str, float]:
-    """`unitgate_resumptions_total` summed over units, by outcome ({} before resumption)."""
-    out: dict[str, float] = {}
-    for labels, value in samples(ops.metrics(), "unitgate_resumptions_total").items():
-        match = re.search(r'outcome="([^"]*)"', labels)
-        outcome = match.group(1) if match else "?"
-        out[outcome] = out.get(outcome, 0.0) + value
-    return out
-
-
-def samples(text: str, name: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            key, _, value = line.rpartition(" ")
-            out[key[len(name) :]] = float(value)
-    return out
-
-
-async def until(check: Callable[[], object], within: float, what: str, step: float = 0.05) -> Any:
-    """Poll `check` (sync; run in a thread) until truthy, failing at the deadline."""
-    deadline = time.monotonic() + within
-    last: object = None
-    while True:
-        try:
-            result = await asyncio.to_thread(check)
-            if result:
-                return result
-        except Exception as exc:  # keep polling; the last failure goes in the message
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {within} s (last: {last!r})")
-        await asyncio.sleep(step)
-
-
-async def gauges_back_to_zero(ops: Ops, within: float = 10.0) -> dict[str, float]:
-    """Waits for every unit's in-flight gauge and the queue depth to be 0; returns them."""
-
-    def zero() -> dict[str, float]:
-        text = ops.metrics()
-        values = samples(text, "unitgate_unit_inflight") | samples(text, "unitgate_queue_depth")
-        if not values or any(values.values()):
-            raise AssertionError(f"gauges {values}")  # until() reports the last one
-        return values
-
-    result: dict[str, float] = await until(zero, within, "in-flight gauges back to 0")
-    return result
-
-
-def first_event_after(
-    ops: Ops, unit: str, what: Iterable[str], after_wall: float
-) -> dict[str, Any] | None:
-    kinds = set(what)
-    for event in ops.events(unit):
-        if event["what"] in kinds and event["time"] >= after_wall:
-            return event
-    return None
-
-
-async def ejection_time(
-    ops: Ops, unit: str, after_wall: float, within: float = 10.0
-) -> tuple[float, str]:
-    """Seconds from the fault until the gateway took `unit` out (health or breaker event),
-    and the event's reason."""
-    event = await until(
-        lambda: first_event_after(ops, unit, ("unhealthy", "ejected"), after_wall),
-        within,
-        f"unit {unit} ejected",
-    )
-    return event["time"] - after_wall, f"{event['what']}: {event['reason']}"
-
-
-# --- one scenario's report ----------------------------------------------------------------
-
-
-@dataclass
-class Report:
-    scenario: str
-    traces: list[Trace]
-    fault_perf: float | None  # when the fault began
-    faulted_units: tuple[str, ...] | None  # None: every unit's streams are in play
-    # True: the fault breaks the faulted units' streams in flight, and completing them is
-    # resumption's job. False: the fault must break nothing a client sees (0 failed).
-    resumable: bool
-    fault_end: float | None = None  # when it ended (conclude: when its action returned)
-    ejection_s: float | None = None
-    ejection_note: str = "n/a"
-    gauges: dict[str, float] | None = None
-    gauges_note: str | None = None  # why the gauges could not be read (the gateway exited)
-    notes: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-    latency: str = ""
-
-    def of(self, outcome: str) -> list[Trace]:
-        return [t for t in self.traces if t.outcome == outcome]
-
-    @property
-    def not_started_failures(self) -> list[Trace]:
-        return [t for t in self.traces if t.outcome in ("failed", "lost") and not t.started]
-
-    @property
-    def in_flight(self) -> list[Trace]:
-        """Streams running on the faulted units at some moment of the fault: started before
-        it ended, not ended before it began (for an instant fault: started before, ended after)."""
-        begin = self.fault_perf
-        if begin is None:
-            return []
-        end = self.fault_end if self.fault_end is not None else begin
-        return [
-            t
-            for t in self.traces
-            if t.started_at is not None
-            and t.started_at < end
-            and (t.ended_at is None or t.ended_at > begin)
-            and (self.faulted_units is None or t.unit in self.faulted_units)
-            and not t.cancelled
-        ]
-
-    @property
-    def in_flight_completed(self) -> tuple[int, int]:
-        flight = self.in_flight
-        return sum(1 for t in flight if t.outcome == "completed"), len(flight)
-
-    def kinds(self, outcome: str) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for t in self.of(outcome):
-            counts[t.kind] = counts.get(t.kind, 0) + 1
-        return dict(sorted(counts.items()))
-
-    def row(self) -> str:
-        done, flight = self.in_flight_completed
-        share = f"{done}/{flight}" + (f" ({100 * done / flight:.0f}%)" if flight else "")
-        if self.resumable and flight and not RESUME_LANDED:
-            share += " (not asserted: resumption off)"
-        ejection = "n/a" if self.ejection_s is None else f"{self.ejection_s:.2f} s"
-        gauges = "0" if self.gauges is not None else (self.gauges_note or "not read")
-        failures = self.kinds("failed") | self.kinds("lost")
-        ends = [f"{n} x {kind}" for kind, n in failures.items()]
-        notes = "; ".join([*([", ".join(ends)] if ends else []), *self.notes])
-        cells = [
-            self.scenario,
-            str(len(self.traces)),
-            str(len(self.of("completed"))),
-            str(len(self.of("failed"))),
-            str(len(self.of("lost"))),
-            str(len(self.not_started_failures)),
-            share,
-            ejection,
-            gauges,
-            notes,
-        ]
-        return "| " + " | ".join(cells) + " |"
-
-    def summary(self) -> str:
-        lines = [
-            f"{self.scenario}: {len(self.traces)} traced in {self.wall_s:.1f} s",
-            f"  completed {len(self.of('completed'))}, failed {self.kinds('failed')}, "
-            f"lost {self.kinds('lost')}, cancelled {len(self.of('cancelled'))}",
-            f"  not started and failed: {len(self.not_started_failures)}; in flight at the "
-            f"fault and completed: {self.in_flight_completed}",
-            f"  detection->ejection: {self.ejection_note}; gauges: {self.gauges}",
-            f"  latency (loadtest.gen): {self.latency}",
-        ]
-        return "\n".join(lines)
-
-    def check(self) -> None:
-        """The invariants every scenario must meet, and the resumption aim where it applies."""
-        lost = self.of("lost")
-        assert not lost, f"{self.scenario}: lost requests {self.kinds('lost')}\n{self.summary()}"
-        bad = self.not_started_failures
-        assert not bad, (
-            f"{self.scenario}: {len(bad)} requests failed before their stream started "
-            f"({sorted({t.kind for t in bad})})\n{self.summary()}"
-        )
-        assert self.gauges is not None or self.gauges_note, (
-            f"{self.scenario}: in-flight gauges not back to 0: {self.notes}"
-        )
-        done, flight = self.in_flight_completed
-        if self.fault_perf is not None:
-            assert flight, f"{self.scenario}: the fault hit no stream in flight\n{self.summary()}"
-        if not self.resumable:
-            failed = self.kinds("failed")
-            assert not failed, f"{self.scenario}: clients saw failures {failed}\n{self.summary()}"
-        if flight and (not self.resumable or RESUME_LANDED):
-            assert done / flight >= AIM, (
-                f"{self.scenario}: only {done}/{flight} in-flight streams completed "
-                f"(aim {AIM:.0%}; resumption {'on' if RESUME_LANDED else 'not needed'})\n"
-                f"{self.summary()}"
-            )
-
-
-HEADER = (
-    "| scenario | sent | completed | failed (explicit) | lost | not-started failures "
-    "| in-flight completed | detection→ejection | in-flight gauges at end | notes |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
-)
-ROWS: list[str] = []  # filled by `record`, printed and written by conftest's summary hook
-
-
-def record(report: Report) -> None:
-    """Keep the row for the session's table and print the details (seen with -s or on failure)."""
-    ROWS.append(report.row())
-    print("\n" + report.summary())
-
-
-async def settle_gauges(ops: Ops, report: Report, within: float = 15.0) -> None:
-    try:
-        report.gauges = await gauges_back_to_zero(ops, within)
-    except AssertionError as exc:
-        report.notes.append(str(exc))
-
-
-def fault_errors(faults: Sequence[Fault]) -> list[str]:
-    return [f"{f.name}: {f.error}" for f in faults if f.error is not None or f.fired_perf is None]
-
-
-async def conclude(
-    report: Report, load: Load, ops: Ops | None, eject_unit: str | None = None
-) -> Report:
-    """The common end of a scenario: faults really fired, detection->ejection read from the
-    gateway's events log, gauges back to 0, the row recorded, then the invariants checked."""
-    errors = fault_errors(load.faults)
-    assert not errors, f"{report.scenario}: faults not injected: {errors}"
-    report.wall_s = load.state.elapsed()
-    report.latency = latency(load)
-    ends = [f.done_perf for f in load.faults]
-    if report.fault_end is None and report.fault_perf is not None and None not in ends:
-        report.fault_end = max(e for e in ends if e is not None)
-    missed: str | None = None
-    if eject_unit is not None and ops is not None:
-        fired = load.faults[0].fired_wall
-        assert fired is not None
-        try:
-            report.ejection_s, report.ejection_note = await ejection_time(ops, eject_unit, fired)
-        except AssertionError as exc:
-            missed = str(exc)
-            report.notes.append(f"{eject_unit} never ejected")
-    if ops is not None and report.gauges_note is None:
-        await settle_gauges(ops, report)
-    if ops is not None and RESUME_LANDED:
-        after = await asyncio.to_thread(resumptions, ops)
-        counted = {k: v - load.resumptions_before.get(k, 0.0) for k, v in after.items()}
-        text = ", ".join(f"{k} {v:g}" for k, v in sorted(counted.items()) if v) or "none"
-        report.notes.append(f"gateway resumptions: {text}")
-    record(report)
-    assert missed is None, missed
-    report.check()
-    return report
-
-
-def latency(load: Load) -> str:
-    """loadtest.gen's own aggregate of the completed requests, in one line for the log."""
-    summary = aggregate(load.state.records, load.state.elapsed(), Slo())
-    parts = []
-    for name in ("ttft_ms", "e2e_ms"):
-        dist = summary[name]
-        assert isinstance(dist, dict)
-        if dist["count"]:
-            parts.append(f"{name} p50 {dist['p50']:.0f} p99 {dist['p99']:.0f}")
-    return ", ".join(parts) or "no completed request"

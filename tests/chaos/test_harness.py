@@ -13,7 +13,8 @@ from aiohttp import web
 
 from loadtest.gen.workload import RequestSpec
 from tests.chaos.clusters import free_port
-from tests.chaos.harness import Report, Trace, send_traced
+from tests.chaos.harness import Trace, send_traced
+from tests.chaos.report import Report
 
 pytestmark = pytest.mark.chaos
 

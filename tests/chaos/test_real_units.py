@@ -18,16 +18,9 @@ import pytest
 
 from loadtest.gen.shapes import RunConfig
 from tests.chaos.clusters import REAL_MODEL, RealCluster, start_real
-from tests.chaos.harness import (
-    Fault,
-    Report,
-    conclude,
-    first_event_after,
-    run_load,
-    streaming_on,
-    until,
-    workload,
-)
+from tests.chaos.harness import Fault, run_load, streaming_on, workload
+from tests.chaos.ops import first_event_after, until
+from tests.chaos.report import Report, conclude
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(240)]
 

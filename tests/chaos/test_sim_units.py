@@ -22,17 +22,14 @@ from tests.chaos.clusters import GatewayProcess, start_gateway
 from tests.chaos.harness import (
     Fault,
     Load,
-    Report,
     Trace,
-    conclude,
-    first_event_after,
     run_load,
-    samples,
     send_traced,
     streaming_on,
-    until,
     workload,
 )
+from tests.chaos.ops import first_event_after, samples, until
+from tests.chaos.report import Report, conclude
 from tests.support import MODEL, SimProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
