@@ -265,6 +265,15 @@ class GatewayProcess:
 # far above the simulated units' 5 ms / 4 ms so a busy CI machine cannot trip the control stream.
 MAX_BODY = 64 * 1024
 TIMEOUTS = {"connect": 1.0, "first_byte": 1.5, "idle": 1.0, "total": 4.0}
+DEADLINE = TIMEOUTS["total"] + 4.0  # nothing may take longer than the gateway's own limits
+DONE = b"data: [DONE]\n\n"
+
+
+def check_error(reply: Reply) -> None:
+    """An OpenAI-shaped JSON error answer."""
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert reply.headers.get("content-type", "").startswith("application/json")
 
 
 def start_gateway(tmp: Path, sim: SimProcess, raw: RawUnit) -> GatewayProcess:
@@ -359,3 +368,7 @@ def reference_stream(sim: SimProcess, body: bytes) -> bytes:
     assert reply.status == 200 and reply.complete
     assert reply.body.endswith(b"data: [DONE]\n\n")
     return reply.body
+
+
+# The fixture that hands a test the control streams running beside it.
+Control = Callable[[], ControlStreams]
