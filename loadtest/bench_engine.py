@@ -12,18 +12,21 @@ worker) so every rank owns its torch thread count and its Gloo world on a free 1
    queueing (one message in flight). Also shown: how long send() blocks the leader, and the
    round trip. The one-way p50 is the "raw broadcast latency" the aim is measured against.
 
-2. Per-step runtime overhead at TP=2. The step: an instrumented LeaderEngine subclass times
-   its `_step` (schedule, broadcast, forward, sampling, scheduler update, token events) while
-   the real follower (`python -m engine.runtime.node --role follower`) mirrors it; only steps
-   that decode the full batch (1 or 8 single-token entries) count. The forward alone: both
-   ranks run the same model forward on the same decode batches at the same positions in
-   lockstep (the all-reduces keep them together), with no messaging, scheduling or sampling.
-   overhead = step p50 - forward p50. Why not the forward timed inside the step: the
-   follower starts its forward only after the message arrives, so the leader's in-step
-   forward absorbs that wait at its first all-reduce; splitting the step there would hide the
-   messaging cost. It is printed as "fwd-in-step" for reference. The cadence (start-to-start
-   period of consecutive decode steps) also counts the loop's inbox handling and the GIL
-   shared with the asyncio consumer; its overhead and ratio are printed too.
+2. Per-step runtime overhead at TP=2, from stamps paired within each step. The leader is an
+   instrumented LeaderEngine subclass (step start/end, forward start/end, send() start/end);
+   the follower is the real follower loop (`engine.runtime.follower.run_follower`) on a model
+   whose forwards are stamped, with receive() stamped too. The leader's i-th forward and the
+   follower's i-th forward are the same step. The model runs from the moment both ranks are
+   inside forward (the later start; whoever is first waits at the first all-reduce) to the
+   leader's forward end; the rest of the step is the runtime's: schedule, the step message
+   on the wire, the follower decoding it, sampling, the scheduler update and the token
+   events. Only steps that decode the full batch (1 or 8 single-token entries) count. The
+   p50 of that per-step runtime is compared with the one-way broadcast p50 of (1).
+   Why paired: the model time at TP=2 moves by 1-2 ms between runs (Gloo all-reduce tails on
+   loopback), so "step p50 minus a separately measured forward p50" could not resolve a few
+   hundred microseconds (it read 0.6x and 2.6x on two runs of the same code). Also shown: the
+   lockstep forward alone (both ranks, no runtime) beside the model time inside the step, and
+   the runtime per step at TP=1, where there is no follower and step minus forward is exact.
 
 3. Decode throughput through `LeaderEngine.generate` (no HTTP), 1 and 8 concurrent requests,
    greedy, ignore_eos, a fixed 16-token prompt: decode tok/s = tokens after each request's
@@ -72,15 +75,15 @@ def _pair(name: str, job: str, out: Path, logs: Path, extra: list[str]) -> tuple
     return read(files[0]), read(files[1])
 
 
-def _tp2_engine(out: Path, logs: Path, extra: list[str]) -> dict[str, Any]:
+def _tp2_engine(out: Path, logs: Path, extra: list[str]) -> tuple[Any, Any]:
+    """The instrumented leader and the real follower loop; (leader result, follower result)."""
     master = f"127.0.0.1:{free_port()}"
-    result = out / "engine-tp2-rank0.json"
-    follower = ["engine.runtime.node", "--role", "follower", "--rank", "1", "--world-size"]
-    follower += ["2", "--master", master, "--threads", "1", "--collective-timeout", "60"]
-    follower += ["--unit", "bench", "--num-slots", "8", "--seed", "0"]
-    leader = worker("engine", result, "--master", master, "--threads", "1", *extra)
+    files = [out / f"engine-tp2-rank{r}.json" for r in (0, 1)]
+    common = ["--master", master, "--threads", "1", "--world-size", "2"]
+    leader = worker("engine", files[0], *common, *extra)
+    follower = worker("follower", files[1], *common, "--rank", "1")
     run_group("engine-tp2", [leader, follower], logs)
-    return read(result)
+    return read(files[0]), read(files[1])
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,13 +103,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     res["broadcast"] = analyze.broadcast(b0["data"], b1["data"])
     f0, _ = _pair("forward-tp2", "forward", raw, logs, gen)
     fwd = {"tp2_t1": analyze.forward(f0["data"])}
-    engines = {"tp2_t1": _tp2_engine(raw, logs, ["--world-size", "2", *gen])}
+    lead, follow = _tp2_engine(raw, logs, gen)
+    engines = {"tp2_t1": lead}
+    res["runtime"] = analyze.runtime(lead["data"], follow["data"]["calls"], res["broadcast"])
     for threads in (1, 2):
         key, t = f"tp1_t{threads}", ["--world-size", "1", "--threads", str(threads)]
-        f_file, e_file = raw / f"forward-{key}.json", raw / f"engine-{key}.json"
-        run_group(f"forward-{key}", [worker("forward", f_file, *t, *gen)], logs)
+        e_file = raw / f"engine-{key}.json"
         run_group(f"engine-{key}", [worker("engine", e_file, *t, *gen)], logs)
-        fwd[key] = analyze.forward(read(f_file)["data"])
         engines[key] = read(e_file)
 
     res["configs"] = {
@@ -117,11 +120,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     res["torch_threads"] = {k: e["torch_threads"] for k, e in engines.items()}
     res["forward_us"] = fwd
     res["engine"] = {k: analyze.engine(e["data"]) for k, e in engines.items()}
-    bcast = res["broadcast"]
-    res["overhead"] = {
-        k: analyze.overhead(res["engine"][k], fwd[k], bcast if k.startswith("tp2") else None)
-        for k in engines
-    }
     outputs = {json.dumps(t) for e in res["engine"].values() for b in e for t in e[b]["tokens"]}
     res["outputs_identical"] = len(outputs) == 1
     res["machine"]["loadavg_end"] = loadavg()

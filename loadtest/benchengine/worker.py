@@ -5,14 +5,20 @@ writes one JSON result file (`--result`). Jobs:
 
   bcast    both ranks: the step message alone, ping-ponged (see `_bcast`).
   forward  both ranks: the tiny model's forward in lockstep, no runtime (see `_forward`).
-  engine   rank 0 only: a LeaderEngine (instrumented subclass) driven through `generate`; at
-           world size 2 its follower is the real `python -m engine.runtime.node`.
+  engine   rank 0 only: a LeaderEngine (instrumented subclass) driven through `generate`.
+  follower rank 1..: the real follower loop (`engine.runtime.follower.run_follower`) on a
+           model whose forwards are stamped, so each step's forward start on every rank is
+           known and the step can be split into model time and runtime time (see analyze).
+
+Stamps that are compared across processes are CLOCK_MONOTONIC (`time.monotonic_ns`), which
+Linux shares between processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import sys
 import time
@@ -26,7 +32,11 @@ import torch.distributed as dist
 from engine.api import GenerationRequest, TokenEvent
 from engine.model import ByteTokenizer, ModelConfig, SeedSource, TPContext, Transformer
 from engine.model.transformer import Entry
+from engine.runtime import follower as follower_module
+from engine.runtime import leader as leader_module
+from engine.runtime.follower import run_follower
 from engine.runtime.group import destroy_unit_group, init_unit_group
+from engine.runtime.health import NodeStats
 from engine.runtime.leader import LeaderEngine
 from engine.runtime.messages import StepMessage, receive, send
 from engine.scheduler import SamplingParams
@@ -86,18 +96,18 @@ def _bcast(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class TimedTransformer(Transformer):
-    """The model with each forward timed; `init_from_seed` in two lines, on this subclass."""
+    """The model with each forward stamped; `init_from_seed` in two lines, on this subclass."""
 
     def __init__(self, tp: TPContext) -> None:
         super().__init__(ModelConfig.tiny(), tp, num_slots=NUM_SLOTS)
         self.load(SeedSource(self.config, SEED))
-        self.calls: list[tuple[int, int, int]] = []  # (entries, tokens, ns)
+        self.calls: list[tuple[int, int, int, int]] = []  # (entries, tokens, start, end) ns
 
     def forward(self, batch: Sequence[Entry]) -> torch.Tensor:
-        t0 = time.perf_counter_ns()
+        t0 = time.monotonic_ns()
         logits = super().forward(batch)
         tokens = sum(len(e[1]) for e in batch)
-        self.calls.append((len(batch), tokens, time.perf_counter_ns() - t0))
+        self.calls.append((len(batch), tokens, t0, time.monotonic_ns()))
         return logits
 
 
@@ -113,10 +123,10 @@ def _forward(args: argparse.Namespace, tp: TPContext) -> dict[str, Any]:
         for rnd in range(WARMUP_ROUNDS + args.rounds):
             model([(slot, PROMPT, 0) for slot in range(batch)])
             for step in range(args.max_tokens - 1):
-                t0 = time.perf_counter_ns()
                 model(decode_entries(batch, len(PROMPT) + step))
                 if rnd >= WARMUP_ROUNDS:
-                    times.append(time.perf_counter_ns() - t0)
+                    _, _, t0, t1 = model.calls[-1]
+                    times.append(t1 - t0)
         out[str(batch)] = {"forward_ns": times}
     return out
 
@@ -124,8 +134,23 @@ def _forward(args: argparse.Namespace, tp: TPContext) -> dict[str, Any]:
 # -- engine --
 
 
+class Stamped:
+    """Wraps a module-level function and stamps each call's (start, end), monotonic ns: the
+    step message's send() in the leader module, receive() in the follower module."""
+
+    def __init__(self, module: Any, name: str) -> None:
+        self.fn, self.calls = getattr(module, name), list[tuple[int, int]]()
+        setattr(module, name, self)
+
+    def __call__(self, *args: Any) -> Any:
+        t0 = time.monotonic_ns()
+        out = self.fn(*args)
+        self.calls.append((t0, time.monotonic_ns()))
+        return out
+
+
 class TimedEngine(LeaderEngine):
-    """LeaderEngine with `_step` timed: the schedule, the broadcast, the forward, sampling,
+    """LeaderEngine with `_step` stamped: the schedule, the broadcast, the forward, sampling,
     the scheduler update and the token events, i.e. one whole engine step."""
 
     def __init__(self, model: TimedTransformer, *, teardown: Any) -> None:
@@ -133,16 +158,20 @@ class TimedEngine(LeaderEngine):
             model, ByteTokenizer(), model_name="tiny", heartbeat_s=2.5, teardown=teardown
         )
         self.timed_model = model
-        self.steps: list[tuple[int, int, int, int, int]] = []  # entries, tokens, start, ns, fwd
+        self.sends = Stamped(leader_module, "send")
+        # (entries, tokens, step start, step end, forward start, forward end, send start,
+        # send end), monotonic ns; the send stamps are 0 at world size 1 (nothing is sent)
+        self.steps: list[tuple[int, ...]] = []
 
     def _step(self) -> None:
-        calls = len(self.timed_model.calls)
-        t0 = time.perf_counter_ns()
+        calls, sends = len(self.timed_model.calls), len(self.sends.calls)
+        t0 = time.monotonic_ns()
         super()._step()
-        t1 = time.perf_counter_ns()
+        t1 = time.monotonic_ns()
         if len(self.timed_model.calls) > calls:
-            entries, tokens, fwd = self.timed_model.calls[-1]
-            self.steps.append((entries, tokens, t0, t1 - t0, fwd))
+            entries, tokens, f0, f1 = self.timed_model.calls[-1]
+            s0, s1 = self.sends.calls[-1] if len(self.sends.calls) > sends else (0, 0)
+            self.steps.append((entries, tokens, t0, t1, f0, f1, s0, s1))
 
 
 async def _one(engine: LeaderEngine, rid: str, params: SamplingParams) -> dict[str, Any]:
@@ -171,7 +200,8 @@ async def _rounds(engine: TimedEngine, args: argparse.Namespace) -> dict[str, An
             jobs = [_one(engine, f"b{batch}-r{rnd}-{i}", params) for i in range(batch)]
             results = await asyncio.gather(*jobs)
             if rnd >= WARMUP_ROUNDS:
-                rounds.append({"requests": results, "steps": engine.steps[first_step:]})
+                steps = engine.steps[first_step:]
+                rounds.append({"requests": results, "first_step": first_step, "steps": steps})
         out[str(batch)] = rounds
     return out
 
@@ -195,9 +225,27 @@ def _engine(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _follower(args: argparse.Namespace) -> dict[str, Any]:
+    """The real follower loop until the leader's STOP; every forward it ran, stamped."""
+    model = TimedTransformer(TPContext(rank=args.rank, world_size=args.world_size))
+    init_unit_group(args.rank, args.world_size, args.master, args.timeout, args.timeout)
+    stats = NodeStats("follower", "bench", args.rank, NUM_SLOTS)
+    receives = Stamped(follower_module, "receive")
+    code = run_follower(model, stats)
+    if code != 0:
+        raise RuntimeError(f"follower: run_follower exited {code}: {stats.snapshot()}")
+    destroy_unit_group()
+    # each forward with the receive() that returned its step message: the last one before it
+    ends = [end for _, end in receives.calls]
+    calls = [
+        (*call, *receives.calls[bisect.bisect_right(ends, call[2]) - 1]) for call in model.calls
+    ]
+    return {"calls": calls}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest.benchengine.worker")
-    p.add_argument("job", choices=("bcast", "forward", "engine"))
+    p.add_argument("job", choices=("bcast", "forward", "engine", "follower"))
     p.add_argument("--result", type=Path, required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=2)
@@ -219,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     info["torch_threads"] = torch.get_num_threads()
     if args.job == "engine":
         data = _engine(args)
+    elif args.job == "follower":
+        data = _follower(args)
     else:
         tp = init_unit_group(args.rank, args.world_size, args.master, args.timeout, args.timeout)
         try:
