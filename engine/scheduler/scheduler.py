@@ -170,8 +170,11 @@ class Scheduler:
         if token in seq.params.stop_token_ids:
             seq.stop_reason = token
             return FinishReason.STOP
-        text = self._decode(seq.output_ids)
-        match = find_stop(text, seq.params.stop)
+        stops = seq.params.stop
+        # Text before this point was searched at earlier tokens and cannot change.
+        start = seq.detok.stable_len - max(map(len, stops), default=1) + 1
+        text = seq.detok.update(seq.output_ids, self._decode)
+        match = find_stop(text, stops, max(0, start))
         if match is not None:
             seq.set_text(text[: match[0]])
             seq.stop_reason = match[1]
@@ -196,4 +199,4 @@ class Scheduler:
     def _entry(seq: Sequence, start: int) -> ScheduledSeq:
         """Feed every token from `start` on: all of them for a prefill, the last for a decode."""
         assert seq.slot is not None, "a running sequence always owns a slot"
-        return ScheduledSeq(seq.seq_id, seq.slot, seq.token_ids[start:], start, seq.params)
+        return ScheduledSeq(seq.seq_id, seq.slot, seq.tokens_from(start), start, seq.params)

@@ -6,11 +6,9 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from engine.scheduler.detok import REPLACEMENT_CHAR, IncrementalText
 from engine.scheduler.errors import InvalidParams
 from engine.scheduler.stops import partial_stop_len
-
-# A token whose bytes end mid-character decodes to this; the next token may complete it.
-_REPLACEMENT_CHAR = "\ufffd"
 
 
 class SequenceStatus(enum.Enum):
@@ -76,6 +74,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the EOS/stop token id or stop string that matched
     num_preemptions: int = 0
+    detok: IncrementalText = field(default_factory=IncrementalText, init=False, repr=False)
     _text: str = field(default="", init=False, repr=False)
     _emitted: int = field(default=0, init=False, repr=False)
 
@@ -86,6 +85,13 @@ class Sequence:
     @property
     def token_ids(self) -> tuple[int, ...]:
         return self.prompt_ids + tuple(self.output_ids)
+
+    def tokens_from(self, start: int) -> tuple[int, ...]:
+        """`token_ids[start:]` without building the whole tuple: a decode step needs one id."""
+        cut = start - len(self.prompt_ids)
+        if cut >= 0:
+            return tuple(self.output_ids[cut:])
+        return self.prompt_ids[start:] + tuple(self.output_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -111,7 +117,7 @@ class Sequence:
         end = len(self._text)
         if not self.is_finished:
             end -= partial_stop_len(self._text, self.params.stop)
-            while end > self._emitted and self._text[end - 1] == _REPLACEMENT_CHAR:
+            while end > self._emitted and self._text[end - 1] == REPLACEMENT_CHAR:
                 end -= 1
         if end <= self._emitted:
             return ""
@@ -119,5 +125,6 @@ class Sequence:
         return delta
 
     def set_text(self, text: str) -> None:
-        """Called by the scheduler after each token; the text is decoded from `output_ids`."""
+        """Called by the scheduler after each token, with the text of `output_ids` (cut before
+        a matched stop string)."""
         self._text = text

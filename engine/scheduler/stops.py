@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> tuple[int, str] | None:
     """The earliest match wins, so the visible text is the shortest prefix ending at any stop.
 
-    Returns (index where the stop string starts, the stop string), or None.
+    Returns (index where the stop string starts, the stop string), or None. Matches starting
+    before `start` are not looked for: the caller searched that text already.
     """
     best: tuple[int, str] | None = None
     for stop in stops:
-        index = text.find(stop)
+        index = text.find(stop, start)
         if index >= 0 and (best is None or index < best[0]):
             best = (index, stop)
     return best
