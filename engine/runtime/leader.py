@@ -13,7 +13,6 @@ request with an error event, refuses new ones, and leaves the restart to a super
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import queue
@@ -29,6 +28,7 @@ from engine.model import Tokenizer, Transformer
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, StepMessage, send
+from engine.runtime.outbox import Outbox
 from engine.runtime.sampling import make_generator, sample_batch
 from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
 
@@ -87,6 +87,8 @@ class LeaderEngine:
         self._ids = itertools.count()
         self._live: dict[int, _Request] = {}  # engine thread only
         self._by_name: dict[str, int] = {}  # engine thread only
+        self._outbox: Outbox[TokenEvent] = Outbox()  # engine thread only
+        self._unpublished: tuple[ScheduledBatch, dict[int, int]] | None = None  # the last step
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # -- engine.api.Engine --
@@ -176,6 +178,8 @@ class LeaderEngine:
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued commands; when idle, wait for one (heartbeating meanwhile).
         False once STOP arrives."""
+        if block:
+            self._publish()  # nothing more to run: hand everything over before waiting
         while True:
             try:
                 item = self._inbox.get(block=block, timeout=self._heartbeat_s if block else None)
@@ -194,6 +198,7 @@ class LeaderEngine:
             send(StepMessage(Command.HEARTBEAT, pending=0), self._model.tp.group)
 
     def _apply(self, item: object) -> None:
+        self._collect_tokens()  # the last step's finished requests are forgotten first
         if isinstance(item, _Abort):
             seq_id = self._by_name.get(item.request_id)
             if seq_id is not None and self.scheduler.abort(seq_id):
@@ -224,24 +229,36 @@ class LeaderEngine:
     def _step(self) -> None:
         batch = self.scheduler.schedule()
         if batch.is_empty:
+            self._publish()
             return
         entries = [(s.slot, s.token_ids, s.start_pos) for s in batch.seqs]
         if self._distributed:
             msg = StepMessage.step(entries, self.scheduler.pending, self._slots_used)
             send(msg, self._model.tp.group)
+        # The last step's tokens go out now, while the followers receive this step's message:
+        # between the forward and the send they would delay the whole unit (see Outbox).
+        self._publish()
         logits = self._model(entries)
         tokens = sample_batch(
             logits, [(s.params, self._live[s.seq_id].generator) for s in batch.seqs]
         )
         sampled = {s.seq_id: token for s, token in zip(batch.seqs, tokens, strict=True)}
         self.scheduler.update(sampled)
-        self._emit_tokens(batch, sampled)
+        self._unpublished = (batch, sampled)
         self.stats.record_step(self.scheduler.pending, self._slots_used)
 
-    def _emit_tokens(self, batch: ScheduledBatch, sampled: dict[int, int]) -> None:
-        """One wake-up of each consumer loop per step, not one per token: every cross-thread
-        call wakes the loop and contends for the GIL with the next step's forward."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
+    def _publish(self) -> None:
+        self._collect_tokens()
+        self._outbox.flush()
+
+    def _collect_tokens(self) -> None:
+        """Queue the last step's token events. Runs before the next scheduler update (the
+        events read each sequence's text and state as that step left them) and before any
+        other event is queued, so a request's events stay in order."""
+        if self._unpublished is None:
+            return
+        batch, sampled = self._unpublished
+        self._unpublished = None
         for s in batch.seqs:
             item = self._live.get(s.seq_id)
             if item is None or item.seq is None:
@@ -257,12 +274,9 @@ class LeaderEngine:
                 prompt_tokens=len(seq.prompt_ids),
                 completion_tokens=len(seq.output_ids),
             )
-            by_loop.setdefault(item.loop, []).append((item, event))
+            self._outbox.put(item.loop, item.sink.put_nowait, event)
             if seq.is_finished:
                 self._forget(s.seq_id)
-        for loop, deliveries in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the consumer's loop closed
-                loop.call_soon_threadsafe(_put_all, deliveries)
 
     def _emit_finished(self, item: _Request, reason: str, error: str | None = None) -> None:
         completion = 0 if item.seq is None else len(item.seq.output_ids)
@@ -275,6 +289,7 @@ class LeaderEngine:
 
     def _close(self, error: str) -> None:
         """End every in-flight request with an error event, including ones still queued."""
+        self._collect_tokens()
         for item in list(self._live.values()):
             if item.seq is not None:
                 self.scheduler.abort(item.seq.seq_id)
@@ -283,9 +298,10 @@ class LeaderEngine:
             try:
                 pending = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
             if isinstance(pending, _Request):
                 self._deliver(pending, _final(pending.request, None, "error", error))
+        self._outbox.flush()
 
     def _fail(self, reason: str) -> None:
         with self._gate:
@@ -295,15 +311,11 @@ class LeaderEngine:
             self._close(self._refusal)
         self.stats.set_load(0, 0)
 
-    @staticmethod
-    def _deliver(item: _Request, event: TokenEvent) -> None:
-        with contextlib.suppress(RuntimeError):  # the consumer's loop closed: nobody listens
-            item.loop.call_soon_threadsafe(item.sink.put_nowait, event)
-
-
-def _put_all(deliveries: list[tuple[_Request, TokenEvent]]) -> None:
-    for item, event in deliveries:
-        item.sink.put_nowait(event)
+    def _deliver(self, item: _Request, event: TokenEvent) -> None:
+        """Queued behind the last step's tokens; the loop flushes before it next waits or
+        runs a forward."""
+        self._collect_tokens()
+        self._outbox.put(item.loop, item.sink.put_nowait, event)
 
 
 def _final(
