@@ -103,9 +103,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     res["broadcast"] = analyze.broadcast(b0["data"], b1["data"])
     f0, _ = _pair("forward-tp2", "forward", raw, logs, gen)
     fwd = {"tp2_t1": analyze.forward(f0["data"])}
+    l0, l1 = _pair("bare-tp2", "bare", raw, logs, gen)
+    res["bare_loop"] = analyze.bare_loop(l0["data"], l1["data"])
     lead, follow = _tp2_engine(raw, logs, gen)
     engines = {"tp2_t1": lead}
-    res["runtime"] = analyze.runtime(lead["data"], follow["data"]["calls"], res["broadcast"])
+    calls = follow["data"]["calls"]
+    res["runtime"] = analyze.runtime(lead["data"], calls, res["broadcast"], res["bare_loop"])
     for threads in (1, 2):
         key, t = f"tp1_t{threads}", ["--world-size", "1", "--threads", str(threads)]
         e_file = raw / f"engine-{key}.json"

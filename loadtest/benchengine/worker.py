@@ -5,6 +5,7 @@ writes one JSON result file (`--result`). Jobs:
 
   bcast    both ranks: the step message alone, ping-ponged (see `_bcast`).
   forward  both ranks: the tiny model's forward in lockstep, no runtime (see `_forward`).
+  bare     both ranks: the same, with the step message sent before each forward.
   engine   rank 0 only: a LeaderEngine (instrumented subclass) driven through `generate`.
   follower rank 1..: the real follower loop (`engine.runtime.follower.run_follower`) on a
            model whose forwards are stamped, so each step's forward start on every rank is
@@ -111,23 +112,45 @@ class TimedTransformer(Transformer):
         return logits
 
 
-def _forward(args: argparse.Namespace, tp: TPContext) -> dict[str, Any]:
+def _forward(args: argparse.Namespace, tp: TPContext, bare_loop: bool) -> dict[str, Any]:
     """Every rank runs the same rounds: prefill PROMPT into each slot (untimed), then
     `max_tokens - 1` decode steps at the positions the engine would use, each timed on its
     own. The ranks stay in lockstep through the all-reduces inside forward, exactly as in the
-    runtime, but nothing is broadcast, scheduled or sampled."""
+    runtime, but nothing is scheduled or sampled.
+
+    `bare_loop`: before each decode forward the leader sends that step's message and the
+    follower receives it, with the same send()/receive() as the runtime and the same stamps
+    as `_bcast`: the step message on its own, but sent where a step sends it, right after a
+    forward, instead of in a tight ping-pong. Its one-way latency is the floor a runtime
+    cannot go below (measured here: about 1.5x the ping-pong's, since each side has just
+    spent milliseconds computing)."""
     model = TimedTransformer(tp)
     out: dict[str, Any] = {}
     for batch in args.batches:
         times: list[int] = []
+        stamps: list[int] = []
+        send_ns: list[int] = []
         for rnd in range(WARMUP_ROUNDS + args.rounds):
             model([(slot, PROMPT, 0) for slot in range(batch)])
             for step in range(args.max_tokens - 1):
-                model(decode_entries(batch, len(PROMPT) + step))
+                entries = decode_entries(batch, len(PROMPT) + step)
+                if bare_loop and tp.rank == 0:
+                    msg = StepMessage.step(entries, pending=batch, slots_used=batch)
+                    t0 = time.monotonic_ns()
+                    send(msg)
+                    t_sent = time.monotonic_ns()
+                    if rnd >= WARMUP_ROUNDS:
+                        stamps.append(t0)
+                        send_ns.append(t_sent - t0)
+                elif bare_loop:
+                    entries = list(receive().entries)
+                    if rnd >= WARMUP_ROUNDS:
+                        stamps.append(time.monotonic_ns())
+                model(entries)
                 if rnd >= WARMUP_ROUNDS:
                     _, _, t0, t1 = model.calls[-1]
                     times.append(t1 - t0)
-        out[str(batch)] = {"forward_ns": times}
+        out[str(batch)] = {"forward_ns": times, "stamps_ns": stamps, "send_call_ns": send_ns}
     return out
 
 
@@ -245,7 +268,7 @@ def _follower(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest.benchengine.worker")
-    p.add_argument("job", choices=("bcast", "forward", "engine", "follower"))
+    p.add_argument("job", choices=("bcast", "forward", "bare", "engine", "follower"))
     p.add_argument("--result", type=Path, required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=2)
@@ -272,7 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         tp = init_unit_group(args.rank, args.world_size, args.master, args.timeout, args.timeout)
         try:
-            data = _bcast(args) if args.job == "bcast" else _forward(args, tp)
+            if args.job == "bcast":
+                data = _bcast(args)
+            else:
+                data = _forward(args, tp, bare_loop=args.job == "bare")
             if args.world_size > 1:
                 dist.barrier()
         finally:

@@ -50,14 +50,16 @@ def test_partial_batches_are_skipped_and_the_pairing_is_checked() -> None:
         analyze._paired_steps([{"first_step": 0, "steps": steps}], calls, 1)
 
 
-def test_ratio_is_the_runtime_p50_over_the_one_way_broadcast_p50() -> None:
+def test_the_aim_compares_with_the_bare_loop_and_the_ping_pong_is_shown() -> None:
     steps = [_step(0, 40, 100, 9_000, 9_200)]
     calls = [_call(400, 420, 9_010)]
     leader = {"8": [{"first_step": 0, "steps": steps}]}
-    bcast = {"8": {"one_way_us": {"p50": 310.0}}}
-    row = analyze.runtime(leader, calls, bcast)["8"]
+    bare = {"8": {"one_way_us": {"p50": 310.0}}}
+    pingpong = {"8": {"one_way_us": {"p50": 200.0}}}
+    row = analyze.runtime(leader, calls, pingpong, bare)["8"]
     assert row["runtime"]["p50"] == pytest.approx(620.0)
     assert row["ratio"] == pytest.approx(2.0)
+    assert row["ratio_pingpong"] == pytest.approx(3.1)
     assert row["meets_aim"] is True
 
 
@@ -73,7 +75,7 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for heading in ("1. step message", "2. per-step runtime", "3. decode throughput"):
+    for heading in ("1. step message", "bare step loop", "2. per-step", "3. decode throughput"):
         assert heading in proc.stdout
     assert "greedy outputs identical across configs: True" in proc.stdout
     summary = json.loads((tmp_path / "engine.json").read_text())
