@@ -244,8 +244,7 @@ class LeaderEngine:
         )
         sampled = {s.seq_id: token for s, token in zip(batch.seqs, tokens, strict=True)}
         self.scheduler.update(sampled)
-        self._unpublished = (batch, sampled)
-        self.stats.record_step(self.scheduler.pending, self._slots_used)
+        self._unpublished = (batch, sampled)  # counted in /health once published
 
     def _publish(self) -> None:
         self._collect_tokens()
@@ -259,6 +258,7 @@ class LeaderEngine:
             return
         batch, sampled = self._unpublished
         self._unpublished = None
+        self.stats.record_step(self.scheduler.pending, self._slots_used)
         for s in batch.seqs:
             item = self._live.get(s.seq_id)
             if item is None or item.seq is None:

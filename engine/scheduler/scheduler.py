@@ -82,7 +82,9 @@ class Scheduler:
         if self.get(seq_id) is not None:
             raise DuplicateSequence(seq_id)
         room = self.config.max_seq_len - len(prompt_ids)
-        seq = Sequence(seq_id, tuple(prompt_ids), params, min(params.max_tokens, room))
+        seq = Sequence(
+            seq_id, tuple(prompt_ids), params, min(params.max_tokens, room), decode=self._decode
+        )
         self._waiting.append(seq)
         self._live[seq_id] = seq
         return seq
@@ -170,16 +172,16 @@ class Scheduler:
         if token in seq.params.stop_token_ids:
             seq.stop_reason = token
             return FinishReason.STOP
+        seq.show_output()
         stops = seq.params.stop
-        # Text before this point was searched at earlier tokens and cannot change.
-        start = seq.detok.stable_len - max(map(len, stops), default=1) + 1
-        text = seq.detok.update(seq.output_ids, self._decode)
-        match = find_stop(text, stops, max(0, start))
-        if match is not None:
-            seq.set_text(text[: match[0]])
-            seq.stop_reason = match[1]
-            return FinishReason.STOP
-        seq.set_text(text)
+        if stops:  # only these need the text now; the others decode when it is read
+            # Text before this point was searched at earlier tokens and cannot change.
+            start = seq.detok.stable_len - max(map(len, stops)) + 1
+            match = find_stop(seq.text_now(), stops, max(0, start))
+            if match is not None:
+                seq.cut_text(match[0])
+                seq.stop_reason = match[1]
+                return FinishReason.STOP
         if len(seq.output_ids) >= seq.max_tokens:
             return FinishReason.LENGTH
         return None

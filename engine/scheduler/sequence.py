@@ -6,7 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from engine.scheduler.detok import REPLACEMENT_CHAR, IncrementalText
+from engine.scheduler.detok import REPLACEMENT_CHAR, Decode, IncrementalText
 from engine.scheduler.errors import InvalidParams
 from engine.scheduler.stops import partial_stop_len
 
@@ -74,8 +74,12 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the EOS/stop token id or stop string that matched
     num_preemptions: int = 0
+    decode: Decode | None = field(default=None, repr=False)  # the scheduler's tokenizer
     detok: IncrementalText = field(default_factory=IncrementalText, init=False, repr=False)
     _text: str = field(default="", init=False, repr=False)
+    _shown: int = field(default=0, init=False, repr=False)  # output ids that make the text
+    _decoded: int = field(default=0, init=False, repr=False)  # output ids `_text` is from
+    _cut: bool = field(default=False, init=False, repr=False)  # a stop string ended the text
     _emitted: int = field(default=0, init=False, repr=False)
 
     @property
@@ -106,7 +110,7 @@ class Sequence:
 
         While running, its tail may still become a stop string; stream with `take_text_delta`.
         """
-        return self._text
+        return self.text_now()
 
     def take_text_delta(self) -> str:
         """Text since the last call that can no longer change, so a stream never takes back.
@@ -114,17 +118,37 @@ class Sequence:
         Holds back a tail that could be the start of a stop string, and a trailing replacement
         character (a multi-byte character split across tokens), until the sequence finishes.
         """
-        end = len(self._text)
+        text = self.text_now()
+        end = len(text)
         if not self.is_finished:
-            end -= partial_stop_len(self._text, self.params.stop)
-            while end > self._emitted and self._text[end - 1] == REPLACEMENT_CHAR:
+            end -= partial_stop_len(text, self.params.stop)
+            while end > self._emitted and text[end - 1] == REPLACEMENT_CHAR:
                 end -= 1
         if end <= self._emitted:
             return ""
-        delta, self._emitted = self._text[self._emitted : end], end
+        delta, self._emitted = text[self._emitted : end], end
         return delta
 
-    def set_text(self, text: str) -> None:
-        """Called by the scheduler after each token, with the text of `output_ids` (cut before
-        a matched stop string)."""
-        self._text = text
+    # -- the scheduler's side --
+
+    def show_output(self) -> None:
+        """Every output id so far belongs to the text (EOS and stop tokens never do). The
+        text is decoded when first read, not here: the scheduler decodes eagerly only for
+        sequences with stop strings, so the others' decoding happens off the step's critical
+        path (the leader reads text after sending the next step message)."""
+        self._shown = len(self.output_ids)
+
+    def text_now(self) -> str:
+        if self._decoded != self._shown and not self._cut:
+            if self.decode is None:
+                raise RuntimeError("Sequence.decode: set by the scheduler before any output")
+            n = self._shown
+            ids = self.output_ids if n == len(self.output_ids) else self.output_ids[:n]
+            self._text = self.detok.update(ids, self.decode)
+            self._decoded = n
+        return self._text
+
+    def cut_text(self, end: int) -> None:
+        """A stop string starts at `end`: the text ends there, whatever comes after."""
+        self._text = self.text_now()[:end]
+        self._cut = True

@@ -105,3 +105,28 @@ def test_a_decode_step_feeds_only_the_last_token() -> None:
     assert (decode.token_ids, decode.start_pos) == ((70,), 16)
     assert seq.tokens_from(15) == (16, 70)
     assert seq.tokens_from(0) == seq.token_ids
+
+
+def test_without_stop_strings_text_is_decoded_only_when_read() -> None:
+    """The leader reads text after sending the next step message; the scheduler's update,
+    which runs before that send, must not decode for sequences without stop strings."""
+    calls: list[int] = []
+
+    def decode(ids: Seq[int]) -> str:
+        calls.append(len(ids))
+        return BYTES.decode(ids)
+
+    sched = Scheduler(SchedulerConfig(), BYTES.stop_ids, decode)
+    plain = sched.add(0, [65], SamplingParams(max_tokens=50))
+    stopping = sched.add(1, [65], SamplingParams(max_tokens=50, stop=("zz",)))
+    for token in b"hello":
+        sched.schedule()
+        calls.clear()
+        sched.update({0: token, 1: token})
+        assert calls and len(calls) == 2  # the stop-string sequence's window, twice
+    assert plain.visible_text() == "hello" == stopping.visible_text()
+    eos = min(BYTES.stop_ids)
+    sched.schedule()
+    sched.update({0: eos, 1: ord("!")})
+    assert plain.take_text_delta() == "hello" and plain.visible_text() == "hello"
+    assert stopping.take_text_delta() == "hello!"
