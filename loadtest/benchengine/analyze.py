@@ -127,7 +127,8 @@ def _paired_steps(
     tails), which differencing two separately measured p50s did not.
     """
     keys = ("model", "runtime", "pre", "post", "follower_lag", "gap", "cadence", "schedule")
-    out: dict[str, list[int]] = {k: [] for k in (*keys, "send", "wire", "follower_decode")}
+    extra = ("send", "publish", "wire", "follower_decode")
+    out: dict[str, list[int]] = {k: [] for k in (*keys, *extra)}
     for rnd in rounds:
         prev: tuple[int, int] | None = None  # (step end, runtime) of the previous decode step
         for i, (entries, tokens, t0, t1, f0, f1, s0, s1) in enumerate(rnd["steps"]):
@@ -146,6 +147,7 @@ def _paired_steps(
             out["follower_lag"].append(g0 - f0)
             out["schedule"].append(s0 - t0)
             out["send"].append(s1 - s0)
+            out["publish"].append(f0 - s1)
             out["wire"].append(r1 - s0)
             out["follower_decode"].append(g0 - r1)
             if prev is not None:

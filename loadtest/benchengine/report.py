@@ -16,6 +16,7 @@ _PARTS = {
     "runtime": "runtime in the step (all the rest):",
     "schedule": "  leader: step start -> send()",
     "send": "  leader: send() call",
+    "publish": "  leader: send() return -> forward (events out)",
     "wire": "  send() start -> follower receive() returned",
     "follower_decode": "  follower: receive() returned -> forward",
     "post": "  leader: forward end -> step end (sample, events)",

@@ -34,6 +34,7 @@ def test_split_uses_the_later_forward_start_and_counts_the_gap() -> None:
     assert [v // US for v in parts["model"]] == [9_000 - 420, 19_000 - 10_200]
     assert [v // US for v in parts["runtime"]] == [9_200 - 8_580, 10_080 - 8_800]
     assert [v // US for v in parts["wire"]] == [400 - 40, 10_140 - 9_260]
+    assert [v // US for v in parts["publish"]] == [100 - 90, 10_200 - 9_310]
     assert [v // US for v in parts["follower_lag"]] == [320, -50]
     assert [v // US for v in parts["gap"]] == [20]
     assert [v // US for v in parts["cadence"]] == [620 + 20]
