@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import orjson
 
 from gateway.config import Config, config_from_dict
 from gateway.routing.affinity import affinity_key, hash_key, rank
+from loadtest.readyfile import wait_ready_file
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "unitgate-sim"
@@ -68,20 +68,6 @@ class SimProcess:
         self.post(f"/units/{unit_id}/fault", {"mode": mode, **params})
 
 
-def wait_for_file(
-    path: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited early with {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.02)
-    result: dict[str, Any] = json.loads(path.read_text())
-    return result
-
-
 def start_sim(tmp: Path, *args: str) -> SimProcess:
     ready = tmp / "sim.ready.json"
     proc = subprocess.Popen(
@@ -89,7 +75,7 @@ def start_sim(tmp: Path, *args: str) -> SimProcess:
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    info = wait_for_file(ready, proc)
+    info = wait_ready_file(ready, proc)
     return SimProcess(proc, info["control"], info["units"])
 
 

@@ -11,15 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from loadtest.bench.params import MODEL, TOKENS
+from loadtest.readyfile import wait_ready_file
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -90,18 +88,6 @@ def _affinity(cpu: int | None) -> Iterator[None]:
         os.sched_setaffinity(0, saved)
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], ready: Path, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready after {READY_TIMEOUT_S:g} s")
-        time.sleep(0.05)
-    data: dict[str, Any] = orjson.loads(ready.read_bytes())
-    return data
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -118,7 +104,7 @@ def _child(argv: list[str], ready: Path, cpu: int | None, what: str) -> Iterator
     with _affinity(cpu):
         proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
     try:
-        yield _wait_ready(proc, ready, what)
+        yield wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
     finally:
         _stop(proc)
 

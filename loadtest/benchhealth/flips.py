@@ -19,7 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench.processes import _affinity, _stop, _wait_ready
+from loadtest.bench.processes import READY_TIMEOUT_S, _affinity, _stop
+from loadtest.readyfile import wait_ready_file
 
 # "2026-11-29 20:42:55,017 INFO unitgate.events: unit u942: unhealthy (...) by prober"
 _EVENT = re.compile(
@@ -48,7 +49,7 @@ def logged_child(
             [sys.executable, "-m", *argv], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
-        yield _wait_ready(proc, ready, what)
+        yield wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
     finally:
         _stop(proc)
 

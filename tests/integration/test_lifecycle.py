@@ -11,7 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support import ROOT, SimProcess, chat_body, wait_for_file
+from loadtest.readyfile import wait_ready_file
+from tests.support import ROOT, SimProcess, chat_body
 
 
 def _config_toml(sim: SimProcess) -> str:
@@ -64,7 +65,7 @@ async def test_sigterm_drains_in_flight_streams(clean_sim: SimProcess, tmp_path:
         cwd=ROOT,
     )
     try:
-        info = await asyncio.to_thread(wait_for_file, ready, proc)
+        info = await asyncio.to_thread(wait_ready_file, ready, proc)
         async with aiohttp.ClientSession() as http:
             resp = await http.post(info["public"] + "/v1/chat/completions", json=chat_body())
             first = await resp.content.readany()

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from loadtest.readyfile import wait_ready_file
+
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 15.0
 
@@ -24,16 +26,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _wait_ready(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-    deadline = time.monotonic() + DEADLINE_S
-    while not path.exists():
-        assert proc.poll() is None, f"sim exited early with {proc.returncode}"
-        assert time.monotonic() < deadline, "no ready file"
-        time.sleep(0.02)
-    info: dict[str, Any] = json.loads(path.read_text())
-    return info
 
 
 def _http(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -75,7 +67,7 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path, topology: str) -> N
         stdout=subprocess.PIPE,
     )
     try:
-        info = _wait_ready(ready, proc)
+        info = wait_ready_file(ready, proc, DEADLINE_S, "the simulated units")
         assert info["pid"] == proc.pid
         (unit,) = info["units"]
         assert len(unit["nodes"]) == 2 and unit["nodes"][0] == unit["leader"]
