@@ -61,7 +61,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 def resumable(data: dict[str, Any], chat: bool) -> bool:
     """True when a broken stream of this request can be continued token-exactly."""
-    if not data.get("stream") or data.get("n", 1) != 1:
+    if not data.get("stream") or data.get("n") not in (None, 1):  # null: OpenAI's default, 1
         return False
     if any(data.get(name) for name in _EXCLUDED):
         return False

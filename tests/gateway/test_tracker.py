@@ -179,6 +179,7 @@ def test_what_can_be_resumed() -> None:
     assert resumable(chat, chat=True)
     assert not resumable({**chat, "stream": False}, chat=True)
     assert not resumable({**chat, "n": 2}, chat=True)
+    assert resumable({**chat, "n": None}, chat=True) and resumable({**chat, "n": 1}, chat=True)
     assert not resumable({**chat, "tools": [{"type": "function"}]}, chat=True)
     assert not resumable({**chat, "logprobs": True}, chat=True)
     assert resumable({**chat, "logprobs": False}, chat=True)
