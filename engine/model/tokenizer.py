@@ -55,7 +55,11 @@ class ByteTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Special tokens are dropped; broken UTF-8 becomes U+FFFD rather than an error."""
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        try:
+            raw = bytes(ids)  # the common case, a few times faster than filtering
+        except ValueError:  # a special token (>= 256) among them
+            raw = bytes(i for i in ids if 0 <= i < 256)
+        return raw.decode("utf-8", errors="replace")
 
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
