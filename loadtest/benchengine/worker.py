@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import uvloop
 
 from engine.api import GenerationRequest, TokenEvent
 from engine.model import ByteTokenizer, ModelConfig, SeedSource, TPContext, Transformer
@@ -239,7 +240,7 @@ def _engine(args: argparse.Namespace) -> dict[str, Any]:
         engine = TimedEngine(model, teardown=destroy_unit_group)
     engine.start()
     try:
-        out = asyncio.run(_rounds(engine, args))
+        out = uvloop.run(_rounds(engine, args))  # the loop the leader server runs on
     finally:
         engine.shutdown(timeout=args.timeout)
     health = engine.health()
