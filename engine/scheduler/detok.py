@@ -26,11 +26,10 @@ class IncrementalText:
     window; the tail may end in a replacement character that a later token completes.
     """
 
-    __slots__ = ("_prefix", "_read", "_stable", "_text")
+    __slots__ = ("_prefix", "_read", "_stable")
 
     def __init__(self) -> None:
         self._stable = ""
-        self._text = ""
         self._prefix = 0  # window start: left context for the tokens after `_read`
         self._read = 0  # tokens before this are in `_stable`
 
@@ -39,10 +38,6 @@ class IncrementalText:
         """Characters no later token can change: a new stop string match starts after
         `stable_len - (len(stop) - 1)` at the earliest."""
         return len(self._stable)
-
-    @property
-    def text(self) -> str:
-        return self._text
 
     def update(self, ids: Sequence[int], decode: Decode) -> str:
         before = decode(ids[self._prefix : self._read])
@@ -54,6 +49,5 @@ class IncrementalText:
         if tail and not tail.endswith(REPLACEMENT_CHAR):
             self._stable += tail
             self._prefix, self._read = self._read, len(ids)
-            tail = ""
-        self._text = self._stable + tail
-        return self._text
+            return self._stable
+        return self._stable + tail

@@ -83,7 +83,7 @@ class Scheduler:
             raise DuplicateSequence(seq_id)
         room = self.config.max_seq_len - len(prompt_ids)
         seq = Sequence(
-            seq_id, tuple(prompt_ids), params, min(params.max_tokens, room), decode=self._decode
+            seq_id, tuple(prompt_ids), params, min(params.max_tokens, room), self._decode
         )
         self._waiting.append(seq)
         self._live[seq_id] = seq

@@ -68,18 +68,17 @@ class Sequence:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     max_tokens: int  # params.max_tokens, clamped so prompt + output fits one KV slot
+    decode: Decode = field(repr=False)  # the scheduler's tokenizer, for the visible text
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the EOS/stop token id or stop string that matched
     num_preemptions: int = 0
-    decode: Decode | None = field(default=None, repr=False)  # the scheduler's tokenizer
     detok: IncrementalText = field(default_factory=IncrementalText, init=False, repr=False)
     _text: str = field(default="", init=False, repr=False)
     _shown: int = field(default=0, init=False, repr=False)  # output ids that make the text
     _decoded: int = field(default=0, init=False, repr=False)  # output ids `_text` is from
-    _cut: bool = field(default=False, init=False, repr=False)  # a stop string ended the text
     _emitted: int = field(default=0, init=False, repr=False)
 
     @property
@@ -139,9 +138,7 @@ class Sequence:
         self._shown = len(self.output_ids)
 
     def text_now(self) -> str:
-        if self._decoded != self._shown and not self._cut:
-            if self.decode is None:
-                raise RuntimeError("Sequence.decode: set by the scheduler before any output")
+        if self._decoded != self._shown:
             n = self._shown
             ids = self.output_ids if n == len(self.output_ids) else self.output_ids[:n]
             self._text = self.detok.update(ids, self.decode)
@@ -149,6 +146,6 @@ class Sequence:
         return self._text
 
     def cut_text(self, end: int) -> None:
-        """A stop string starts at `end`: the text ends there, whatever comes after."""
+        """A stop string starts at `end`: the text ends there. The sequence finishes, so no
+        output is shown after this and the cut text is never decoded again."""
         self._text = self.text_now()[:end]
-        self._cut = True
