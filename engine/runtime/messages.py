@@ -88,15 +88,13 @@ def send(msg: StepMessage, group: dist.ProcessGroup | None = None) -> None:
     Only the values travel that the header announces; the rest of the frame is never read,
     so it is neither zeroed nor copied (two fewer tensor ops on the step's critical path)."""
     values = _values(msg)
-    if len(values) <= FRAME_SIZE:
-        frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
-        frame[: len(values)] = torch.tensor(values, dtype=torch.int64)
-        dist.broadcast(frame, src=0, group=group)
-        return
+    inline = len(values) <= FRAME_SIZE
+    head = values if inline else values[:HEADER_SIZE]
     frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
-    frame[:HEADER_SIZE] = torch.tensor(values[:HEADER_SIZE], dtype=torch.int64)
+    frame[: len(head)] = torch.tensor(head, dtype=torch.int64)
     dist.broadcast(frame, src=0, group=group)
-    dist.broadcast(torch.tensor(values[HEADER_SIZE:], dtype=torch.int64), src=0, group=group)
+    if not inline:
+        dist.broadcast(torch.tensor(values[HEADER_SIZE:], dtype=torch.int64), src=0, group=group)
 
 
 def receive(group: dist.ProcessGroup | None = None) -> StepMessage:
