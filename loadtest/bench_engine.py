@@ -104,7 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     f0, _ = _pair("forward-tp2", "forward", raw, logs, gen)
     fwd = {"tp2_t1": analyze.forward(f0["data"])}
     l0, l1 = _pair("bare-tp2", "bare", raw, logs, gen)
-    res["bare_loop"] = analyze.bare_loop(l0["data"], l1["data"])
+    res["bare_loop"] = analyze.broadcast(l0["data"], l1["data"])
     lead, follow = _tp2_engine(raw, logs, gen)
     engines = {"tp2_t1": lead}
     calls = follow["data"]["calls"]

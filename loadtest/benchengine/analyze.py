@@ -27,20 +27,8 @@ def pct(values_ns: list[int] | list[float]) -> dict[str, float]:
 
 
 def broadcast(leader: dict[str, Any], follower: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for batch, lead in leader.items():
-        stamps = zip(lead["stamps_ns"], follower[batch]["stamps_ns"], strict=True)
-        one_way = [t1 - t0 for t0, t1 in stamps]
-        out[batch] = {
-            "one_way_us": pct(one_way),
-            "leader_send_call_us": pct(lead["send_call_ns"]),
-            "round_trip_us": pct(lead["rtt_ns"]),
-        }
-    return out
-
-
-def bare_loop(leader: dict[str, Any], follower: dict[str, Any]) -> dict[str, Any]:
-    """The step message's one-way latency and send() call when sent between forwards."""
+    """The step message's one-way latency and leader send() call, from the ping-pong (which
+    also has the round trip) or from the bare step loop (which has not)."""
     out: dict[str, Any] = {}
     for batch, lead in leader.items():
         stamps = zip(lead["stamps_ns"], follower[batch]["stamps_ns"], strict=True)
@@ -48,6 +36,8 @@ def bare_loop(leader: dict[str, Any], follower: dict[str, Any]) -> dict[str, Any
             "one_way_us": pct([t1 - t0 for t0, t1 in stamps]),
             "leader_send_call_us": pct(lead["send_call_ns"]),
         }
+        if "rtt_ns" in lead:
+            out[batch]["round_trip_us"] = pct(lead["rtt_ns"])
     return out
 
 
