@@ -60,6 +60,16 @@ def signal_node(pid: int, sig: signal.Signals, unit: str) -> Fault:
     return Fault(FAULT_AT, f"{sig.name} pid {pid}", send, when=streaming_on(unit))
 
 
+async def _kill_node(cluster: RealCluster, unit: str, rank: int, title: str) -> None:
+    """SIGKILL one node of `unit` under load; the unit must be ejected and nothing lost."""
+    fault = signal_node(cluster.node_pid(unit, rank), signal.SIGKILL, unit)
+    load = await run_load(
+        load_config(cluster), workload(REAL_MODEL, MAX_TOKENS), [fault], cluster.ops
+    )
+    report = Report(title, load.traces, fault.fired_perf, (unit,), True)
+    await conclude(report, load, cluster.ops, eject_unit=unit)
+
+
 async def test_7_admin_drain_under_load(cluster: RealCluster) -> None:
     ops = cluster.ops
     applied: list[float] = []  # when the drain call returned: the unit is out from then on
@@ -123,18 +133,8 @@ async def test_3_sigstop_follower_for_5s(cluster: RealCluster) -> None:
 
 
 async def test_1_kill_follower(cluster: RealCluster) -> None:
-    fault = signal_node(cluster.node_pid("u0", 1), signal.SIGKILL, "u0")
-    load = await run_load(
-        load_config(cluster), workload(REAL_MODEL, MAX_TOKENS), [fault], cluster.ops
-    )
-    report = Report("1. kill -9 a follower (real)", load.traces, fault.fired_perf, ("u0",), True)
-    await conclude(report, load, cluster.ops, eject_unit="u0")
+    await _kill_node(cluster, "u0", 1, "1. kill -9 a follower (real)")
 
 
 async def test_2_kill_leader(cluster: RealCluster) -> None:
-    fault = signal_node(cluster.node_pid("u1", 0), signal.SIGKILL, "u1")
-    load = await run_load(
-        load_config(cluster), workload(REAL_MODEL, MAX_TOKENS), [fault], cluster.ops
-    )
-    report = Report("2. kill -9 a leader (real)", load.traces, fault.fired_perf, ("u1",), True)
-    await conclude(report, load, cluster.ops, eject_unit="u1")
+    await _kill_node(cluster, "u1", 0, "2. kill -9 a leader (real)")
