@@ -1,9 +1,10 @@
 """`unitgate node`: one node of a unit, as its own process (`--backend builtin` or `vllm`).
 
-The leader is rank 0 plus the OpenAI server, which also answers /health: the gateway then
-probes the leader on the very URL it sends traffic to. A follower mirrors the leader's steps
-and answers /health on its own port. `unitgate up` starts these locally; on real hosts an
-operator (or a LeaderWorkerSet) starts one per host.
+The leader is rank 0 plus the OpenAI server, which also answers /health; given --health-port
+it answers /health there too, from a thread that does not queue behind the API's streams (the
+gateway then probes that port). A follower mirrors the leader's steps and answers /health on
+its own port. `unitgate up` starts these locally; on real hosts an operator (or a
+LeaderWorkerSet) starts one per host.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from engine.backends.vllm import VllmMissing
 from engine.backends.vllm.args import add_flags as add_vllm_flags
 from engine.model.tokenizer import Tokenizer
 from engine.runtime import node
+from engine.runtime.leader_health import HealthAt, LeaderHealth
 
 log = logging.getLogger("engine.cli")
 
@@ -37,7 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="leader: the model id clients send (default: the model's own name)",
     )
     add_vllm_flags(p)
+    # Unset means: a leader answers /health on the API port only, on the API's host.
+    p.set_defaults(health_port=None, health_host=None)
     return p
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """A follower always serves /health (on a free port unless told); a leader's health
+    listener shares the API's host, as the config's `nodes[0]` shares `leader`'s."""
+    leader = args.role == "leader"
+    if args.health_host is None:
+        args.health_host = args.host if leader else "127.0.0.1"
+    if args.health_port is None and not leader:
+        args.health_port = 0
+    return args
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -53,7 +68,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"--master: expected HOST:PORT, got {args.master!r}")
     for flag, value in (("--port", args.port), ("--health-port", args.health_port)):
-        if not 0 <= value <= 65535:
+        if value is not None and not 0 <= value <= 65535:
             raise ValueError(f"{flag}: must be 0..65535, got {value}")
     if args.num_slots < 1:
         raise ValueError(f"--num-slots: must be >= 1, got {args.num_slots}")
@@ -104,14 +119,20 @@ def run_leader(args: argparse.Namespace) -> int:
     if args.served_model_name:
         served = ServedAs(engine, args.served_model_name)
     try:
-        uvloop.run(serve_until_signal(served, args.host, args.port))
+        uvloop.run(serve_until_signal(served, args.host, args.port, health_at(args)))
     finally:
         engine.shutdown(timeout=10.0)
     log.info("leader of unit %s stopped", args.unit)
     return 0
 
 
-async def serve_until_signal(engine: Engine, host: str, port: int) -> None:
+def health_at(args: argparse.Namespace) -> HealthAt | None:
+    return None if args.health_port is None else HealthAt(args.health_host, args.health_port)
+
+
+async def serve_until_signal(
+    engine: Engine, host: str, port: int, health: HealthAt | None = None
+) -> None:
     """The leader server of either backend, until SIGTERM/SIGINT."""
     from engine.server import serve
 
@@ -119,27 +140,26 @@ async def serve_until_signal(engine: Engine, host: str, port: int) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = asyncio.create_task(serve(engine, host, port, ready=_announce))
+    listener = LeaderHealth(engine.health, health)
+    server = asyncio.create_task(serve(engine, host, port, ready=listener.start))
     stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({server, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    stopper.cancel()
-    if server.done():  # it failed to listen: raise that
-        server.result()
-    server.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await server
-
-
-def _announce(port: int) -> None:
-    """Same line as a follower's, so whoever starts nodes reads one format."""
-    print(f"health_port={port}", flush=True)
+    try:
+        await asyncio.wait({server, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if server.done():  # it failed to listen: raise that
+            server.result()
+    finally:
+        await asyncio.to_thread(listener.stop)
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    args = build_parser().parse_args(argv)
+    args = resolve_defaults(build_parser().parse_args(argv))
     try:
         check_args(args)
         if args.backend == "vllm":

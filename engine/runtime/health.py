@@ -2,7 +2,8 @@
 
 The endpoint runs on its own daemon thread (stdlib ThreadingHTTPServer) so it answers while the
 node is inside a long forward pass or blocked in a collective: a prober can then tell "busy"
-(step advancing) from "stuck" (last_step_age_s growing with work pending).
+(step advancing) from "stuck" (last_step_age_s growing with work pending). A leader serves it
+too, so its answers do not queue behind the API's stream writes on the event loop.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+Snapshot = Callable[[], Mapping[str, Any]]
 
 
 class NodeStats:
@@ -71,15 +75,15 @@ class NodeStats:
             return body
 
 
-def _handler(snapshot: Any) -> type[BaseHTTPRequestHandler]:
+def _handler(snapshot: Snapshot) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] != "/health":
                 self.send_error(404)
                 return
-            body = snapshot()
+            body = _read(snapshot)
             data = json.dumps(body).encode()
-            self.send_response(200 if body["status"] == "ok" else 503)
+            self.send_response(200 if body.get("status") == "ok" else 503)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -91,12 +95,27 @@ def _handler(snapshot: Any) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve_health(stats: NodeStats, host: str, port: int) -> ThreadingHTTPServer:
+def _read(snapshot: Snapshot) -> dict[str, Any]:
+    """A snapshot that raises is an unhealthy node, not a dropped connection (which a prober
+    would count as a dead node and report with a less useful reason)."""
+    try:
+        return dict(snapshot())
+    except Exception as exc:
+        return {"status": "error", "error": repr(exc)}
+
+
+def serve_health(snapshot: Snapshot, host: str, port: int) -> ThreadingHTTPServer:
     """Start /health on a daemon thread; port 0 picks a free port (see server.server_port).
-    Stop it with server.shutdown()."""
-    server = ThreadingHTTPServer((host, port), _handler(stats.snapshot))
+    Stop it with `stop_health`."""
+    server = ThreadingHTTPServer((host, port), _handler(snapshot))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="health-http", daemon=True)
     thread.start()
     log.info("health endpoint on http://%s:%d/health", host, server.server_port)
     return server
+
+
+def stop_health(server: ThreadingHTTPServer) -> None:
+    """Stop answering and release the port (shutdown() alone leaves the socket bound)."""
+    server.shutdown()
+    server.server_close()

@@ -32,7 +32,7 @@ from engine.model import (
 )
 from engine.runtime.follower import run_follower
 from engine.runtime.group import destroy_unit_group, init_unit_group
-from engine.runtime.health import NodeStats, serve_health
+from engine.runtime.health import NodeStats, serve_health, stop_health
 from engine.runtime.leader import LeaderEngine
 
 log = logging.getLogger("engine.runtime.node")
@@ -45,8 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--master", default="127.0.0.1:29500", help="leader's rendezvous host:port")
-    p.add_argument("--health-host", default="127.0.0.1")
-    p.add_argument("--health-port", type=int, default=0, help="0 picks a free port")
+    p.add_argument(
+        "--health-host", default="127.0.0.1", help="(`unitgate node` leader: default --host)"
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="/health on a thread of its own; 0 picks a free port (`unitgate node` leader: "
+        "unset = /health on the API port only)",
+    )
     p.add_argument("--model", default="tiny", help="'tiny' (seeded) or a Hugging Face folder")
     p.add_argument("--seed", type=int, default=0, help="weights seed for --model tiny")
     p.add_argument("--num-slots", type=int, default=8)
@@ -111,12 +119,12 @@ def run_follower_node(args: argparse.Namespace) -> int:
         raise ValueError("rank: followers are ranks 1..world_size-1, got 0")
     model, _, _ = _build_then_join(args)
     stats = NodeStats("follower", args.unit, args.rank, model.cache.num_slots)
-    server = serve_health(stats, args.health_host, args.health_port)
+    server = serve_health(stats.snapshot, args.health_host, args.health_port)
     print(f"health_port={server.server_port}", flush=True)
     try:
         code = run_follower(model, stats)
     finally:
-        server.shutdown()
+        stop_health(server)
     if code == 0:  # after a lost leader, tearing down could block on the dead peer
         destroy_unit_group()
     return code
@@ -125,13 +133,13 @@ def run_follower_node(args: argparse.Namespace) -> int:
 def _serve_bare_leader(args: argparse.Namespace) -> int:
     """Engine plus /health until SIGTERM or SIGINT, then STOP the followers."""
     engine = start_leader(args)
-    server = serve_health(engine.stats, args.health_host, args.health_port)
+    server = serve_health(engine.health, args.health_host, args.health_port)
     print(f"health_port={server.server_port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.shutdown()
+    stop_health(server)
     engine.shutdown()
     return 0
 

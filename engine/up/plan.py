@@ -43,10 +43,21 @@ class NodeSpec:
     backend: str = "builtin"
     model: str = ""  # "" = EngineOptions.model
     engine_args: str = "{}"  # vllm: the unit's engine_args as JSON
+    health_port: int | None = None  # leader: /health from a thread; None: on the API port
 
     @property
     def role(self) -> str:
         return "leader" if self.rank == 0 else "follower"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.port,) if self.health_port is None else (self.port, self.health_port)
+
+    @property
+    def health_url(self) -> str:
+        """Where the gateway probes this node: its entry in the unit's `nodes`."""
+        port = self.port if self.health_port is None else self.health_port
+        return f"http://{self.host}:{port}/health"
 
     def argv(self, master: str, options: EngineOptions) -> list[str]:
         """`unitgate node` flags for this node in a group rendezvousing at `master`."""
@@ -62,6 +73,8 @@ class NodeSpec:
         ]
         if self.rank == 0:
             args += ["--served-model-name", self.served_model]
+        if self.rank == 0 and self.health_port is not None:
+            args += ["--health-host", self.host, "--health-port", str(self.health_port)]
         if self.backend != "builtin":
             args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
@@ -101,11 +114,6 @@ def plan_units(config: Config) -> Plan:
 
 
 def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
-    if unit.nodes[0].rstrip("/") != unit.leader:
-        raise PlanError(
-            f"unit {unit.id}: nodes[0] must be the leader URL {unit.leader!r} (rank 0 serves "
-            f"the API and its /health), got {unit.nodes[0]!r}"
-        )
     world = len(unit.nodes)
     engine_args = _engine_args(unit)
     specs = tuple(
@@ -114,15 +122,31 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             rank,
             world,
             _host(unit, url),
-            _port(unit, url),
+            _port(unit, unit.leader if rank == 0 else url),
             served_model,
             unit.backend,
             unit.model,
             engine_args,
+            _leader_health_port(unit) if rank == 0 else None,
         )
         for rank, url in enumerate(unit.nodes)
     )
     return UnitPlan(unit.id, specs)
+
+
+def _leader_health_port(unit: UnitConfig) -> int | None:
+    """nodes[0] is where rank 0 answers /health: the leader URL itself (the API's /health), or
+    another port of the leader's host (a thread listener that does not queue behind streams)."""
+    health = unit.nodes[0].rstrip("/")
+    if health == unit.leader:
+        return None
+    if _host(unit, health) != _host(unit, unit.leader):
+        raise PlanError(
+            f"unit {unit.id}: nodes[0] (rank 0's /health) must be the leader URL "
+            f"{unit.leader!r} or another port on its host, got {unit.nodes[0]!r}"
+        )
+    port = _port(unit, health)
+    return None if port == _port(unit, unit.leader) else port
 
 
 def _engine_args(unit: UnitConfig) -> str:
@@ -156,6 +180,8 @@ def _port(unit: UnitConfig, url: str) -> int:
 def _check_ports_unique(units: list[UnitPlan]) -> None:
     seen: dict[int, str] = {}
     for spec in (node for unit in units for node in unit.nodes):
-        other = seen.setdefault(spec.port, f"{spec.unit} rank {spec.rank}")
-        if other != f"{spec.unit} rank {spec.rank}":
-            raise PlanError(f"port {spec.port}: used by {other} and {spec.unit} rank {spec.rank}")
+        who = f"{spec.unit} rank {spec.rank}"
+        for port in spec.ports:
+            other = seen.setdefault(port, who)
+            if other != who:
+                raise PlanError(f"port {port}: used by {other} and {who}")

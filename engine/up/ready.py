@@ -46,7 +46,7 @@ async def _ready(session: aiohttp.ClientSession, gateway: Gateway, unit: UnitPla
     state = gateway.units.units.get(unit.unit)
     if state is None or not state.routable:
         return False
-    checks = [_node_ok(session, f"http://{n.host}:{n.port}/health") for n in unit.nodes]
+    checks = [_node_ok(session, n.health_url) for n in unit.nodes]
     return all(await asyncio.gather(*checks))
 
 

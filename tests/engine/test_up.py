@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 class Up:
     proc: Proc
     url: str
-    nodes: list[str]
+    leader: str  # the leader's API
+    nodes: list[str]  # /health, rank order; the leader's on its thread listener
     pids_seen: set[int] = field(default_factory=set)
 
     def pids(self) -> list[int]:
@@ -33,24 +34,24 @@ class Up:
         return pids
 
 
-def write_config(path: Path, nodes: list[str]) -> None:
+def write_config(path: Path, leader: str, nodes: list[str]) -> None:
     units = ", ".join(f'"{n}"' for n in nodes)
     path.write_text(
         "[gateway]\nport = 0\nshutdown_timeout = 5.0\n[metrics]\nport = 0\n"
         '[admin]\nstate_file = ""\n'
-        f'[[units]]\nid = "u0"\nleader = "{nodes[0]}"\nnodes = [{units}]\n'
+        f'[[units]]\nid = "u0"\nleader = "{leader}"\nnodes = [{units}]\n'
     )
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     tmp = tmp_path_factory.mktemp("up")
-    nodes = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
-    write_config(tmp / "config.toml", nodes)
+    leader, *nodes = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
+    write_config(tmp / "config.toml", leader, nodes)
     env = {k: v for k, v in os.environ.items() if k != "UNITGATE_ADMIN_TOKEN"}
     args = ("up", "--config", str(tmp / "config.toml"), "--log-dir", str(tmp))
     proc = unitgate(tmp, "up", *args, env=env)
-    running = Up(proc, "", nodes)
+    running = Up(proc, "", leader, nodes)
     try:
         running.url = proc.wait_line("unitgate up ready ", 90)
         yield running
@@ -67,6 +68,7 @@ def test_ready_prints_urls_and_a_token_and_serves_through_the_gateway(up: Up) ->
     assert "admin token for this run: " in text
     assert stream_chat(up.url)
     assert [health(n)["role"] for n in up.nodes] == ["leader", "follower"]
+    assert health(up.leader)["pid"] == health(up.nodes[0])["pid"]  # the API answers it too
 
 
 def test_a_killed_follower_restarts_the_whole_unit(up: Up) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine.cli import build_parser, check_args
+from engine.cli import build_parser, check_args, resolve_defaults
 from engine.up.backoff import Backoff
 from engine.up.plan import EngineOptions, NodeSpec, PlanError, is_loopback, plan_units
 from gateway.config import Config, config_from_dict
@@ -50,8 +50,8 @@ def test_remote_units_are_skipped_and_mixed_units_refused() -> None:
     ("raw", "message"),
     [
         (
-            {"id": "x", "leader": "http://127.0.0.1:1", "nodes": ["http://127.0.0.1:2"]},
-            "nodes\\[0\\]",
+            {"id": "x", "leader": "http://127.0.0.1:1", "nodes": ["http://127.0.0.2:2"]},
+            "nodes\\[0\\] .* another port on its host",
         ),
         ({"id": "x", "leader": "http://127.0.0.1"}, "http://HOST:PORT"),
         ({"id": "x", "leader": "https://127.0.0.1:5"}, "http://HOST:PORT"),
@@ -65,6 +65,50 @@ def test_unrunnable_units_are_refused_by_name(raw: dict[str, Any], message: str)
 def test_a_port_used_twice_is_refused() -> None:
     with pytest.raises(PlanError, match="port 8102: used by u0 rank 1 and u1 rank 0"):
         plan_units(config(unit("u0", 8101, 8102), unit("u1", 8102, 8103)))
+
+
+def test_a_leader_health_port_is_checked_with_every_other_port() -> None:
+    u0 = {"id": "u0", "leader": "http://127.0.0.1:8101", "nodes": ["http://127.0.0.1:8100"]}
+    with pytest.raises(PlanError, match="port 8100: used by u0 rank 0 and u1 rank 1"):
+        plan_units(config(u0, unit("u1", 8201, 8100)))
+    own = {**u0, "nodes": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]}
+    with pytest.raises(PlanError, match="port 8101: used by u0 rank 0 and u0 rank 1"):
+        plan_units(config(own))
+
+
+def test_nodes0_on_another_port_is_the_leaders_health_listener() -> None:
+    split = {
+        "id": "u0",
+        "leader": "http://127.0.0.1:8101",
+        "nodes": ["http://127.0.0.1:8100", "http://127.0.0.1:8102"],
+    }
+    leader, follower = plan_units(config(split, unit("u1", 8201, 8202))).units[0].nodes
+    assert (leader.port, leader.health_port, leader.ports) == (8101, 8100, (8101, 8100))
+    assert leader.health_url == "http://127.0.0.1:8100/health"
+    assert (follower.port, follower.health_port) == (8102, None)
+    ns = build_parser().parse_args(leader.argv("127.0.0.1:5000", EngineOptions())[1:])
+    assert (ns.host, ns.port, ns.health_host, ns.health_port) == (
+        "127.0.0.1",
+        8101,
+        "127.0.0.1",
+        8100,
+    )
+    check_args(ns)
+
+
+def test_nodes0_equal_to_the_leader_keeps_health_on_the_api_port() -> None:
+    leader = plan_units(config(unit("u0", 8101, 8102))).units[0].leader
+    assert (leader.health_port, leader.health_url) == (None, "http://127.0.0.1:8101/health")
+    argv = leader.argv("127.0.0.1:5000", EngineOptions())
+    assert "--health-port" not in argv and "--health-host" not in argv
+    assert resolve_defaults(build_parser().parse_args(argv[1:])).health_port is None
+
+
+def test_a_followers_health_port_defaults_to_a_free_one() -> None:
+    ns = resolve_defaults(build_parser().parse_args(["--role", "follower", "--rank", "1"]))
+    assert (ns.health_host, ns.health_port) == ("127.0.0.1", 0)
+    ns = resolve_defaults(build_parser().parse_args(["--role", "leader", "--host", "::1"]))
+    assert (ns.health_host, ns.health_port) == ("::1", None)
 
 
 def test_served_model_is_the_units_first_model_else_the_gateways() -> None:
@@ -122,6 +166,7 @@ def test_backoff_doubles_to_the_cap_and_resets_after_a_long_run() -> None:
         (["--role", "leader", "--world-size", "0"], "--world-size: must be >= 1"),
         (["--role", "leader", "--master", "nohost"], "--master: expected HOST:PORT"),
         (["--role", "leader", "--port", "70000"], "--port: must be 0..65535"),
+        (["--role", "leader", "--health-port", "-1"], "--health-port: must be 0..65535"),
         (["--role", "leader", "--collective-timeout", "0"], "--collective-timeout: must be > 0"),
     ],
 )

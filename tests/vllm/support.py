@@ -83,7 +83,7 @@ class Unit:
     leader: Proc
     followers: list[Proc]
     api: str  # the leader's base URL
-    health: list[str]  # every node's /health URL, rank order
+    health: list[str]  # every node's /health URL, rank order (the leader's: its thread listener)
     started: float  # time.time() before the first node started
 
     @property
@@ -108,7 +108,7 @@ def start_unit(tmp: Path, model: Path, unit: str, world: int) -> Unit:
     """Followers first, then the leader; ready once every node announced its port."""
     started = time.time()
     master = f"127.0.0.1:{free_port()}"
-    ports = [free_port() for _ in range(world)]
+    api, *ports = [free_port() for _ in range(world + 1)]  # ports: /health, rank order
     followers = [
         spawn(
             tmp,
@@ -122,10 +122,10 @@ def start_unit(tmp: Path, model: Path, unit: str, world: int) -> Unit:
         tmp,
         f"{unit}-rank0",
         *node_flags(model, unit, 0, world, master),
-        *("--port", str(ports[0]), "--served-model-name", "tiny"),
+        *("--port", str(api), "--health-port", str(ports[0]), "--served-model-name", "tiny"),
     )
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    return Unit(leader, followers, urls[0], [f"{u}/health" for u in urls], started)
+    health = [f"http://127.0.0.1:{p}/health" for p in ports]
+    return Unit(leader, followers, f"http://127.0.0.1:{api}", health, started)
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:

@@ -23,8 +23,15 @@ from tests.vllm.support import ROOT
 
 
 def vllm_unit(**extra: Any) -> dict[str, Any]:
-    urls = ["http://127.0.0.1:8101", "http://127.0.0.1:8102"]
-    return {"id": "v0", "leader": urls[0], "nodes": urls, "backend": "vllm", **extra}
+    """The leader's /health on a port of its own (8100), beside its API (8101)."""
+    urls = ["http://127.0.0.1:8100", "http://127.0.0.1:8102"]
+    return {
+        "id": "v0",
+        "leader": "http://127.0.0.1:8101",
+        "nodes": urls,
+        "backend": "vllm",
+        **extra,
+    }
 
 
 def load(*units: dict[str, Any]) -> Any:
@@ -38,7 +45,10 @@ def test_a_vllm_unit_becomes_vllm_nodes_with_its_model_and_engine_args() -> None
     assert argv[argv.index("--backend") + 1] == "vllm"
     assert argv[argv.index("--model") + 1] == "/models/tiny"
     assert json.loads(argv[argv.index("--vllm-args") + 1]) == {"dtype": "float32"}
-    assert "--served-model-name" in leader.argv("127.0.0.1:29500", EngineOptions())
+    argv = leader.argv("127.0.0.1:29500", EngineOptions())
+    assert "--served-model-name" in argv and argv[argv.index("--backend") + 1] == "vllm"
+    ns = build_parser().parse_args(argv[1:])
+    assert (ns.port, ns.health_host, ns.health_port) == (8101, "127.0.0.1", 8100)
 
 
 def test_builtin_units_keep_their_flags() -> None:

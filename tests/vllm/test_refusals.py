@@ -39,11 +39,11 @@ def test_node_refuses_an_unknown_engine_argument(tiny_model: Path) -> None:
 def test_up_refuses_a_vllm_unit_with_an_unknown_engine_argument(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    nodes = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    leader, *nodes = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
     quoted = ", ".join(f'"{n}"' for n in nodes)
     (tmp_path / "config.toml").write_text(
         '[gateway]\nport = 0\nmodels = ["tiny"]\n[metrics]\nport = 0\n[admin]\nenabled = false\n'
-        f'[[units]]\nid = "v0"\nleader = "{nodes[0]}"\nnodes = [{quoted}]\nbackend = "vllm"\n'
+        f'[[units]]\nid = "v0"\nleader = "{leader}"\nnodes = [{quoted}]\nbackend = "vllm"\n'
         f'model = "{tiny_model}"\nengine_args = {{ dtype = "float32", max_num_seq = 4 }}\n'
     )
     done = run("up", "--config", str(tmp_path / "config.toml"), cwd=tmp_path)

@@ -22,7 +22,7 @@ from typing import Any
 from engine.backends.vllm.args import build_engine_args
 from engine.backends.vllm.processes import reap_children
 from engine.backends.vllm.watchdog import LeaderWatch
-from engine.runtime.health import NodeStats, serve_health
+from engine.runtime.health import NodeStats, serve_health, stop_health
 
 log = logging.getLogger(__name__)
 # A vLLM leader opens its rendezvous only after its engine core and workers start: a minute or
@@ -70,7 +70,7 @@ class FollowerNode:
         finally:
             watch.stop()
             if self.server is not None:
-                self.server.shutdown()
+                stop_health(self.server)
             self._stop_executor()
         return self._code
 
@@ -90,7 +90,8 @@ class FollowerNode:
         executor.register_failure_callback(lambda: self.finish(1, "a vLLM worker died"))
         executor.start_worker_monitor()
         # Like the builtin follower: /health answers (and the port is announced) once joined.
-        self.server = serve_health(self.stats, self.args.health_host, self.args.health_port)
+        args = self.args
+        self.server = serve_health(self.stats.snapshot, args.health_host, args.health_port)
         print(f"health_port={self.server.server_port}", flush=True)
         log.info("follower of unit %s joined (rank %d)", self.args.unit, self.args.rank)
 

@@ -1,9 +1,9 @@
 """`unitgate node --backend vllm`: one node of a vLLM unit, leader or follower.
 
 The leader runs vLLM's AsyncLLM in this process behind the project's own leader server, so the
-API and the /health contract are the builtin engine's. Followers are headless vLLM nodes with
-their own /health. Either way the node owns everything vLLM spawns: on any exit it reaps them
-and removes their shared memory.
+API and the /health contract (with its optional thread listener) are the builtin engine's.
+Followers are headless vLLM nodes with their own /health. Either way the node owns everything
+vLLM spawns: on any exit it reaps them and removes their shared memory.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _run_leader(args: argparse.Namespace) -> int:
 
     from engine.backends.vllm.leader import start_leader
     from engine.backends.vllm.watchdog import StallWatch
-    from engine.cli import serve_until_signal
+    from engine.cli import health_at, serve_until_signal
 
     stalled: list[str] = []
 
@@ -93,7 +93,7 @@ def _run_leader(args: argparse.Namespace) -> int:
         watch = StallWatch(engine.health, step_timeout(args), on_stall)
         watch.start()
         try:
-            await serve_until_signal(engine, args.host, args.port)
+            await serve_until_signal(engine, args.host, args.port, health_at(args))
         finally:
             watch.stop()
             if stalled:
