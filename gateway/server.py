@@ -28,9 +28,10 @@ from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
+from gateway.proxy.live import LiveStreams
 from gateway.proxy.upstream import UpstreamClient
 from gateway.routing.admission import Admission
-from gateway.units import BitChange, UnitRegistry
+from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate")
 
@@ -46,7 +47,13 @@ class Gateway:
         self.metrics = Metrics(self.units, lambda: self.admission.queued)
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
-        self.health = HealthSupervisor(config, self.units, self.events, self.metrics)
+        # Streams in flight per unit: ejections reach them, and they vouch for a slow unit.
+        self.live = LiveStreams(config.resume.ejected_idle, config.health.pace_factor)
+        self.units.on_membership(self._membership)
+        self.units.on_panic(lambda change: _log_panic(self.events, change))
+        self.health = HealthSupervisor(
+            config, self.units, self.events, self.metrics, traffic=self.live.flowing
+        )
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
         self.admin = (
@@ -61,6 +68,10 @@ class Gateway:
         self._upstream: UpstreamClient | None = None
         self.proxy: ProxyHandler | None = None  # the request path, once started
 
+    def _membership(self, unit: UnitState, added: bool) -> None:
+        if not added:
+            self.live.forget(unit.id)
+
     async def start(self) -> None:
         self._upstream = UpstreamClient(self.config)
         dispatcher = Dispatcher(
@@ -69,7 +80,7 @@ class Gateway:
         dispatcher.on_outcome = self.breakers.record
         self.breakers.start()
         await self.health.start()
-        self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.events)
+        self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.events, self.live)
         self.units.on_change(lambda change: _eject_streams(proxy, change))
         g, m = self.config.gateway, self.config.metrics
         try:
@@ -157,12 +168,19 @@ def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
     """A unit the probes declared unhealthy hands over its stalled streams for resumption now
     instead of at the idle timeout (drains and disables let streams finish)."""
     if change.bit == "healthy" and not change.value:
-        quiet = proxy.config.resume.ejected_idle
-        count = proxy.live.eject(change.unit.id, change.reason or "unhealthy", quiet)
+        count = proxy.live.eject(change.unit.id, change.reason or "unhealthy")
         if count:
             log.warning(
-                "unit %s ejected: its %d streams break for resumption after %g s without data",
+                "unit %s ejected: its %d streams break for resumption once quiet by their own"
+                " pace (at least %g s without data)",
                 change.unit.id,
                 count,
-                quiet,
+                proxy.config.resume.ejected_idle,
             )
+
+
+def _log_panic(events: EventLog, change: PanicChange) -> None:
+    """Once per change: panic routing is the fleet-wide cap on what health may take out."""
+    what = "panic" if change.active else "panic over"
+    log.warning("model %s: %s: %s", change.model, what, change.reason)
+    events.record(f"model:{change.model}", what, change.reason, "router")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +31,23 @@ def wait_ready_file(
         time.sleep(POLL_S)
     data: dict[str, Any] = orjson.loads(path.read_bytes())
     return data
+
+
+def wait_http_ok(
+    url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0, what: str = "the process"
+) -> None:
+    """Poll `url` until it answers 200: a gateway's ready file says it listens, its `/readyz`
+    says it can route (its units are unknown until a probe round has judged them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before {url} said 200")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass  # 503 (not ready yet) is an HTTPError, a URLError
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {url} did not answer 200 within {timeout:g} s")
+        time.sleep(POLL_S)

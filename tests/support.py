@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -19,6 +20,9 @@ import orjson
 from gateway.config import Config, config_from_dict
 from gateway.routing.affinity import affinity_key, hash_key, rank
 from loadtest.readyfile import wait_ready_file
+
+if TYPE_CHECKING:
+    from gateway.server import Gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "unitgate-sim"
@@ -106,6 +110,19 @@ def gateway_config(units: list[dict[str, Any]], **sections: dict[str, Any]) -> C
             raise ValueError("pass units as the first argument")
         raw[name] = {**raw.get(name, {}), **values}
     return config_from_dict(raw)
+
+
+async def until_routable(gw: Gateway, *unit_ids: str, within: float = 5.0) -> None:
+    """Wait (with a deadline) until the gateway routes to these units (default: every unit):
+    with probes on, units are unknown, and not routable, until a probe round has judged them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    wanted = unit_ids or tuple(gw.units.units)
+    while not all(gw.units.units[u].routable for u in wanted):
+        if loop.time() > deadline:
+            states = {u: gw.units.units[u].health.value for u in wanted}
+            raise AssertionError(f"units not routable within {within} s: {states}")
+        await asyncio.sleep(0.01)
 
 
 def chat_body(stream: bool = True, **extra: Any) -> dict[str, Any]:

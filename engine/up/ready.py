@@ -1,8 +1,8 @@
 """When is `unitgate up` ready, and what it prints then.
 
-The registry alone is not enough: it starts every configured unit routable until probes say
-otherwise, so right after start it would report units whose nodes are still loading. Ready
-means every node answers its own /health with "ok" AND the gateway routes to the unit.
+Ready means the gateway routes to every local unit on its own verdict (units are unknown, and
+not routable, until a probe round has judged them; a unit let in by panic routing does not
+count) AND every node answers its own /health with "ok".
 """
 
 from __future__ import annotations

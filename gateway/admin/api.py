@@ -14,7 +14,7 @@ Errors: `{"error": {"message", "type", "param", "code"}}`, as on the public API:
 or query (the message names the key), 401/403 auth, 404 unknown unit, 409 unit id taken, 500
 state file not writable (the action is then not applied).
 
-    GET    /admin/units                 -> 200 {"units": [UNIT, ...]}
+    GET    /admin/units                 -> 200 {"units": [UNIT, ...], "panic": {MODEL: WHY}}
     GET    /admin/units/{id}            -> 200 UNIT
     POST   /admin/units/{id}/disable    {"reason": "..."} (required)              -> 200 UNIT
     POST   /admin/units/{id}/drain      {"reason": "..."} (optional, or no body)  -> 200 UNIT
@@ -92,8 +92,9 @@ class AdminApi:
         return app
 
     async def list_units(self, request: web.Request) -> web.Response:
-        units = self.service.units.units.values()
-        return _json(200, {"units": [self._view(u) for u in units]})
+        registry = self.service.units
+        views = [self._view(u) for u in registry.units.values()]
+        return _json(200, {"units": views, "panic": dict(registry.panic)})
 
     async def get_unit(self, request: web.Request) -> web.Response:
         return _json(200, self._view(self.service.unit(request.match_info["id"])))

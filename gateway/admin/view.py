@@ -20,8 +20,14 @@ BreakerView = Callable[[str], dict[str, object]]
 def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> dict[str, Any]:
     return {
         "id": unit.id,
-        "routable": unit.routable,
-        "health": {"healthy": unit.healthy, "reason": unit.reasons.get("healthy", "")},
+        "routable": unit.routable or unit.panicked,
+        "panic_routed": unit.panicked,
+        "health": {
+            "state": unit.health.value,
+            "healthy": unit.healthy,
+            "hard": unit.hard,
+            "reason": unit.reasons.get("healthy", ""),
+        },
         "breaker": breaker(unit, breaker_view),
         "admin": {
             "state": public_state(unit, mark),

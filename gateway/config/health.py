@@ -21,10 +21,33 @@ class HealthConfig:
     stall_timeout: float = 1.5
     canary_every: int = 0  # every K rounds also run a 1-token completion; 0 = off
     canary_timeout: float = 2.0
+    # Probe timeouts are soft: while the unit's traffic flows (an answer began, or one of its
+    # streams got data, within max(traffic_window, pace_factor x that stream's own gap between
+    # reads)) they make the unit `slow`, not unhealthy.
+    traffic_window: float = 1.0
+    pace_factor: float = 4.0
+    slow_weight: float = 0.25  # a slow unit's routing weight, as a share of its own
+    # Fewer than this share of a model's units in service routable: route across the ones out
+    # for soft reasons or by their breaker too. 0 = never.
+    panic_threshold: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("interval", "timeout", "stall_timeout", "canary_timeout"):
+        for name in (
+            "interval",
+            "timeout",
+            "stall_timeout",
+            "canary_timeout",
+            "traffic_window",
+            "pace_factor",
+        ):
             positive(name, getattr(self, name))
+        check(0.0 < self.slow_weight <= 1.0, "slow_weight", self.slow_weight, "must be in (0, 1]")
+        check(
+            0.0 <= self.panic_threshold <= 1.0,
+            "panic_threshold",
+            self.panic_threshold,
+            "must be in [0, 1]",
+        )
         check(0.0 <= self.jitter < 1.0, "jitter", self.jitter, "must be in [0, 1)")
         check(self.fall >= 1, "fall", self.fall, "must be >= 1")
         check(self.rise >= 1, "rise", self.rise, "must be >= 1")

@@ -41,7 +41,7 @@ async def probe_node(pool: ConnectionPool, target: Target, within: float) -> Nod
         async with asyncio.timeout(within):
             status, body = await exchange(pool, target.endpoint, target.head, b"")
     except TimeoutError:
-        return NodeReport(None, f"no answer within {within * 1000:.0f} ms")
+        return NodeReport(None, f"no answer within {within * 1000:.0f} ms", timed_out=True)
     except OSError as exc:
         return NodeReport(None, describe(exc))
     return parse_health(status, body, (loop.time() - start) * 1000)

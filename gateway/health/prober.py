@@ -3,20 +3,23 @@
 Nodes of a round are probed concurrently, so a round costs one probe timeout at worst and a
 dead follower is seen as soon as a leader would be. Rounds run start to start every
 `interval` +- `jitter`, so a thousand probers drift apart instead of hitting their units in
-lockstep. The prober is the only writer of its unit's `healthy` bit and of `unit.nodes`.
-A flip is applied once: the bit (with its reason), one event (whose log line is the only
-one: steady state logs nothing), and one transition count.
+lockstep. The prober is the only writer of its unit's health and of `unit.nodes`. A flip is
+applied once: the state (with its reason), one event (whose log line is the only one: steady
+state logs nothing), and one transition count. A round whose only problems are timeouts asks
+`traffic` whether the unit's live streams still flow (then it is slow, not dead).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from random import Random
 
 from gateway.config import HealthConfig
 from gateway.health.probe import Target, canary, probe_node
 from gateway.health.result import NodeReport
+from gateway.health.states import Health
 from gateway.health.verdict import Flip, GangVerdict, Round
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
@@ -24,6 +27,13 @@ from gateway.proxy.connection import ConnectionPool, Endpoint
 from gateway.units import UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.health")
+
+# (unit id, loop time) -> whether the unit's live traffic arrives at its own pace right now.
+Traffic = Callable[[str, float], bool]
+
+
+def no_traffic(unit_id: str, now: float) -> bool:
+    return False
 
 
 class UnitProber:
@@ -36,9 +46,11 @@ class UnitProber:
         pool: ConnectionPool,
         config: HealthConfig,
         rng: Random,
+        traffic: Traffic = no_traffic,
     ) -> None:
         self.unit, self.registry, self.events = unit, registry, events
         self.pool, self.config, self.rng = pool, config, rng
+        self.traffic = traffic
         urls = unit.config.nodes
         self.targets = [Target(url) for url in urls]
         self.leader = Endpoint(unit.leader)
@@ -48,12 +60,12 @@ class UnitProber:
             fall=config.fall,
             rise=config.rise,
             stall_timeout=config.stall_timeout,
-            healthy=unit.healthy,
+            state=unit.health,
         )
         # Label lookups take a lock; do them once, not per failed probe.
         self.failures = [metrics.probe_failures.labels(unit.id, str(r)) for r in range(len(urls))]
         to = metrics.health_transitions
-        self.transitions = {ok: to.labels(unit.id, _state(ok)) for ok in (True, False)}
+        self.transitions = {h: to.labels(unit.id, h.value) for h in Health}
         self.rounds = 0
 
     async def run(self, first_after: float = 0.0) -> None:
@@ -81,7 +93,10 @@ class UnitProber:
         else:
             reports = await probes
         self.rounds += 1
-        result = self.verdict.observe(reports, asyncio.get_running_loop().time(), canary_error)
+        now = asyncio.get_running_loop().time()
+        # Asked only when it matters: a round whose problems are all timeouts.
+        flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now)
+        result = self.verdict.observe(reports, now, canary_error, flowing)
         self._record_nodes(reports, result.nodes)
         if result.flip is not None:
             self._apply(result.flip)
@@ -99,14 +114,10 @@ class UnitProber:
     def _apply(self, flip: Flip) -> None:
         if self.registry.units.get(self.unit.id) is not self.unit:
             return  # removed while this round was out; its bit is nobody's business now
-        self.registry.set_bit(self.unit.id, "healthy", flip.healthy, flip.reason, "prober")
-        self.events.record(self.unit.id, _state(flip.healthy), flip.reason, "prober")
-        self.transitions[flip.healthy].inc()
+        self.registry.set_health(self.unit.id, flip.health, flip.reason, flip.hard, "prober")
+        self.events.record(self.unit.id, flip.health.value, flip.reason, "prober")
+        self.transitions[flip.health].inc()
 
     def _interval(self) -> float:
         h = self.config
         return h.interval * (1.0 + h.jitter * self.rng.uniform(-1.0, 1.0))
-
-
-def _state(healthy: bool) -> str:
-    return "healthy" if healthy else "unhealthy"

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
-    """`error` is None when the node answered HTTP 200 with a JSON object."""
+    """`error` is None when the node answered HTTP 200 with a JSON object; `timed_out` marks
+    the one soft error, no answer within the probe's deadline (see verdict.py)."""
 
     latency_ms: float | None
     error: str | None = None
@@ -22,3 +23,4 @@ class NodeReport:
     pid: int | None = None
     step: int | None = None
     pending: int | None = None
+    timed_out: bool = False

@@ -14,7 +14,7 @@ from random import Random
 from types import TracebackType
 
 from gateway.config import Config
-from gateway.health.prober import UnitProber
+from gateway.health.prober import Traffic, UnitProber, no_traffic
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.proxy.connection import ConnectionPool
@@ -34,8 +34,10 @@ class HealthSupervisor:
         events: EventLog,
         metrics: Metrics,
         rng: Random | None = None,
+        traffic: Traffic = no_traffic,
     ) -> None:
         self.config = config
+        self.traffic = traffic
         self.registry = registry
         self.events = events
         self.metrics = metrics
@@ -108,7 +110,14 @@ class HealthSupervisor:
         assert self._pool is not None
         self._end(unit.id)  # an id re-added before its old prober finished ending
         prober = UnitProber(
-            unit, self.registry, self.events, self.metrics, self._pool, self.config.health, self.rng
+            unit,
+            self.registry,
+            self.events,
+            self.metrics,
+            self._pool,
+            self.config.health,
+            self.rng,
+            self.traffic,
         )
         run = prober.run(first_after)
         self._tasks[unit.id] = asyncio.get_running_loop().create_task(

@@ -4,6 +4,7 @@ A unit is one engine spread over several nodes, so it is only usable while every
 healthy, each node is the one the config says it is, and the engine makes progress. One bad
 round (a dropped packet, a GC pause) must not eject a unit, and one good round after a crash
 must not readmit it: `fall` bad rounds in a row mark it down, `rise` good ones mark it up.
+A probe that times out is the one soft piece of evidence (states.py says why).
 
 Pure and synchronous, with the clock passed in, so every rule runs on a fake clock in tests.
 """
@@ -14,41 +15,77 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.health.result import NodeReport
+from gateway.health.states import Health, Outcome
 
 
 @dataclass(frozen=True, slots=True)
 class Flip:
-    healthy: bool
+    """A change the prober applies once: a new state, or a new kind of evidence (`hard`)."""
+
+    health: Health
     reason: str
+    hard: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.routable
 
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    """`nodes[rank]` is that node's problem (None = fine); `problem` says why the round is bad."""
+    """`nodes[rank]` is that node's problem (None = fine); `problem` says why the round is not
+    good; `hard` whether any of it is hard evidence."""
 
     nodes: tuple[str | None, ...]
     problem: str | None
+    outcome: Outcome
+    hard: bool
     flip: Flip | None
 
 
-class Hysteresis:
-    """Counts consecutive rounds that disagree with the current state (pingora's shape)."""
+_RANK = {Health.UNHEALTHY: 0, Health.SLOW: 1, Health.HEALTHY: 2}
+_TARGET = {Outcome.BAD: Health.UNHEALTHY, Outcome.SLOW: Health.SLOW, Outcome.GOOD: Health.HEALTHY}
 
-    __slots__ = ("counter", "fall", "healthy", "rise")
 
-    def __init__(self, fall: int, rise: int, healthy: bool) -> None:
-        self.fall, self.rise, self.healthy = fall, rise, healthy
-        self.counter = 0
+class HealthMachine:
+    """Hysteresis over three kinds of round (pingora's counter shape, one level more).
 
-    def observe(self, ok: bool) -> bool:
-        """Returns True when this round flipped the state."""
-        if ok == self.healthy:
-            self.counter = 0
+    States are ordered unhealthy < slow < healthy, rounds bad < slow < good. `fall` rounds in a
+    row below the state move it down, `rise` rounds in a row above it move it up, each to the
+    state of the last round. A unit never routable since start-up has nothing to protect: its
+    first good round makes it healthy at once, its bad rounds mark it unhealthy at once.
+    """
+
+    __slots__ = ("downs", "fall", "hard", "rise", "seen", "state", "ups")
+
+    def __init__(self, fall: int, rise: int, state: Health = Health.UNKNOWN) -> None:
+        self.fall, self.rise, self.state = fall, rise, state
+        self.hard = False
+        self.seen = state.routable  # routable at some point: from then on hysteresis applies
+        self.ups = self.downs = 0
+
+    def observe(self, outcome: Outcome, hard: bool) -> bool:
+        """Returns True when the state (or, while unhealthy, the kind of evidence) changed."""
+        target = _TARGET[outcome]
+        if not self.seen:
+            return self._move(target, hard)
+        have, got = _RANK[self.state], _RANK[target]
+        if got == have:
+            self.ups = self.downs = 0
+            return target is Health.UNHEALTHY and self._move(target, hard)
+        if got > have:
+            self.ups, self.downs = self.ups + 1, 0
+            return self.ups >= self.rise and self._move(target, hard)
+        self.ups, self.downs = 0, self.downs + 1
+        return self.downs >= self.fall and self._move(target, hard)
+
+    def _move(self, state: Health, hard: bool) -> bool:
+        hard = hard and state is Health.UNHEALTHY
+        if state is self.state and hard == self.hard:
             return False
-        self.counter += 1
-        if self.counter < (self.rise if ok else self.fall):
-            return False
-        self.healthy, self.counter = ok, 0
+        self.state, self.hard = state, hard
+        self.seen = self.seen or state.routable
+        self.ups = self.downs = 0
         return True
 
 
@@ -84,7 +121,12 @@ class StallWatch:
 
 
 class GangVerdict:
-    """Judges each probe round of one unit; the prober applies the flips it returns."""
+    """Judges each probe round of one unit; the prober applies the flips it returns.
+
+    A probe timeout is soft evidence: a saturated leader answers `/health` late while it
+    serves. It makes the round `slow` when the caller says the unit's live traffic flows, and
+    bad (but soft) when nothing vouches for the unit. Everything else a node can report is hard.
+    """
 
     def __init__(
         self,
@@ -94,39 +136,61 @@ class GangVerdict:
         fall: int,
         rise: int,
         stall_timeout: float,
-        healthy: bool,
+        state: Health = Health.UNKNOWN,
     ) -> None:
         self.unit_id = unit_id
         self.labels = tuple(f"node {rank} ({_role(rank)} {url})" for rank, url in enumerate(urls))
-        self.state = Hysteresis(fall, rise, healthy)
+        self.machine = HealthMachine(fall, rise, state)
         self.stall = StallWatch(stall_timeout)
 
     @property
-    def healthy(self) -> bool:
-        return self.state.healthy
+    def health(self) -> Health:
+        return self.machine.state
 
     def observe(
-        self, reports: Sequence[NodeReport], now: float, canary: str | None = None
+        self,
+        reports: Sequence[NodeReport],
+        now: float,
+        canary: str | None = None,
+        flowing: bool = False,
     ) -> Round:
-        """`reports[rank]` for every node; `canary` is a failed canary's error, if one ran."""
+        """`reports[rank]` for every node; `canary` is a failed canary's error, if one ran;
+        `flowing` whether the unit's live traffic is arriving at its own pace right now."""
         nodes = tuple(self._node_problem(rank, r) for rank, r in enumerate(reports))
         bad = [f"{self.labels[rank]}: {p}" for rank, p in enumerate(nodes) if p is not None]
+        hard = any(p is not None and not r.timed_out for p, r in zip(nodes, reports, strict=True))
         leader = reports[0]
         stalled = self.stall.observe(leader.step, leader.pending, now)
         if stalled is not None:
             bad.append(stalled)
         if canary is not None:
             bad.append(f"canary completion failed: {canary}")
+        hard = hard or stalled is not None or canary is not None
         problem = "; ".join(bad) if bad else None
-        return Round(nodes, problem, self._flip(problem))
+        if problem is None:
+            outcome = Outcome.GOOD
+        elif hard or not flowing:
+            outcome = Outcome.BAD
+        else:
+            outcome = Outcome.SLOW
+        if outcome is Outcome.BAD and not hard:
+            problem = f"{problem}; no live traffic on the unit to vouch for it"
+        return Round(nodes, problem, outcome, hard, self._flip(outcome, hard, problem))
 
-    def _flip(self, problem: str | None) -> Flip | None:
-        if not self.state.observe(problem is None):
+    def _flip(self, outcome: Outcome, hard: bool, problem: str | None) -> Flip | None:
+        first = not self.machine.seen
+        if not self.machine.observe(outcome, hard):
             return None
-        if problem is not None:
-            return Flip(False, problem)
-        nodes = len(self.labels)
-        return Flip(True, f"all {nodes} nodes ok for {self.state.rise} rounds")
+        state = self.machine.state
+        if state is Health.HEALTHY:
+            nodes = len(self.labels)
+            if first:
+                return Flip(state, f"first probe round: all {nodes} nodes ok")
+            return Flip(state, f"all {nodes} nodes ok for {self.machine.rise} rounds")
+        assert problem is not None
+        if state is Health.SLOW:
+            return Flip(state, f"probes time out while its traffic flows: {problem}")
+        return Flip(state, problem, self.machine.hard)
 
     def _node_problem(self, rank: int, report: NodeReport) -> str | None:
         if report.error is not None:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.health.states import Health
 from gateway.observability.histogram import HistogramFamily
 from gateway.units import UnitRegistry
 
@@ -71,7 +72,7 @@ class Metrics:
         )
         self.health_transitions = Counter(
             "unitgate_health_transitions",
-            "Prober verdict changes per unit, by new state (healthy or unhealthy).",
+            "Prober verdict changes per unit, by new state (healthy, slow or unhealthy).",
             ["unit", "to"],
             registry=r,
         )
@@ -119,8 +120,18 @@ class _StateCollector(Collector):
         for unit in list(self.units.units.values()):  # a snapshot: scrapes run off the loop
             inflight.add_metric([unit.id], unit.inflight)
             routable.add_metric([unit.id], 1.0 if unit.routable else 0.0)
+        panic = GaugeMetricFamily(
+            "unitgate_panic_routing",
+            "1 while a model's units are panic-routed: too few routable, so units out for soft "
+            "reasons or by their breaker take traffic too.",
+            labels=["model"],
+        )
+        active = dict(self.units.panic)
+        for model in self.units.models:
+            panic.add_metric([model], 1.0 if model in active else 0.0)
         yield inflight
         yield routable
+        yield panic
         yield GaugeMetricFamily(
             "unitgate_queue_depth", "Requests waiting for a unit slot.", value=self.queue_depth()
         )
@@ -135,8 +146,13 @@ class _HealthCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         unit_ok = GaugeMetricFamily(
             "unitgate_unit_healthy",
-            "1 while the prober judges every node of the unit usable.",
+            "1 while the prober judges the unit usable (healthy or slow).",
             labels=["unit"],
+        )
+        state = GaugeMetricFamily(
+            "unitgate_unit_health_state",
+            "1 for the unit's current health state: unknown, healthy, slow or unhealthy.",
+            labels=["unit", "state"],
         )
         node_ok = GaugeMetricFamily(
             "unitgate_node_healthy",
@@ -150,6 +166,9 @@ class _HealthCollector(Collector):
         )
         for unit in list(self.units.units.values()):  # a snapshot: scrapes run off the loop
             unit_ok.add_metric([unit.id], 1.0 if unit.healthy else 0.0)
+            health = unit.health
+            for each in Health:
+                state.add_metric([unit.id, each.value], 1.0 if each is health else 0.0)
             for node in unit.nodes:
                 labels = [unit.id, str(node.rank)]
                 if node.healthy is not None:
@@ -157,5 +176,6 @@ class _HealthCollector(Collector):
                 if node.latency_ms is not None:
                     latency.add_metric(labels, node.latency_ms / 1000)
         yield unit_ok
+        yield state
         yield node_ok
         yield latency

@@ -40,11 +40,16 @@ CHAT_PATH = "/v1/chat/completions"
 
 class ProxyHandler:
     def __init__(
-        self, config: Config, dispatcher: Dispatcher, events: EventLog | None = None
+        self,
+        config: Config,
+        dispatcher: Dispatcher,
+        events: EventLog | None = None,
+        live: LiveStreams | None = None,
     ) -> None:
         self.config = config
         self.events = events
-        self.live = LiveStreams()  # streams in flight per unit, for ejections to break
+        # Streams in flight per unit: for ejections to break, and to vouch for a slow unit.
+        self.live = live or LiveStreams(config.resume.ejected_idle, config.health.pace_factor)
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
         self.upstream: UpstreamClient = dispatcher.upstream
@@ -116,7 +121,9 @@ class ProxyHandler:
         except asyncio.CancelledError:
             self.metrics.cancellations.labels("none").inc()
             raise
-        self.metrics.ttft.labels(unit.id).observe(loop.time() - start)
+        now = loop.time()
+        self.live.began(unit.id, now)
+        self.metrics.ttft.labels(unit.id).observe(now - start)
         if answer.streaming:
             stream = StreamSession(self, request, call, data, tracker, start)
             return await stream.run(unit, answer)

@@ -1,34 +1,54 @@
-"""The streams in flight per unit, so that a unit's ejection reaches them.
+"""The streams in flight per unit: what an ejection reaches, and what vouches for a slow unit.
 
 When the prober declares a unit unhealthy its streams would otherwise run on until the idle
 timeout (a follower frozen mid-step leaves the leader silent, not disconnected). An ejection
-tightens the idle limit of each resumable stream on the unit: a stream already quiet that long
-breaks at once and is resumed elsewhere; one still receiving tokens goes on (a probe can fail
-on a loaded but working unit), and breaks only if it then stalls.
+tightens the idle limit of each resumable stream on the unit: a stream already quiet by its
+own pace breaks at once and is resumed elsewhere; one still receiving tokens goes on (a probe
+can fail on a loaded but working unit), and breaks only if it then goes quiet.
+
+The other way round, a unit whose probes time out while its streams keep flowing is busy,
+not dead: `flowing` answers that for the prober, from state the relay keeps anyway (the last
+read and the stream's own gap), so the request path pays nothing for it.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from gateway.health.pace import is_quiet
 
-class Ejectable(Protocol):
-    def on_unit_ejected(self, quiet: float, reason: str) -> None: ...
+
+class Live(Protocol):
+    def on_unit_ejected(self, reason: str) -> None: ...
+
+    def pace(self) -> tuple[float, float | None] | None:
+        """(loop time of the last data, the running gap estimate), or None between answers."""
+        ...
 
 
 class LiveStreams:
-    def __init__(self) -> None:
-        self._by_unit: dict[str, set[Ejectable]] = {}
+    def __init__(self, floor: float, factor: float) -> None:
+        self.floor, self.factor = floor, factor
+        self._by_unit: dict[str, set[Live]] = {}
+        self._began: dict[str, float] = {}  # unit -> when its last answer's first byte came
 
-    def add(self, unit_id: str, stream: Ejectable) -> None:
+    def add(self, unit_id: str, stream: Live) -> None:
         self._by_unit.setdefault(unit_id, set()).add(stream)
 
-    def discard(self, unit_id: str, stream: Ejectable) -> None:
+    def discard(self, unit_id: str, stream: Live) -> None:
         streams = self._by_unit.get(unit_id)
         if streams is not None:
             streams.discard(stream)
             if not streams:
                 del self._by_unit[unit_id]
+
+    def began(self, unit_id: str, now: float) -> None:
+        """An answer from the unit started (its first byte arrived within its timeout)."""
+        self._began[unit_id] = now
+
+    def forget(self, unit_id: str) -> None:
+        """The unit was removed."""
+        self._began.pop(unit_id, None)
 
     def count(self, unit_id: str | None = None) -> int:
         """Streams in flight on `unit_id`, or on every unit."""
@@ -36,9 +56,20 @@ class LiveStreams:
             return sum(len(streams) for streams in self._by_unit.values())
         return len(self._by_unit.get(unit_id, ()))
 
-    def eject(self, unit_id: str, reason: str, quiet: float) -> int:
-        """Tighten every stream on the unit to `quiet` seconds of silence; returns how many."""
+    def flowing(self, unit_id: str, now: float) -> bool:
+        """Whether the unit's live traffic is arriving at its own pace right now."""
+        began = self._began.get(unit_id)
+        if began is not None and now - began <= self.floor:
+            return True
+        for stream in self._by_unit.get(unit_id, ()):
+            pace = stream.pace()
+            if pace is not None and not is_quiet(now, *pace, self.floor, self.factor):
+                return True
+        return False
+
+    def eject(self, unit_id: str, reason: str) -> int:
+        """Tell every stream on the unit; returns how many there were."""
         streams = list(self._by_unit.get(unit_id, ()))
         for stream in streams:
-            stream.on_unit_ejected(quiet, reason)
+            stream.on_unit_ejected(reason)
         return len(streams)

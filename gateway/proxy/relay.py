@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from gateway.errors import error_body
+from gateway.health.pace import next_gap, quiet_after
 from gateway.observability.histogram import Histogram
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.tracker import StreamTracker
@@ -52,6 +53,7 @@ class _Pump:
         "conn",
         "done",
         "failed",
+        "gap",
         "gone",
         "itl",
         "last",
@@ -74,6 +76,7 @@ class _Pump:
         self.tracker = tracker
         self.loop = conn.loop
         self.last = self.loop.time()
+        self.gap: float | None = None  # running estimate of this stream's gap between reads
         self.done = self.gone = self.paused = self.failed = False
         self.mid_event = False  # the last bytes written end inside an SSE event
 
@@ -92,6 +95,7 @@ class _Pump:
                 self.mid_event = not data.endswith(b"\n\n")
                 now = self.loop.time()
                 self.itl.observe(now - self.last)
+                self.gap = next_gap(self.gap, now - self.last)
                 self.last = now
             if self.tracker is not None and self.tracker.error is not None:
                 # Settled here, not through conn.fail(): that ignores errors once the answer
@@ -131,13 +135,17 @@ class StreamRelay:
         deadline: float,
         idle: float,
         tracker: StreamTracker | None = None,
+        quiet: tuple[float, float] = (1.0, 4.0),
     ) -> None:
+        """`quiet` is (floor, factor) of the pace rule (health/pace.py) that decides when a
+        stream on an ejected unit counts as stalled."""
         assert request.transport is not None
         self.request = request
         self.headers = headers
         self.deadline = deadline
         self.idle = idle
         self.tracker = tracker
+        self.quiet = quiet
         self.response: web.StreamResponse | None = None
         self._writer: AbstractStreamWriter | None = None
         # Whether the client's stream stops inside an SSE event (only a verbatim relay can
@@ -173,7 +181,7 @@ class StreamRelay:
         if conn.body or conn.complete or pending:  # arrived while the head was being sent
             pieces, conn.body = pending + conn.body, []
             pump.push(pieces, conn.complete)
-        self._watchdog = watchdog = _IdleWatchdog(conn, pump, self.idle)
+        self._watchdog = watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet)
         try:
             async with asyncio.timeout_at(self.deadline):
                 while True:
@@ -207,10 +215,15 @@ class StreamRelay:
             return "truncated"  # a clean end of the body without [DONE]
         return "complete"
 
-    def on_unit_ejected(self, quiet: float, reason: str) -> None:
-        """The serving unit was ejected: break once the stream has been quiet for `quiet`."""
-        if self._watchdog is not None:
-            self._watchdog.tighten(quiet, reason)
+    def on_unit_ejected(self, reason: str) -> None:
+        """The serving unit was ejected: a resumable stream breaks (to be resumed elsewhere)
+        once it is quiet by its own pace; one whose tokens keep coming runs to its end."""
+        if self._watchdog is not None and self.tracker is not None:
+            self._watchdog.tighten(reason)
+
+    def pace(self) -> tuple[float, float | None] | None:
+        watchdog = self._watchdog
+        return None if watchdog is None else watchdog.pace()
 
     async def write(self, data: bytes) -> bool:
         """Send gateway-made bytes (a closing the tracker built); False if the client left."""
@@ -256,26 +269,36 @@ FAILURE_MESSAGES = {
 class _IdleWatchdog:
     """One timer per stream, re-armed lazily: no timer churn per token."""
 
-    def __init__(self, conn: UpstreamConnection, pump: _Pump, idle: float) -> None:
-        self.conn, self.pump, self.idle = conn, pump, idle
+    def __init__(
+        self, conn: UpstreamConnection, pump: _Pump, idle: float, quiet: tuple[float, float]
+    ) -> None:
+        self.conn, self.pump, self.idle, self.quiet = conn, pump, idle, quiet
         self.ejected: str | None = None  # why the unit was ejected, once it was
         self.handle = conn.loop.call_at(conn.loop.time() + idle, self._check)
 
-    def tighten(self, idle: float, reason: str) -> None:
-        self.idle, self.ejected = min(self.idle, idle), reason
+    def tighten(self, reason: str) -> None:
+        self.ejected = reason
         self.handle.cancel()
         self._check()
 
+    def pace(self) -> tuple[float, float | None]:
+        return max(self.conn.last_data, self.pump.last), self.pump.gap
+
+    def _limit(self) -> float:
+        if self.ejected is None:
+            return self.idle
+        return min(self.idle, quiet_after(self.pump.gap, *self.quiet))
+
     def _check(self) -> None:
         loop = self.conn.loop
-        quiet_since = max(self.conn.last_data, self.pump.last)
-        if self.pump.paused or loop.time() - quiet_since < self.idle:
-            self.handle = loop.call_at(
-                max(quiet_since + self.idle, loop.time() + 0.01), self._check
-            )
+        quiet_since, limit = max(self.conn.last_data, self.pump.last), self._limit()
+        if self.pump.paused or loop.time() - quiet_since < limit:
+            self.handle = loop.call_at(max(quiet_since + limit, loop.time() + 0.01), self._check)
             return
         if self.ejected is not None:
-            self.conn.fail(UnitEjected(f"unit ejected ({self.ejected}), then quiet"))
+            self.conn.fail(
+                UnitEjected(f"unit ejected ({self.ejected}), then quiet for {limit:.2g} s")
+            )
         else:
             self.conn.fail(IdleTimeout(f"the unit sent nothing for {self.idle:g} s"))
 

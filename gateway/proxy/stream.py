@@ -63,6 +63,7 @@ class StreamSession:
             call.deadline,
             proxy.config.timeouts.idle,
             self.tracker,
+            (proxy.config.resume.ejected_idle, proxy.config.health.pace_factor),
         )
         try:
             kind = await self._relay(relay, unit, answer, first=True)
@@ -87,8 +88,7 @@ class StreamSession:
         outcome to the breaker and the metrics; returns how it ended."""
         proxy, conn = self.proxy, answer.connection
         assert conn is not None
-        if self.tracker is not None:  # only a resumable stream gains from an early break
-            proxy.live.add(unit.id, relay)
+        proxy.live.add(unit.id, relay)
         try:
             kind = "client_gone"
             if not first or await relay.start(answer):
@@ -163,6 +163,7 @@ class StreamSession:
             await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {detail}")
             return None
         self.held = unit
+        proxy.live.began(unit.id, asyncio.get_running_loop().time())
         tracker.begin_continuation()
         detail = f"{kind}: continued on {unit.id} after {tracker.committed} tokens"
         self._resumed(broken, "ok", detail)

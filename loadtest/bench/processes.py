@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench.params import MODEL, TOKENS
-from loadtest.readyfile import wait_ready_file
+from loadtest.readyfile import wait_http_ok, wait_ready_file
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -99,12 +99,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def _child(argv: list[str], ready: Path, cpu: int | None, what: str) -> Iterator[dict[str, Any]]:
-    """Stdout is dropped (ready banners would break the table); stderr stays visible."""
+def _child(
+    argv: list[str], ready: Path, cpu: int | None, what: str, routes: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Stdout is dropped (ready banners would break the table); stderr stays visible.
+    `routes`: a gateway, ready once its /readyz says it can route, not merely listening."""
     with _affinity(cpu):
         proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
     try:
-        yield wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
+        info = wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
+        if routes:
+            wait_http_ok(info["public"] + "/readyz", proc, READY_TIMEOUT_S, what)
+        yield info
     finally:
         _stop(proc)
 
@@ -130,13 +136,14 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
         plain_toml.write_text(_gateway_config(sim, resume=False))
         with (
             _child(
-                _gateway_argv(toml, tmp / "gw.json"), tmp / "gw.json", relay_cpu, "gateway"
+                _gateway_argv(toml, tmp / "gw.json"), tmp / "gw.json", relay_cpu, "gateway", True
             ) as gw,
             _child(
                 _gateway_argv(plain_toml, tmp / "plain.json"),
                 tmp / "plain.json",
                 relay_cpu,
                 "gateway (resume off)",
+                True,
             ) as plain,
             _child(floor_argv, tmp / "floor.json", relay_cpu, "floor relay") as floor,
         ):

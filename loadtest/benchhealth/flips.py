@@ -25,7 +25,7 @@ from loadtest.readyfile import wait_ready_file
 # "2026-11-29 20:42:55,017 INFO unitgate.events: unit u942: unhealthy (...) by prober"
 _EVENT = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO unitgate\.events: unit (\S+): "
-    r"(healthy|unhealthy) \((.*)\) by prober$"
+    r"(healthy|slow|unhealthy) \((.*)\) by prober$"
 )
 _ADDRESS = re.compile(r" \((?:leader|follower) http://[^)]*\)")
 
@@ -34,8 +34,13 @@ _ADDRESS = re.compile(r" \((?:leader|follower) http://[^)]*\)")
 class Flip:
     at: float  # wall clock, time.time()
     unit: str
-    healthy: bool
+    healthy: bool  # routable by health: healthy or slow
     reason: str
+
+    @property
+    def first(self) -> bool:
+        """A unit's first verdict (units start unknown): start-up, not a flip to count."""
+        return self.reason.startswith("first probe round")
 
 
 @contextlib.contextmanager
@@ -62,23 +67,23 @@ def read(log: Path) -> list[Flip]:
             continue
         stamp, unit, what, reason = match.groups()
         at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local, as logged
-        flips.append(Flip(at, unit, what == "healthy", reason))
+        flips.append(Flip(at, unit, what != "unhealthy", reason))
     return flips
 
 
-def unhealthy(flips: list[Flip]) -> set[str]:
-    """Configured units start healthy, so a unit is down exactly when its last flip was down."""
+def routable(flips: list[Flip]) -> set[str]:
+    """Units start unknown, so a unit is routable exactly when its last flip let it in."""
     last = {f.unit: f.healthy for f in flips}
-    return {unit for unit, healthy in last.items() if not healthy}
+    return {unit for unit, healthy in last.items() if healthy}
 
 
 def between(flips: list[Flip], start: float, end: float) -> int:
-    return sum(1 for f in flips if start <= f.at < end)
+    return sum(1 for f in flips if start <= f.at < end and not f.first)
 
 
 def timeline(flips: list[Flip], origin: float) -> dict[str, int]:
     """Flips per whole second from `origin` (negative: before it), for the JSON."""
-    seconds = Counter(int((f.at - origin) // 1) for f in flips)
+    seconds = Counter(int((f.at - origin) // 1) for f in flips if not f.first)
     return {str(s): n for s, n in sorted(seconds.items())}
 
 

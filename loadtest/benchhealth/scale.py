@@ -169,7 +169,12 @@ def run(tmp: Path, pins: Pins | None, units: int, followers: int, window: float)
 
 
 def _wait_ready(
-    pids: dict[str, int], expected: float, head: float, log: Path, alive: Callable[[], None]
+    pids: dict[str, int],
+    expected: float,
+    head: float,
+    log: Path,
+    alive: Callable[[], None],
+    units: int,
 ) -> tuple[float, bool]:
     """Every unit healthy (by the log) and probes written and read at the full rate (by /proc)
     for two seconds running: readiness without a scrape that would stall the gateway.
@@ -186,7 +191,8 @@ def _wait_ready(
         written = (after[0].wchar - before[0].wchar - grown) / head / (now - last)
         read = (after[1].rchar - before[1].rchar) / head / (now - last)
         flowing = min(written, read) >= STEADY_SHARE * expected
-        steady = steady + 1 if flowing and not flips.unhealthy(flips.read(log)) else 0
+        all_in = len(flips.routable(flips.read(log))) == units
+        steady = steady + 1 if flowing and all_in else 0
         if steady >= 2:
             return now - started, True
         if now - started > READY_WITHIN_S:
@@ -240,7 +246,7 @@ def _measure(
     heads = [len(Target(url).head) for u in units for url in u["nodes"]]
     head = sum(heads) / len(heads)
     alive = functools.partial(ensure_alive, *pids.values())
-    ready_s, ready = _wait_ready(pids, nodes / INTERVAL_S, head, log, alive)
+    ready_s, ready = _wait_ready(pids, nodes / INTERVAL_S, head, log, alive, len(units))
     time.sleep(SETTLE_S)
     before = {k: counters(pid) for k, pid in pids.items()}
     cores_before, logged = cores(merge=pins is None), log.stat().st_size

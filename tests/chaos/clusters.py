@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from loadtest.readyfile import wait_http_ok
 from tests.chaos.harness import RESUME_SECTION
 from tests.chaos.ops import Ops
 from tests.support import ROOT, SimProcess, start_sim, stop_process
@@ -162,7 +163,8 @@ def start_real(tmp: Path, units: int = 2, world: int = 2, within: float = 150.0)
     }
     sections = gateway_sections(REAL_MODEL)
     unit_tables = [
-        {"id": uid, "leader": urls[0], "nodes": urls, "max_inflight": 8}
+        # nodes[0] is the leader's own /health listener (a thread), its API a port of its own.
+        {"id": uid, "leader": f"http://127.0.0.1:{free_port()}", "nodes": urls, "max_inflight": 8}
         for uid, urls in nodes.items()
     ]
     config = tmp / "up.toml"
@@ -236,6 +238,7 @@ def start_gateway(
                 raise RuntimeError(f"gateway did not start:\n{out.read_text(errors='replace')}")
             time.sleep(0.05)
         info = orjson.loads(ready.read_bytes())
+        wait_http_ok(info["public"] + "/readyz", proc, 30.0, "the gateway")
     except BaseException:
         reap(proc, 5.0)
         raise

@@ -68,12 +68,13 @@ async def node_health(sim: SimProcess, unit: str, rank: int, **mode: object) -> 
 
 
 async def test_4_node_answering_probes_slowly(sim: SimProcess, gateway: GatewayProcess) -> None:
-    """u0's follower answers /health in 0.8 s (the probe timeout is 0.5 s) for 3 s."""
+    """u0's follower answers /health in 0.8 s (the probe timeout is 0.5 s) for 3 s while u0
+    keeps streaming: slow, not dead. u0 is marked `slow`, never ejected, nothing breaks."""
 
     async def slow() -> None:
         await node_health(sim, "u0", 1, mode="slow", delay_ms=800)
         try:
-            await until(lambda: not gateway.ops.unit("u0")["routable"], 5.0, "u0 out")
+            await until(lambda: health_state(gateway, "u0") == "slow", 5.0, "u0 marked slow")
             await asyncio.sleep(3.0)  # the fault itself: slow for 3 s
         finally:
             await node_health(sim, "u0", 1, mode="ok")
@@ -83,13 +84,66 @@ async def test_4_node_answering_probes_slowly(sim: SimProcess, gateway: GatewayP
     report = Report(
         "4. a node answers probes slowly (sim)", load.traces, fault.fired_perf, ("u0",), False
     )
+    fired = fault.fired_wall or 0.0
+    marked = first_event_after(gateway.ops, "u0", ("slow",), fired)
+    assert marked is not None, "u0 was never marked slow"
     back = await until(
-        lambda: first_event_after(gateway.ops, "u0", ("healthy",), fault.fired_wall or 0.0),
+        lambda: first_event_after(gateway.ops, "u0", ("healthy",), fired),
         10.0,
-        "u0 readmitted once its probes are fast again",
+        "u0 healthy again once its probes are fast again",
     )
-    report.notes.append(f"readmitted: {back['reason']}")
-    await conclude(report, load, gateway.ops, eject_unit="u0")
+    report.notes.append(
+        f"marked slow {marked['time'] - fired:.2f} s after the fault, never ejected;"
+        f" healthy again: {back['reason']}"
+    )
+    assert ejections(gateway, fired) == []
+    await conclude(report, load, gateway.ops)
+
+
+async def test_9_every_node_answers_probes_slowly(sim: SimProcess, gateway: GatewayProcess) -> None:
+    """For 5 s every node of every unit answers /health in 0.8 s (the probe timeout is 0.5 s)
+    while serving, as saturated leaders do: 0 client failures and 0 ejections."""
+    nodes = [(u["id"], rank) for u in sim.units for rank in range(len(u["nodes"]))]
+
+    async def all_slow() -> None:
+        await asyncio.gather(*(node_health(sim, u, r, mode="slow", delay_ms=800) for u, r in nodes))
+        try:
+            await asyncio.sleep(5.0)
+        finally:
+            await asyncio.gather(*(node_health(sim, u, r, mode="ok") for u, r in nodes))
+
+    fault = Fault(FAULT_AT, "every node's probes slow", all_slow)
+    config = sim_load(gateway, duration=DURATION + 3.0)
+    load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    report = Report(
+        "9. every node answers probes slowly for 5 s (sim)",
+        load.traces,
+        fault.fired_perf,
+        None,
+        False,
+    )
+    fired = fault.fired_wall or 0.0
+    slow = sorted(
+        {e["unit"] for e in gateway.ops.events() if e["what"] == "slow" and e["time"] >= fired}
+    )
+    report.notes.append(f"marked slow: {', '.join(slow) or 'none'}; ejections: 0")
+    assert ejections(gateway, fired) == []
+    assert slow == sorted(u["id"] for u in sim.units)  # seen, and judged busy, not dead
+    await conclude(report, load, gateway.ops)
+
+
+def health_state(gateway: GatewayProcess, unit: str) -> str:
+    state: str = gateway.ops.unit(unit)["health"]["state"]
+    return state
+
+
+def ejections(gateway: GatewayProcess, after_wall: float) -> list[str]:
+    """Every unhealthy or breaker-ejected event since `after_wall`, as 'unit: what (reason)'."""
+    return [
+        f"{e['unit']}: {e['what']} ({e['reason']})"
+        for e in gateway.ops.events()
+        if e["time"] >= after_wall and e["what"] in ("unhealthy", "breaker ejected")
+    ]
 
 
 async def test_5_unit_flapping(sim: SimProcess, gateway: GatewayProcess) -> None:

@@ -12,6 +12,7 @@ from gateway.admin.service import AdminService
 from gateway.admin.state import AddedUnit
 from gateway.admin.store import Store, StoreError
 from gateway.config import config_from_dict
+from gateway.health.states import Health
 from gateway.observability.events import EventLog
 from gateway.units import BitChange, UnitRegistry
 
@@ -22,6 +23,8 @@ def make(**unit_overrides: object) -> tuple[AdminService, UnitRegistry, EventLog
     units = [dict(u, **unit_overrides) if u["id"] == "u2" else u for u in UNITS]
     config = config_from_dict({"gateway": {"models": ["m"]}, "units": units})
     registry = UnitRegistry(config)
+    for unit_id in registry.units:  # judged by a prober that is not part of these tests
+        registry.set_health(unit_id, Health.HEALTHY, "probed ok")
     events = EventLog(clock=lambda: 100.0)
     return AdminService(config, registry, events, clock=lambda: 42.0), registry, events
 
@@ -45,7 +48,7 @@ async def test_never_routable_between_the_two_bits() -> None:
 
 async def test_enable_does_not_override_probe_health() -> None:
     service, registry, _ = make()
-    registry.set_bit("u1", "healthy", False, "probe failed", "prober")
+    registry.set_health("u1", Health.UNHEALTHY, "probe failed", hard=True)
     await service.set_state("u1", "disabled", "maint", "alice")
     await service.set_state("u1", "enabled", "", "alice")
     unit = registry.units["u1"]

@@ -14,7 +14,11 @@ UNIT = {"id": "u0", "leader": "http://127.0.0.1:9000"}
 def test_repository_config_loads() -> None:
     config = load_config(Path(__file__).parents[2] / "config.toml")
     assert [u.id for u in config.units] == ["u0", "u1"]
-    assert config.units[0].nodes[0] == config.units[0].leader
+    # The leader answers /health on a listener of its own, beside its API port.
+    assert (config.units[0].leader, config.units[0].nodes[0]) == (
+        "http://127.0.0.1:8101",
+        "http://127.0.0.1:8100",
+    )
 
 
 def test_defaults() -> None:

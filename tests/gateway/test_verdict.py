@@ -1,4 +1,5 @@
-"""Gang health verdict on a fake clock: hysteresis, identity checks, stall detection, canary."""
+"""Gang health verdict on a fake clock: hysteresis, identity checks, stall detection, canary,
+and the classes of evidence: hard, soft, soft with live traffic."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 
 from gateway.health.probe import parse_health
 from gateway.health.result import NodeReport
-from gateway.health.verdict import GangVerdict, Hysteresis, StallWatch
+from gateway.health.states import Health, Outcome
+from gateway.health.verdict import GangVerdict, HealthMachine, StallWatch
 
 URLS = ("http://l:1", "http://f:2", "http://f:3")
 
@@ -20,16 +22,109 @@ def good(step: int = 10, pending: int = 0) -> list[NodeReport]:
     return [ok(r, step=step, pending=pending) for r in range(len(URLS))]
 
 
-def verdict(healthy: bool = True, fall: int = 2, rise: int = 2) -> GangVerdict:
-    return GangVerdict("u3", URLS, fall=fall, rise=rise, stall_timeout=1.5, healthy=healthy)
+TIMEOUT = NodeReport(None, "no answer within 200 ms", timed_out=True)
+GOOD, SLOW, BAD = Outcome.GOOD, Outcome.SLOW, Outcome.BAD
+
+
+def verdict(state: Health = Health.HEALTHY, fall: int = 2, rise: int = 2) -> GangVerdict:
+    return GangVerdict("u3", URLS, fall=fall, rise=rise, stall_timeout=1.5, state=state)
 
 
 def test_hysteresis_needs_consecutive_rounds() -> None:
-    h = Hysteresis(fall=2, rise=3, healthy=True)
-    assert [h.observe(x) for x in (False, True, False)] == [False, False, False]
-    assert h.observe(False) and not h.healthy
-    assert [h.observe(x) for x in (True, True, False, True, True)] == [False] * 5
-    assert h.observe(True) and h.healthy
+    h = HealthMachine(fall=2, rise=3, state=Health.HEALTHY)
+    assert [h.observe(x, True) for x in (BAD, GOOD, BAD)] == [False, False, False]
+    assert h.observe(BAD, True) and h.state is Health.UNHEALTHY and h.hard
+    assert [h.observe(x, True) for x in (GOOD, GOOD, BAD, GOOD, GOOD)] == [False] * 5
+    assert h.observe(GOOD, False) and h.state is Health.HEALTHY and not h.hard
+
+
+def test_an_unknown_unit_is_judged_by_its_first_round() -> None:
+    up = HealthMachine(fall=2, rise=2)
+    assert up.state is Health.UNKNOWN and not up.state.routable
+    assert up.observe(GOOD, False) and up.state is Health.HEALTHY  # no `rise` rounds to wait
+    down = HealthMachine(fall=2, rise=2)
+    assert down.observe(BAD, True) and down.state is Health.UNHEALTHY  # judged: out, with why
+    assert down.observe(BAD, False) and not down.hard  # the kind of evidence changed
+    assert not down.observe(BAD, False)
+    # Never routable yet: nothing to protect, so its first good round lets it in at once.
+    assert down.observe(GOOD, False) and down.state is Health.HEALTHY
+    # From then on hysteresis applies.
+    assert not down.observe(BAD, True) and down.state is Health.HEALTHY
+
+
+def test_slow_rounds_make_a_unit_slow_not_unhealthy() -> None:
+    h = HealthMachine(fall=2, rise=2, state=Health.HEALTHY)
+    assert not h.observe(SLOW, False)  # one slow round is a blip
+    assert h.observe(SLOW, False) and h.state is Health.SLOW
+    assert [h.observe(x, False) for x in (SLOW, GOOD, SLOW, BAD)] == [False] * 4
+    assert h.observe(BAD, False) and h.state is Health.UNHEALTHY  # then nothing vouched for it
+    assert not h.observe(SLOW, False)
+    assert h.observe(SLOW, False) and h.state is Health.SLOW  # its traffic flows: back in
+    assert not h.observe(GOOD, False)
+    assert h.observe(GOOD, False) and h.state is Health.HEALTHY
+
+
+def test_a_mix_of_slow_and_bad_rounds_ends_in_the_last_rounds_state() -> None:
+    h = HealthMachine(fall=2, rise=2, state=Health.HEALTHY)
+    assert not h.observe(BAD, True)
+    assert h.observe(SLOW, False) and h.state is Health.SLOW
+    h = HealthMachine(fall=2, rise=2, state=Health.HEALTHY)
+    assert not h.observe(SLOW, False)
+    assert h.observe(BAD, True) and h.state is Health.UNHEALTHY and h.hard
+
+
+def test_a_probe_timeout_is_soft_and_live_traffic_vouches_for_the_unit() -> None:
+    v = verdict(fall=1)
+    slow = v.observe([ok(0), TIMEOUT, ok(2)], 0.0, flowing=True)
+    assert slow.outcome is SLOW and not slow.hard
+    assert slow.flip is not None and slow.flip.health is Health.SLOW and slow.flip.healthy
+    assert slow.flip.reason == (
+        "probes time out while its traffic flows: node 1 (follower http://f:2): no answer"
+        " within 200 ms"
+    )
+    # The same timeouts with nothing flowing: out, on soft evidence (panic may still use it).
+    dead = v.observe([ok(0), TIMEOUT, ok(2)], 0.25, flowing=False)
+    assert dead.outcome is BAD and not dead.hard
+    assert dead.flip is not None and dead.flip.health is Health.UNHEALTHY and not dead.flip.hard
+    assert dead.flip.reason.endswith("; no live traffic on the unit to vouch for it")
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        NodeReport(None, "connection refused"),
+        NodeReport(None, "the node closed the connection"),
+        NodeReport(1.0, "HTTP 503 (status unhealthy)", "unhealthy"),
+        ok(1, unit="u7"),
+    ],
+)
+def test_hard_evidence_ejects_whatever_the_traffic_says(report: NodeReport) -> None:
+    v = verdict(fall=1)
+    result = v.observe([ok(0), report, ok(2)], 0.0, flowing=True)
+    assert result.outcome is BAD and result.hard
+    assert result.flip is not None and result.flip.health is Health.UNHEALTHY and result.flip.hard
+
+
+def test_a_timeout_beside_hard_evidence_is_hard() -> None:
+    v = verdict(fall=1)
+    result = v.observe([ok(0), TIMEOUT, NodeReport(None, "connection refused")], 0.0, True)
+    assert result.outcome is BAD and result.hard
+
+
+def test_a_stall_and_a_failed_canary_are_hard_even_with_traffic() -> None:
+    v = verdict(fall=1)
+    assert v.observe(good(), 0.0, canary="HTTP 500: boom", flowing=True).hard
+    stalled = verdict(fall=1)
+    stalled.observe(good(step=5, pending=2), 0.0)
+    result = stalled.observe([ok(0, step=5, pending=2), TIMEOUT, ok(2)], 2.0, flowing=True)
+    assert result.outcome is BAD and result.hard  # step frozen with work pending
+
+
+def test_a_new_unit_is_routable_after_one_good_round() -> None:
+    v = verdict(state=Health.UNKNOWN)
+    flip = v.observe(good(), 0.0).flip
+    assert flip is not None and flip.health is Health.HEALTHY
+    assert flip.reason == "first probe round: all 3 nodes ok"
 
 
 def test_a_dead_follower_marks_the_unit_down_after_fall_rounds() -> None:
@@ -40,14 +135,16 @@ def test_a_dead_follower_marks_the_unit_down_after_fall_rounds() -> None:
     assert first.flip is None and first.nodes == (None, "connection refused", None)
     assert first.problem == "node 1 (follower http://f:2): connection refused"
     second = v.observe(dead, 0.5)
-    assert second.flip is not None and not second.flip.healthy
+    assert second.flip is not None and not second.flip.healthy and second.flip.hard
     assert second.flip.reason == "node 1 (follower http://f:2): connection refused"
     assert v.observe(dead, 0.75).flip is None  # flipped once, not every round
 
 
 def test_rise_good_rounds_bring_it_back_and_a_bad_one_restarts_the_count() -> None:
-    v = verdict(healthy=False)
-    bad = [ok(0), ok(1), NodeReport(None, "no answer within 200 ms")]
+    v = verdict()
+    bad = [ok(0), ok(1), NodeReport(None, "connection refused")]
+    assert v.observe(bad, 0.0).flip is None
+    assert v.observe(bad, 0.0).flip is not None
     assert v.observe(good(), 0.0).flip is None
     assert v.observe(bad, 0.25).flip is None
     assert v.observe(good(), 0.5).flip is None

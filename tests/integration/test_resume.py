@@ -26,6 +26,7 @@ from tests.support import (
     sim_stats,
     sim_total,
     sse_events,
+    until_routable,
 )
 
 CHAT = "/v1/chat/completions"
@@ -134,6 +135,7 @@ async def test_a_unit_ejected_by_its_probes_hands_its_streams_over_at_once(
         clean_sim.units[:2], health={"enabled": True}, routing={"affinity": "session"}
     )
     async with running(config) as gw:
+        await until_routable(gw)
         clean_sim.fault("u0", "stall", after_tokens=3)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -204,6 +206,7 @@ async def test_an_ejected_unit_still_sending_tokens_keeps_its_stream(
         clean_sim.units[:2], health={"enabled": True}, routing={"affinity": "session"}
     )
     async with running(config) as gw:
+        await until_routable(gw)
         clean_sim.post("/units/u0/settings", {"itl_ms": 25})
         async with http.post(
             gw.public_url + CHAT, json=chat_body(max_tokens=80), headers=FIRST_U0
