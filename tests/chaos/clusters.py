@@ -215,13 +215,29 @@ class GatewayProcess:
 def start_gateway(
     tmp: Path, sim: SimProcess, model: str, **overrides: dict[str, Any]
 ) -> GatewayProcess:
+    """A gateway process in front of the simulator, returned once its /readyz says it routes."""
+    return spawn_gateway(tmp, *gateway_config(tmp, sim, model, **overrides))
+
+
+def gateway_config(
+    tmp: Path, sim: SimProcess, model: str, **overrides: dict[str, Any]
+) -> tuple[Path, str]:
+    """The config file (fixed free ports, so a restart binds the same ones) and admin token."""
     sections = gateway_sections(model, **overrides)
     units = [{"id": u["id"], "leader": u["leader"], "nodes": u["nodes"]} for u in sim.units]
     config = tmp / "gateway.toml"
     config.write_text(config_toml(sections, units))
-    ready = tmp / "gateway.ready.json"
-    token = secrets.token_urlsafe(16)
-    out = tmp / "gateway.out"
+    return config, secrets.token_urlsafe(16)
+
+
+def spawn_gateway(
+    tmp: Path, config: Path, token: str, routes: bool = True, name: str = "gateway"
+) -> GatewayProcess:
+    """Start `unitgate gateway`; returned once it listens, and with `routes` once its /readyz
+    answers 200 (units are unknown until a probe round has judged them)."""
+    ready = tmp / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)
+    out = tmp / f"{name}.out"
     argv = [sys.executable, "-m", "gateway", "gateway", "--config", str(config)]
     with out.open("wb") as f:
         proc = subprocess.Popen(
@@ -238,7 +254,8 @@ def start_gateway(
                 raise RuntimeError(f"gateway did not start:\n{out.read_text(errors='replace')}")
             time.sleep(0.05)
         info = orjson.loads(ready.read_bytes())
-        wait_http_ok(info["public"] + "/readyz", proc, 30.0, "the gateway")
+        if routes:
+            wait_http_ok(info["public"] + "/readyz", proc, 30.0, "the gateway")
     except BaseException:
         reap(proc, 5.0)
         raise

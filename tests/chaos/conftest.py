@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.clusters import start_simulator
+from tests.chaos.clusters import GatewayProcess, start_gateway, start_simulator
 from tests.chaos.harness import RESUME_ON
 from tests.chaos.report import HEADER, ROWS
-from tests.support import SimProcess, stop_process
+from tests.support import MODEL, SimProcess, stop_process
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,25 @@ def simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
         yield sim
     finally:
         stop_process(sim.proc)
+
+
+@pytest.fixture
+def sim(simulator: SimProcess) -> SimProcess:
+    """The module's simulator, faults cleared, every unit streaming 20 ms apart."""
+    simulator.post("/reset")
+    for unit in simulator.units:
+        simulator.post(f"/units/{unit['id']}/settings", {"ttft_ms": 20, "itl_ms": 20})
+    return simulator
+
+
+@pytest.fixture
+def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A fresh gateway process per scenario (metrics and events start at zero), routing."""
+    gw = start_gateway(tmp_path, sim, MODEL)
+    try:
+        yield gw
+    finally:
+        gw.close()
 
 
 def _number(row: str) -> int:

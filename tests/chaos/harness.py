@@ -64,6 +64,7 @@ class Trace:
     finish_reason: str | None = None
     error_event: str | None = None  # the code (or message) of an SSE error event
     error_body: str | None = None  # the code of a JSON error answer
+    retry_after: str | None = None  # the Retry-After header of an error answer
     done: bool = False
     problem: str | None = None  # what went wrong on the wire (exception kind, no_done, ...)
     cancelled: bool = False
@@ -83,6 +84,11 @@ class Trace:
     @property
     def started(self) -> bool:
         return self.started_at is not None
+
+    @property
+    def refused(self) -> bool:
+        """Load shed the way a client can act on: 429 `saturated`, with Retry-After."""
+        return self.status == 429 and self.error_body == "saturated" and bool(self.retry_after)
 
     @property
     def kind(self) -> str:
@@ -130,6 +136,7 @@ async def send_traced(
             resp = await session.post(base_url + CHAT_PATH, data=spec.body, headers=headers)
             trace.status, trace.unit = resp.status, resp.headers.get("x-unitgate-unit")
             if resp.status != 200:
+                trace.retry_after = resp.headers.get("Retry-After")
                 trace.error_body = _error_code(await resp.read())
                 if trace.error_body is None:
                     trace.problem = f"http_{resp.status}_without_error_body"

@@ -70,6 +70,53 @@ async def _kill_node(cluster: RealCluster, unit: str, rank: int, title: str) -> 
     await conclude(report, load, cluster.ops, eject_unit=unit)
 
 
+async def test_11_open_loop_overload_is_refused_with_429_only(cluster: RealCluster) -> None:
+    """Busy is not broken: arrivals at twice what the units serve, open loop, for 20 s. The
+    excess waits in the admission queue and past `queue_timeout` gets 429 with Retry-After:
+    never a 503, no unit ejected (probes answering late on busy leaders make them slow)."""
+    ops = cluster.ops
+    cap = sum(int(u["cap"]) for u in ops.units())
+    work = workload(REAL_MODEL, MAX_TOKENS)
+    # Capacity first, measured here: a closed loop at the units' combined in-flight cap.
+    full = RunConfig(cluster.public, concurrency=cap, duration=8.0, requests=500, timeout=30.0)
+    measured = await run_load(full, work, [], ops)
+    ended = [t.ended_at for t in measured.traces if t.outcome == "completed" and t.ended_at]
+    assert len(ended) >= 10, f"capacity run completed only {len(ended)} requests"
+    capacity = (len(ended) - 1) / (max(ended) - min(ended))
+    started = time.time()
+    rate, duration = 2.0 * capacity, 20.0
+    run = RunConfig(
+        cluster.public, rate=rate, duration=duration, requests=int(rate * duration * 2), timeout=60
+    )
+    load = await run_load(run, work, [], ops)
+    report = Report(
+        "11. open-loop overload at 2x capacity for 20 s (real)",
+        load.traces,
+        None,
+        None,
+        False,
+        refusals_ok=True,
+    )
+    statuses = sorted({t.status for t in load.traces if t.status is not None})
+    refused = [t for t in load.traces if t.status == 429]
+    out = [
+        f"{e['unit']}: {e['what']}"
+        for e in ops.events()
+        if e["time"] >= started and e["what"] in ("unhealthy", "breaker ejected")
+    ]
+    slow = sum(1 for e in ops.events() if e["time"] >= started and e["what"] == "slow")
+    report.notes.append(
+        f"capacity {capacity:.2f} req/s measured, {rate:.2f} req/s offered; {len(refused)}"
+        f" refused with 429 + Retry-After; statuses {statuses}; ejections {len(out)};"
+        f" slow marks {slow}"
+    )
+    assert refused, "2x capacity for 20 s refused nothing: the overload did not happen"
+    assert all(t.refused for t in refused), [t.kind for t in refused if not t.refused]
+    assert set(statuses) <= {200, 429}, statuses
+    assert out == [], out
+    await conclude(report, load, ops)
+
+
 async def test_7_admin_drain_under_load(cluster: RealCluster) -> None:
     ops = cluster.ops
     applied: list[float] = []  # when the drain call returned: the unit is out from then on

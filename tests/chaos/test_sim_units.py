@@ -1,5 +1,6 @@
-"""Chaos the real engine cannot express on 2 cores, on simulated units: slow probes, a
-flapping unit, 200 clients leaving mid-stream at once, and SIGTERM of the gateway under load.
+"""Chaos the real engine cannot express on 2 cores, on simulated units: a flapping unit, 200
+clients leaving mid-stream at once, and SIGTERM of the gateway under load (slow probes are in
+test_sim_health.py).
 
 One simulator process serves three units of two nodes (faults through its control API); each
 scenario gets a fresh gateway process in front of it, so metrics and events start at zero.
@@ -11,14 +12,12 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from loadtest.gen.shapes import RunConfig
-from tests.chaos.clusters import GatewayProcess, start_gateway
+from tests.chaos.clusters import GatewayProcess
 from tests.chaos.harness import (
     Fault,
     Load,
@@ -28,122 +27,12 @@ from tests.chaos.harness import (
     streaming_on,
     workload,
 )
-from tests.chaos.ops import first_event_after, samples, until
+from tests.chaos.ops import samples, until
 from tests.chaos.report import Report, conclude
+from tests.chaos.simulated import FAULT_AT, MAX_TOKENS, node_health, sim_load
 from tests.support import MODEL, SimProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
-
-CONCURRENCY = 24
-MAX_TOKENS = 50  # 20 ms apart: 1 s streams
-DURATION = 8.0
-FAULT_AT = 2.5
-
-
-def sim_load(gw: GatewayProcess, duration: float = DURATION) -> RunConfig:
-    return RunConfig(
-        gw.public, concurrency=CONCURRENCY, duration=duration, requests=2000, timeout=30.0
-    )
-
-
-@pytest.fixture
-def sim(simulator: SimProcess) -> SimProcess:
-    simulator.post("/reset")
-    for unit in simulator.units:
-        simulator.post(f"/units/{unit['id']}/settings", {"ttft_ms": 20, "itl_ms": 20})
-    return simulator
-
-
-@pytest.fixture
-def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
-    gw = start_gateway(tmp_path, sim, MODEL)
-    try:
-        yield gw
-    finally:
-        gw.close()
-
-
-async def node_health(sim: SimProcess, unit: str, rank: int, **mode: object) -> None:
-    await asyncio.to_thread(sim.post, f"/units/{unit}/nodes/{rank}/health", mode)
-
-
-async def test_4_node_answering_probes_slowly(sim: SimProcess, gateway: GatewayProcess) -> None:
-    """u0's follower answers /health in 0.8 s (the probe timeout is 0.5 s) for 3 s while u0
-    keeps streaming: slow, not dead. u0 is marked `slow`, never ejected, nothing breaks."""
-
-    async def slow() -> None:
-        await node_health(sim, "u0", 1, mode="slow", delay_ms=800)
-        try:
-            await until(lambda: health_state(gateway, "u0") == "slow", 5.0, "u0 marked slow")
-            await asyncio.sleep(3.0)  # the fault itself: slow for 3 s
-        finally:
-            await node_health(sim, "u0", 1, mode="ok")
-
-    fault = Fault(FAULT_AT, "u0 follower probes slow", slow, when=streaming_on("u0", fresh_s=0.3))
-    load = await run_load(sim_load(gateway), workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
-    report = Report(
-        "4. a node answers probes slowly (sim)", load.traces, fault.fired_perf, ("u0",), False
-    )
-    fired = fault.fired_wall or 0.0
-    marked = first_event_after(gateway.ops, "u0", ("slow",), fired)
-    assert marked is not None, "u0 was never marked slow"
-    back = await until(
-        lambda: first_event_after(gateway.ops, "u0", ("healthy",), fired),
-        10.0,
-        "u0 healthy again once its probes are fast again",
-    )
-    report.notes.append(
-        f"marked slow {marked['time'] - fired:.2f} s after the fault, never ejected;"
-        f" healthy again: {back['reason']}"
-    )
-    assert ejections(gateway, fired) == []
-    await conclude(report, load, gateway.ops)
-
-
-async def test_9_every_node_answers_probes_slowly(sim: SimProcess, gateway: GatewayProcess) -> None:
-    """For 5 s every node of every unit answers /health in 0.8 s (the probe timeout is 0.5 s)
-    while serving, as saturated leaders do: 0 client failures and 0 ejections."""
-    nodes = [(u["id"], rank) for u in sim.units for rank in range(len(u["nodes"]))]
-
-    async def all_slow() -> None:
-        await asyncio.gather(*(node_health(sim, u, r, mode="slow", delay_ms=800) for u, r in nodes))
-        try:
-            await asyncio.sleep(5.0)
-        finally:
-            await asyncio.gather(*(node_health(sim, u, r, mode="ok") for u, r in nodes))
-
-    fault = Fault(FAULT_AT, "every node's probes slow", all_slow)
-    config = sim_load(gateway, duration=DURATION + 3.0)
-    load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
-    report = Report(
-        "9. every node answers probes slowly for 5 s (sim)",
-        load.traces,
-        fault.fired_perf,
-        None,
-        False,
-    )
-    fired = fault.fired_wall or 0.0
-    slow = sorted(
-        {e["unit"] for e in gateway.ops.events() if e["what"] == "slow" and e["time"] >= fired}
-    )
-    report.notes.append(f"marked slow: {', '.join(slow) or 'none'}; ejections: 0")
-    assert ejections(gateway, fired) == []
-    assert slow == sorted(u["id"] for u in sim.units)  # seen, and judged busy, not dead
-    await conclude(report, load, gateway.ops)
-
-
-def health_state(gateway: GatewayProcess, unit: str) -> str:
-    state: str = gateway.ops.unit(unit)["health"]["state"]
-    return state
-
-
-def ejections(gateway: GatewayProcess, after_wall: float) -> list[str]:
-    """Every unhealthy or breaker-ejected event since `after_wall`, as 'unit: what (reason)'."""
-    return [
-        f"{e['unit']}: {e['what']} ({e['reason']})"
-        for e in gateway.ops.events()
-        if e["time"] >= after_wall and e["what"] in ("unhealthy", "breaker ejected")
-    ]
 
 
 async def test_5_unit_flapping(sim: SimProcess, gateway: GatewayProcess) -> None:

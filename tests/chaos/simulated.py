@@ -1,0 +1,39 @@
+"""What the scenarios on simulated units share: the load's shape, node health faults, and the
+gateway's health as its operator sees it (admin view, events)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from loadtest.gen.shapes import RunConfig
+from tests.chaos.clusters import GatewayProcess
+from tests.support import SimProcess
+
+CONCURRENCY = 24
+MAX_TOKENS = 50  # 20 ms apart: 1 s streams
+DURATION = 8.0
+FAULT_AT = 2.5
+
+
+def sim_load(gw: GatewayProcess, duration: float = DURATION) -> RunConfig:
+    return RunConfig(
+        gw.public, concurrency=CONCURRENCY, duration=duration, requests=2000, timeout=30.0
+    )
+
+
+async def node_health(sim: SimProcess, unit: str, rank: int, **mode: object) -> None:
+    await asyncio.to_thread(sim.post, f"/units/{unit}/nodes/{rank}/health", mode)
+
+
+def health_state(gateway: GatewayProcess, unit: str) -> str:
+    state: str = gateway.ops.unit(unit)["health"]["state"]
+    return state
+
+
+def ejections(gateway: GatewayProcess, after_wall: float) -> list[str]:
+    """Every unhealthy or breaker-ejected event since `after_wall`, as 'unit: what (reason)'."""
+    return [
+        f"{e['unit']}: {e['what']} ({e['reason']})"
+        for e in gateway.ops.events()
+        if e["time"] >= after_wall and e["what"] in ("unhealthy", "breaker ejected")
+    ]
