@@ -64,7 +64,8 @@ class Overloaded(GatewayError):
 class UpstreamError(GatewayError):
     """A unit failed before the answer's first byte reached the client.
 
-    `kind` is one of: connect, reset, status, first_byte_timeout, idle_timeout, protocol.
+    `kind` is one of: connect, connect_timeout, reset, status, first_byte_timeout, idle_timeout,
+    protocol, local (the gateway's own resources ran out, e.g. open files).
     """
 
     type = "upstream_error"

@@ -13,3 +13,9 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# Listen backlog of every server here (the kernel caps it at net.core.somaxconn, 4096 on
+# current kernels). aiohttp's default of 128 overflows when thousands of streams arrive at
+# once: the kernel then drops SYNs, and clients see connects time out while the server idles.
+LISTEN_BACKLOG = 4096

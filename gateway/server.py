@@ -23,9 +23,12 @@ from gateway.app import ops_app, public_app
 from gateway.config import Config
 from gateway.health.gate import BreakerGate
 from gateway.health.supervisor import HealthSupervisor
+from gateway.net import LISTEN_BACKLOG
 from gateway.observability.events import EventLog
+from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
+from gateway.oslimits import stream_budget
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
@@ -42,9 +45,13 @@ class Gateway:
         self.tracing = Tracing(config.tracing, tracer_provider)
         self.units = UnitRegistry(config)
         a = config.admission
-        self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after)
+        nodes = sum(len(u.nodes) for u in config.units)
+        limit = a.max_inflight or stream_budget(nodes)
+        self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after, limit)
         self.units.on_change(lambda *_: self.admission.wake_all())
-        self.metrics = Metrics(self.units, lambda: self.admission.queued)
+        # The loop's own lag: exported, and consulted by connect deadlines (looplag.py).
+        self.lag = LoopLag()
+        self.metrics = Metrics(self.units, lambda: self.admission.queued, self.lag)
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
         # Streams in flight per unit: ejections reach them, and they vouch for a slow unit.
@@ -73,9 +80,16 @@ class Gateway:
             self.live.forget(unit.id)
 
     async def start(self) -> None:
-        self._upstream = UpstreamClient(self.config)
+        self.lag.start()
+        self._upstream = UpstreamClient(self.config, self.lag)
         dispatcher = Dispatcher(
-            self.config, self.units, self.admission, self._upstream, self.metrics, self.tracing
+            self.config,
+            self.units,
+            self.admission,
+            self._upstream,
+            self.metrics,
+            self.tracing,
+            traffic=self.live.flowing,
         )
         dispatcher.on_outcome = self.breakers.record
         self.breakers.start()
@@ -92,10 +106,11 @@ class Gateway:
             await self.stop()
             raise
         log.info(
-            "gateway listening on %s (metrics %s/metrics), %d units",
+            "gateway listening on %s (metrics %s/metrics), %d units, at most %d requests in flight",
             self.public_url,
             self.metrics_url,
             len(self.units.units),
+            self.admission.limit,
         )
 
     async def stop(self) -> None:
@@ -108,6 +123,7 @@ class Gateway:
             self._upstream = None
         await self.health.stop()
         self.breakers.stop()
+        self.lag.stop()
         self.tracing.shutdown()
 
     async def _listen(self, app: web.Application, host: str, port: int, drain: float) -> str:
@@ -120,7 +136,7 @@ class Gateway:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
         await site.start()
         host, port = runner.addresses[-1][:2]
         return f"http://{host}:{port}"

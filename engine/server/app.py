@@ -10,6 +10,9 @@ from aiohttp import web
 from engine.api import Engine
 from engine.server.handlers import Handlers
 
+# aiohttp's default backlog of 128 overflows when a gateway opens thousands of streams at once:
+# the kernel drops SYNs and connects time out while the leader idles (net.core.somaxconn caps it).
+LISTEN_BACKLOG = 4096
 # Token-id prompts near a long context are several MB of JSON; aiohttp's default is 1 MB.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -40,7 +43,7 @@ async def serve(
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
         await site.start()
         if ready is not None:
             ready(bound_port(runner))

@@ -144,11 +144,16 @@ class AdmissionConfig:
     queue_timeout: float = 5.0
     # Seconds advertised in `Retry-After` on 429 and 503.
     retry_after: int = 1
+    # Requests in flight through this gateway at once, over all units. Each holds two open
+    # files (the client's connection and the unit's); 0 = what the open-files limit allows,
+    # so a burst waits in the queue instead of failing connects with EMFILE.
+    max_inflight: int = 0
 
     def __post_init__(self) -> None:
         _check(
             self.unit_max_inflight >= 1, "unit_max_inflight", self.unit_max_inflight, "must be >= 1"
         )
+        _check(self.max_inflight >= 0, "max_inflight", self.max_inflight, "must be >= 0")
         _check(self.queue_size >= 0, "queue_size", self.queue_size, "must be >= 0")
         _check(self.queue_timeout >= 0, "queue_timeout", self.queue_timeout, "must be >= 0")
         _check(self.retry_after >= 0, "retry_after", self.retry_after, "must be >= 0")

@@ -9,16 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.health.states import Health
 from gateway.observability.histogram import HistogramFamily
+from gateway.observability.looplag import LoopLag
 from gateway.units import UnitRegistry
 
 
 class Metrics:
-    def __init__(self, units: UnitRegistry, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self, units: UnitRegistry, queue_depth: Callable[[], int], lag: LoopLag | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -98,6 +101,8 @@ class Metrics:
             r.register(family)
         r.register(_StateCollector(units, queue_depth))
         r.register(_HealthCollector(units))
+        if lag is not None:
+            r.register(_LagCollector(lag))
 
     def render(self) -> bytes:
         """Call from a worker thread (see app.py): with a thousand units rendering takes ~0.5 s
@@ -106,7 +111,9 @@ class Metrics:
 
 
 class _StateCollector(Collector):
-    def __init__(self, units: UnitRegistry, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self, units: UnitRegistry, queue_depth: Callable[[], int], lag: LoopLag | None = None
+    ) -> None:
         self.units = units
         self.queue_depth = queue_depth
 
@@ -179,3 +186,22 @@ class _HealthCollector(Collector):
         yield state
         yield node_ok
         yield latency
+
+
+class _LagCollector(Collector):
+    def __init__(self, lag: LoopLag) -> None:
+        self.lag = lag
+
+    def collect(self) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
+        h = self.lag.histogram
+        family = HistogramMetricFamily(
+            "unitgate_event_loop_lag_seconds",
+            "How late the gateway's event loop ran a 50 ms timer: its own saturation.",
+        )
+        family.add_metric([], h.cumulative(), h.sum)
+        yield family
+        yield GaugeMetricFamily(
+            "unitgate_event_loop_lag_max_seconds",
+            "The largest event loop lag seen since start.",
+            value=self.lag.max,
+        )

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.observability.looplag import LoopLag
+
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
 
@@ -165,10 +167,24 @@ class Endpoint:
         self.host_header = parts.netloc.encode()
 
 
+# A connect timeout stretched for the gateway's own lag ends at most this many timeouts in.
+MAX_STRETCH = 4.0
+
+
 class ConnectionPool:
     """Idle keep-alive connections per leader, bounded in age and (optionally) in total."""
 
-    def __init__(self, connect_timeout: float, keepalive_timeout: float, limit: int) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        keepalive_timeout: float,
+        limit: int,
+        lag: LoopLag | None = None,
+    ) -> None:
+        """With `lag`, a connect timeout is measured in the loop's responsive time: what the
+        loop spent behind schedule while the connect was out is added to its deadline (a
+        kernel-finished connect must not time out because the loop ran its timers first)."""
+        self.lag = lag
         self.connect_timeout = connect_timeout
         self.keepalive_timeout = keepalive_timeout
         self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
@@ -219,12 +235,45 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         if endpoint.ssl and self._ssl is None:
             self._ssl = ssl.create_default_context()
-        async with asyncio.timeout(self.connect_timeout):
-            _, conn = await loop.create_connection(
-                lambda: UpstreamConnection(loop),
-                endpoint.host,
-                endpoint.port,
-                ssl=self._ssl if endpoint.ssl else None,
-            )
+        async with asyncio.timeout(self.connect_timeout) as deadline:
+            stretch = None if self.lag is None else _Stretch(self.lag, deadline, loop)
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: UpstreamConnection(loop),
+                    endpoint.host,
+                    endpoint.port,
+                    ssl=self._ssl if endpoint.ssl else None,
+                )
+            finally:
+                if stretch is not None:
+                    stretch.cancel()
         self._all.add(conn)
         return conn
+
+
+class _Stretch:
+    """Just before a deadline, moves it on by the loop lag accrued since the last look (the
+    lag ticks every 50 ms, so it has been sampled by then), up to MAX_STRETCH timeouts."""
+
+    __slots__ = ("deadline", "handle", "lag", "limit", "loop", "seen")
+
+    def __init__(
+        self, lag: LoopLag, deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        when = deadline.when()
+        assert when is not None
+        self.lag, self.deadline, self.loop, self.seen = lag, deadline, loop, lag.total
+        self.limit = loop.time() + MAX_STRETCH * (when - loop.time())
+        self.handle = loop.call_at(when - 0.001, self._check)
+
+    def _check(self) -> None:
+        when = self.deadline.when()
+        owed, self.seen = self.lag.total - self.seen, self.lag.total
+        if when is None or self.deadline.expired() or owed < 0.001 or when >= self.limit:
+            return  # expired: a lagging loop may run the deadline's own timer first
+        when = min(when + owed, self.limit)
+        self.deadline.reschedule(when)
+        self.handle = self.loop.call_at(when - 0.001, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()

@@ -16,13 +16,14 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_non
 
 from gateway.config import Config
 from gateway.errors import Overloaded, UpstreamError
+from gateway.health.classify import Evidence, attempt_failure
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Span, Tracing, end_span
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
 from gateway.routing.balance import choose
-from gateway.routing.budget import RetryBudget
+from gateway.routing.budget import CauseBudget, RetryBudget
 from gateway.units import UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.proxy")
@@ -74,8 +75,12 @@ class Dispatcher:
         metrics: Metrics,
         tracing: Tracing,
         rng: Random | None = None,
+        traffic: Callable[[str, float], bool] = lambda unit_id, now: False,
     ) -> None:
+        """`traffic(unit_id, now)`: whether the unit's streams keep their pace (live.py), so a
+        first-byte timeout there is its queue, not a failure."""
         self.config = config
+        self.traffic = traffic
         self.tracing = tracing
         self.units = units
         self.admission = admission
@@ -87,17 +92,21 @@ class Dispatcher:
         self.on_outcome: Callable[[UnitState, bool, float], None] = lambda unit, ok, started: None
         r = config.retry
         self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_second, r.budget_window)
+        self.resumptions = CauseBudget(self.budget)
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
         """A unit (its slot held: release it with `admission.release`) and its answer's start."""
         self.budget.deposit(asyncio.get_running_loop().time())
         return await self._open(call)
 
-    async def resume(self, call: Call) -> tuple[UnitState, Answer]:
-        """Open the continuation of a stream that broke after its first byte. It is paid from
-        the retry budget like a retry (a failing fleet must not double its load by resuming),
-        and goes to a unit not in `call.tried`."""
-        if not self.budget.withdraw(asyncio.get_running_loop().time()):
+    async def resume(self, call: Call, cause: tuple[str, str] | None) -> tuple[UnitState, Answer]:
+        """Open the continuation of a stream that broke after its first byte, on a unit not in
+        `call.tried`. A break the unit caused (`cause` = its id and the failure kind) is paid
+        from the retry budget once per cause (budget.CauseBudget): a failing fleet must not
+        double its load by resuming, but one dead leader must not drain the budget either. A
+        break the gateway made itself (`cause` None: the unit was ejected) is free."""
+        now = asyncio.get_running_loop().time()
+        if cause is not None and not self.resumptions.withdraw(cause, now):
             self.metrics.budget_exhausted.inc()
             raise Overloaded(
                 "the retry budget is exhausted",
@@ -145,7 +154,9 @@ class Dispatcher:
             if isinstance(exc, UpstreamError):
                 call.tried.append(unit)
                 call.last_error = exc
-                self.on_outcome(unit, False, started)
+                flowing = self.traffic(unit.id, loop.time())
+                if attempt_failure(exc.kind, flowing) is Evidence.FAILURE:
+                    self.on_outcome(unit, False, started)
                 self.metrics.upstream_failures.labels(unit.id, exc.kind).inc()
                 log.warning("attempt failed: %s", exc.message)
             if span is not None:

@@ -152,6 +152,7 @@ class StreamRelay:
         # leave it so): a gateway-made event must then first close it, or it is unreadable.
         self._mid_event = False
         self._watchdog: _IdleWatchdog | None = None  # the answer being relayed's
+        self.gap: float | None = None  # the last relayed answer's gap estimate, once it ended
 
     async def start(self, answer: Answer) -> bool:
         """Send the head (and the first bytes); False if the client is already gone."""
@@ -205,6 +206,7 @@ class StreamRelay:
         finally:
             watchdog.cancel()
             self._watchdog = None
+            self.gap = pump.gap
             conn.sink = None
             self._mid_event = pump.mid_event
         if pump.gone:

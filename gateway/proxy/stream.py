@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.errors import GatewayError
+from gateway.health.classify import Evidence, stream_end
 from gateway.proxy.dispatch import Call
 from gateway.proxy.relay import FAILURE_MESSAGES, StreamRelay
 from gateway.proxy.resume import continuation, max_new_tokens
@@ -100,21 +101,20 @@ class StreamSession:
         finally:
             proxy.live.discard(unit.id, relay)
             proxy.upstream.finish(answer)  # closes the connection unless the answer ended cleanly
-        self._outcome(unit, kind)
+        self._outcome(unit, kind, relay.gap)
         return kind
 
-    def _outcome(self, unit: UnitState, kind: str) -> None:
+    def _outcome(self, unit: UnitState, kind: str, gap: float | None) -> None:
         proxy = self.proxy
         if self.tracker is not None and self.tracker.capable is not None:
             unit.token_ids = self.tracker.capable
+        config = proxy.config
+        evidence = stream_end(kind, gap, config.timeouts.idle, config.health.pace_factor)
+        if evidence is not Evidence.NONE:  # the breaker hears only of what the unit caused
+            proxy.dispatcher.on_outcome(unit, evidence is Evidence.OK, self.start)
         if kind == "client_gone":
             proxy.metrics.cancellations.labels(unit.id).inc()
-        elif kind == "complete":
-            proxy.dispatcher.on_outcome(unit, True, self.start)
-        else:
-            # A total timeout is the request's own budget running out, not the unit's fault.
-            if kind != "total_timeout":
-                proxy.dispatcher.on_outcome(unit, False, self.start)
+        elif kind != "complete":
             proxy.metrics.upstream_failures.labels(unit.id, kind).inc()
             log.warning("stream from unit %s broke after the first byte: %s", unit.id, kind)
 
@@ -150,7 +150,8 @@ class StreamSession:
         )
         resume.tried = [*call.tried, broken]
         try:
-            unit, answer = await proxy.dispatcher.resume(resume)
+            cause = None if kind == "unit_ejected" else (broken.id, kind)
+            unit, answer = await proxy.dispatcher.resume(resume, cause)
         except GatewayError as exc:
             self._resumed(broken, "gave_up", f"{kind}: no continuation ({exc.message})")
             await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {exc.message}")

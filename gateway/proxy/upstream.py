@@ -9,10 +9,12 @@ UpstreamError that carries its retryability.
 from __future__ import annotations
 
 import asyncio
+import errno
 from dataclasses import dataclass
 
 from gateway.config import Config
 from gateway.errors import UpstreamError
+from gateway.observability.looplag import LoopLag
 from gateway.proxy.connection import ConnectionBroken, ConnectionPool, Endpoint, UpstreamConnection
 
 _SSE = b"text/event-stream"
@@ -35,9 +37,11 @@ class Answer:
 
 
 class UpstreamClient:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, lag: LoopLag | None = None) -> None:
         u = config.upstream
-        self.pool = ConnectionPool(config.timeouts.connect, u.keepalive_timeout, u.max_connections)
+        self.pool = ConnectionPool(
+            config.timeouts.connect, u.keepalive_timeout, u.max_connections, lag
+        )
         self._endpoints: dict[str, Endpoint] = {}
 
     async def close(self) -> None:
@@ -118,11 +122,15 @@ def _classify(unit_id: str, exc: BaseException, *, connected: bool) -> BaseExcep
         return exc
     if isinstance(exc, TimeoutError):
         if not connected:
-            return UpstreamError(unit_id, "connect", "connect timed out", retryable=True)
+            # Not "connect": a refusal is a dead unit, a timeout may be a full accept queue.
+            return UpstreamError(unit_id, "connect_timeout", "connect timed out", retryable=True)
         return UpstreamError(unit_id, "first_byte_timeout", "no answer in time", retryable=True)
     if isinstance(exc, ConnectionBroken):
         kind = "protocol" if "invalid HTTP" in str(exc) else "reset"
         return UpstreamError(unit_id, kind, str(exc), retryable=True)
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        # The gateway's own open-files limit, not the unit: another unit would fail alike.
+        return UpstreamError(unit_id, "local", f"gateway: {exc.strerror}", retryable=False)
     if isinstance(exc, OSError):
         kind = "connect" if not connected else "reset"
         return UpstreamError(unit_id, kind, f"{type(exc).__name__}: {exc}", retryable=True)

@@ -30,10 +30,16 @@ class _Waiter:
 
 
 class Admission:
-    def __init__(self, queue_size: int, queue_timeout: float, retry_after: int) -> None:
+    def __init__(
+        self, queue_size: int, queue_timeout: float, retry_after: int, limit: int | None = None
+    ) -> None:
+        """`limit`: slots over all units at once (the gateway's own capacity, e.g. what its
+        open-files limit allows); past it requests queue as if every unit were full."""
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
         self.retry_after = retry_after
+        self.limit = limit
+        self.inflight = 0
         self._waiters: deque[_Waiter] = deque()
 
     @property
@@ -46,9 +52,8 @@ class Admission:
         New arrivals do not overtake queued requests.
         """
         if not self._waiters:
-            unit = pick()
+            unit = self._take(pick)
             if unit is not None:
-                unit.inflight += 1
                 return unit
         if len(self._waiters) >= self.queue_size:
             raise self.saturated("all units are at capacity and the wait queue is full")
@@ -56,7 +61,17 @@ class Admission:
 
     def release(self, unit: Slot) -> None:
         unit.inflight -= 1
+        self.inflight -= 1
         self.wake(None)
+
+    def _take(self, pick: Callable[[], S | None]) -> S | None:
+        if self.limit is not None and self.inflight >= self.limit:
+            return None
+        unit = pick()
+        if unit is not None:
+            unit.inflight += 1
+            self.inflight += 1
+        return unit
 
     def wake(self, after: _Waiter | None) -> None:
         """Wake the first sleeping waiter behind `after` (or the first of all)."""
@@ -91,9 +106,8 @@ class Admission:
                     raise self.saturated(
                         f"all units stayed at capacity for {self.queue_timeout:g} s"
                     ) from None
-                unit = pick()
+                unit = self._take(pick)
                 if unit is not None:
-                    unit.inflight += 1
                     took = True
                     return unit
                 # The freed slot did not fit this request: pass the wake-up on.

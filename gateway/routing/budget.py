@@ -51,3 +51,31 @@ class RetryBudget:
             self._withdrawn -= self._withdrawals[i]
             self._deposits[i] = self._withdrawals[i] = 0
         self._slot = slot
+
+
+class CauseBudget:
+    """Resumptions paid per cause, not per stream.
+
+    A leader that dies breaks every stream on it at once: one cause, hundreds of streams.
+    Charging each of them to the retry budget drains it in one go and turns the rest into
+    errors, although resuming them adds no load (each continuation replaces its broken self,
+    and `max_resumes` bounds how often). So the first stream broken by a cause (a unit and a
+    failure kind) within `window` seconds pays one retry, and the others broken by it ride on
+    that payment, or share its refusal: a fleet whose units break one after another still
+    drains the budget cause by cause, which is what it protects against.
+    """
+
+    def __init__(self, budget: RetryBudget, window: float = 1.0) -> None:
+        self.budget = budget
+        self.window = window
+        self._causes: dict[tuple[str, str], tuple[float, bool]] = {}
+
+    def withdraw(self, cause: tuple[str, str], now: float) -> bool:
+        seen = self._causes.get(cause)
+        if seen is not None and now - seen[0] <= self.window:
+            return seen[1]
+        if len(self._causes) > 1024:  # bounded: old causes go
+            self._causes = {c: v for c, v in self._causes.items() if now - v[0] <= self.window}
+        granted = self.budget.withdraw(now)
+        self._causes[cause] = (now, granted)
+        return granted

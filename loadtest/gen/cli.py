@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
+from gateway.oslimits import raise_fd_limit
 from loadtest.gen import compare, plots, sweep
 from loadtest.gen.actions import ActionRunner, add_timeseries
 from loadtest.gen.lengths import LengthDist, LengthSpecError, parse_length
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check(parser, args)
     run, work = _configs(parser, args)
+    raise_fd_limit()  # a closed loop of 10,000 streams holds 10,000 connections
     try:
         prompts = load_jsonl(args.prompts) if args.prompts is not None else None
         scenario = load_scenario(args.scenario) if args.scenario is not None else None

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.net import LISTEN_BACKLOG
 from loadtest.simunits.topology import Address
 
 # Handlers are cancelled explicitly before cleanup, so this only bounds stragglers.
@@ -56,7 +57,7 @@ class Listener:
         """Bind; after the first bind the port is fixed so a re-open takes the same one."""
         if self._site is not None:
             return
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, backlog=LISTEN_BACKLOG)
         await site.start()
         self._site = site
         self._port = site.port

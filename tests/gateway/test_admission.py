@@ -117,3 +117,24 @@ async def test_no_unit_error_from_pick_propagates() -> None:
     with pytest.raises(Overloaded) as err:
         await adm.acquire(pick)
     assert err.value.status == 503
+
+
+async def test_the_gateways_own_limit_queues_like_full_units() -> None:
+    """Every unit has room, but the gateway may hold only 2 requests (its open files):
+    the third waits for a release, the fourth times out with 429."""
+    adm = Admission(queue_size=4, queue_timeout=0.05, retry_after=1, limit=2)
+    a, b = Slot(cap=100), Slot(cap=100)
+    pick = picker(a, b)
+    first, second = await adm.acquire(pick), await adm.acquire(pick)
+    assert adm.inflight == 2
+    third = asyncio.create_task(adm.acquire(pick))
+    await asyncio.sleep(0)
+    assert not third.done() and adm.queued == 1
+    adm.release(first)
+    assert await third is a and adm.inflight == 2
+    with pytest.raises(Overloaded) as refused:
+        await adm.acquire(pick)
+    assert refused.value.status == 429 and refused.value.code == "saturated"
+    adm.release(second)
+    adm.release(a)
+    assert adm.inflight == 0

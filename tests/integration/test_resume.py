@@ -151,6 +151,33 @@ async def test_a_unit_ejected_by_its_probes_hands_its_streams_over_at_once(
     assert elapsed < 10.0  # the idle timeout (30 s) played no part
 
 
+async def test_streams_the_gateway_breaks_itself_are_not_breaker_evidence_nor_paid(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    """The ejection breaks u0's stalled stream: the gateway did that, so u0's breaker (tripping
+    on a single failure here) does not hear of it, and the resumption is free (a retry budget
+    of nothing still lets it through)."""
+    config = gateway_config(
+        clean_sim.units[:2],
+        health={"enabled": True},
+        breaker={"enabled": True, "consecutive_failures": 1},
+        retry={"budget_ratio": 0.0, "budget_min_per_second": 0.0},
+        routing={"affinity": "session"},
+    )
+    async with running(config) as gw:
+        await until_routable(gw)
+        clean_sim.fault("u0", "stall", after_tokens=3)
+        async with http.post(
+            gw.public_url + CHAT, json=chat_body(max_tokens=12), headers=FIRST_U0
+        ) as resp:
+            assert resp.headers["x-unitgate-unit"] == "u0"
+            events = await sse_events(resp, fail_u0_probes_at(clean_sim, 3))
+        assert metric(gw, "u0", "ok") == 1.0
+        assert gw.breakers.board.state("u0") == "admitting"
+        assert gw.units.units["u0"].admitting
+    assert content(events) == expected_text(12) and events[-1] == "[DONE]"
+
+
 async def test_units_without_token_ids_fall_back_to_an_error_event(
     http: aiohttp.ClientSession,
 ) -> None:

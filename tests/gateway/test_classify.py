@@ -1,0 +1,45 @@
+"""The breaker's classifier: what counts against a unit, and what the gateway did itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.health.classify import Evidence, attempt_failure, stream_end
+
+IDLE, PACE = 30.0, 4.0
+
+
+@pytest.mark.parametrize("kind", ["reset", "truncated", "unit_error"])
+def test_breaks_the_unit_caused_are_failures(kind: str) -> None:
+    assert stream_end(kind, 0.02, IDLE, PACE) is Evidence.FAILURE
+
+
+@pytest.mark.parametrize("kind", ["unit_ejected", "client_gone", "total_timeout", "shutdown"])
+def test_breaks_the_gateway_caused_say_nothing_about_the_unit(kind: str) -> None:
+    assert stream_end(kind, 0.02, IDLE, PACE) is Evidence.NONE
+
+
+def test_a_complete_stream_is_a_success() -> None:
+    assert stream_end("complete", None, IDLE, PACE) is Evidence.OK
+
+
+def test_an_idle_timeout_counts_unless_the_streams_own_pace_explains_it() -> None:
+    assert stream_end("idle_timeout", 0.02, IDLE, PACE) is Evidence.FAILURE  # 20 ms tokens
+    assert stream_end("idle_timeout", None, IDLE, PACE) is Evidence.FAILURE  # never paced
+    assert stream_end("idle_timeout", 7.4, IDLE, PACE) is Evidence.FAILURE  # 29.6 s < 30 s
+    assert stream_end("idle_timeout", 7.5, IDLE, PACE) is Evidence.NONE  # that slow by nature
+
+
+@pytest.mark.parametrize("kind", ["first_byte_timeout", "connect_timeout"])
+def test_a_timeout_before_the_first_byte_is_load_while_the_units_streams_flow(kind: str) -> None:
+    assert attempt_failure(kind, flowing=True) is Evidence.NONE
+    assert attempt_failure(kind, flowing=False) is Evidence.FAILURE
+
+
+def test_other_attempt_failures_count_whatever_flows() -> None:
+    for kind in ("connect", "reset", "status", "protocol"):
+        assert attempt_failure(kind, flowing=True) is Evidence.FAILURE
+
+
+def test_the_gateways_own_resources_running_out_is_not_the_units_fault() -> None:
+    assert attempt_failure("local", flowing=False) is Evidence.NONE
