@@ -9,6 +9,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from gateway.outcomes import Failure
+
 
 class GatewayError(Exception):
     """An error answered to the client as `{"error": {...}}` with an HTTP status."""
@@ -62,23 +64,25 @@ class Overloaded(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """A unit failed before the answer's first byte reached the client.
-
-    `kind` is one of: connect, connect_timeout, reset, status, first_byte_timeout, idle_timeout,
-    protocol, local (the gateway's own resources ran out, e.g. open files).
-    """
+    """A unit failed before the answer's first byte reached the client; `kind` says how."""
 
     type = "upstream_error"
 
     def __init__(
-        self, unit_id: str, kind: str, detail: str, *, retryable: bool, status: int | None = None
+        self,
+        unit_id: str,
+        kind: Failure,
+        detail: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
     ):
         super().__init__(f"unit {unit_id} failed ({kind}): {detail}", code=kind)
         self.unit_id = unit_id
         self.kind = kind
         self.retryable = retryable
         self.upstream_status = status
-        self.status = 504 if kind.endswith("timeout") else 502
+        self.status = 504 if kind.timeout else 502
 
 
 def error_body(

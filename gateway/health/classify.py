@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from gateway.outcomes import End, Failure
+
 
 class Evidence(StrEnum):
     OK = "ok"
@@ -22,31 +24,26 @@ class Evidence(StrEnum):
 
 
 # Ends the gateway (or the request's own deadline) caused, never the unit.
-SELF_INFLICTED = frozenset({"client_gone", "unit_ejected", "total_timeout", "shutdown"})
+SELF_INFLICTED = frozenset({End.CLIENT_GONE, End.UNIT_EJECTED, End.TOTAL_TIMEOUT, End.SHUTDOWN})
 
 
-def stream_end(kind: str, gap: float | None, idle: float, pace_factor: float) -> Evidence:
-    """How a relayed answer ended (relay.StreamRelay.pump's kinds). An idle timeout on a
-    stream whose own pace is that slow (`pace_factor` x its gap reaches `idle`) is the unit
-    being the unit, not failing."""
-    if kind == "complete":
+def stream_end(kind: End, gap: float | None, idle: float, pace_factor: float) -> Evidence:
+    """How a relayed answer ended. An idle timeout on a stream whose own pace is that slow
+    (`pace_factor` x its gap reaches `idle`) is the unit being the unit, not failing."""
+    if kind is End.COMPLETE:
         return Evidence.OK
     if kind in SELF_INFLICTED:
         return Evidence.NONE
-    if kind == "idle_timeout" and gap is not None and pace_factor * gap >= idle:
+    if kind is End.IDLE_TIMEOUT and gap is not None and pace_factor * gap >= idle:
         return Evidence.NONE
     return Evidence.FAILURE
 
 
-# Timeouts before the first byte that a busy unit causes as surely as a broken one.
-LOAD_TIMEOUTS = frozenset({"connect_timeout", "first_byte_timeout"})
-
-
-def attempt_failure(kind: str, flowing: bool) -> Evidence:
+def attempt_failure(kind: Failure, flowing: bool) -> Evidence:
     """A failed attempt before the first byte (errors.UpstreamError kinds). A connect or
     first-byte timeout on a unit whose other streams keep their pace is its queues: load, not
     failure (a burst of thousands of requests fills its accept queue, then waits for prefill
     slots). A refused connection, a reset or a 5xx is a failure whatever else flows."""
-    if kind == "local" or (kind in LOAD_TIMEOUTS and flowing):
-        return Evidence.NONE  # "local": the gateway's own resources (its open-files limit)
+    if kind is Failure.LOCAL or (kind.timeout and flowing):
+        return Evidence.NONE  # LOCAL: the gateway's own resources (its open-files limit)
     return Evidence.FAILURE

@@ -19,6 +19,7 @@ from gateway.errors import Overloaded, UpstreamError
 from gateway.health.classify import Evidence, attempt_failure
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Span, Tracing, end_span
+from gateway.proxy.lease import Lease
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
@@ -40,6 +41,7 @@ class Call:
         "info",
         "key",
         "last_error",
+        "lease",
         "path",
         "rid",
         "span",
@@ -54,10 +56,12 @@ class Call:
         key: int | None,
         rid: str,
         deadline: float,
+        lease: Lease,
         span: Span | None = None,
     ) -> None:
         self.path, self.body, self.info, self.key, self.rid = path, body, info, key, rid
         self.deadline = deadline
+        self.lease = lease  # the admission slot of the unit serving it now, if any
         self.span = span  # the request's trace span, when tracing is on
         self.first_byte = 0.0
         self.attempts = 0
@@ -95,7 +99,7 @@ class Dispatcher:
         self.resumptions = CauseBudget(self.budget)
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
-        """A unit (its slot held: release it with `admission.release`) and its answer's start."""
+        """A unit (its slot held in `call.lease`) and its answer's start."""
         self.budget.deposit(asyncio.get_running_loop().time())
         return await self._open(call)
 
@@ -150,7 +154,7 @@ class Dispatcher:
                 unit.id, unit.leader, call.path, call.body, call.rid, first_byte_at, traceparent
             )
         except BaseException as exc:
-            self.admission.release(unit)
+            call.lease.drop()
             if isinstance(exc, UpstreamError):
                 call.tried.append(unit)
                 call.last_error = exc
@@ -183,7 +187,7 @@ class Dispatcher:
             return choose(routable, call.tried, call.key, factor, self.rng)
 
         try:
-            return await self.admission.acquire(pick)
+            return await call.lease.take(pick)
         except Overloaded as exc:
             self.metrics.rejections.labels(exc.code or "overloaded").inc()
             raise

@@ -20,7 +20,9 @@ from gateway.errors import GatewayError, InvalidRequest, UpstreamError
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Span, Tracing, end_span
+from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Call, Dispatcher
+from gateway.proxy.lease import Lease
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.resume import resumable, with_token_ids
 from gateway.proxy.stream import StreamSession, headers_for
@@ -56,6 +58,7 @@ class ProxyHandler:
         self.metrics: Metrics = dispatcher.metrics
         self.tracing: Tracing = dispatcher.tracing
         self.models = frozenset(config.gateway.models)
+        self.context = ProxyContext(config, dispatcher, self.live, events)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, CHAT_PATH, validate_chat)
@@ -113,39 +116,29 @@ class ProxyHandler:
         if self.config.resume.enabled and resumable(data, chat):
             tracker = StreamTracker(chat, data.get("return_token_ids") is True, _usage(data))
             body = with_token_ids(data)
-        call = Call(path, body, info, key, rid, deadline, span)
-        try:
-            unit, answer = await self.dispatcher.open(call)
-        except GatewayError as exc:
-            return self._error(exc, rid)
-        except asyncio.CancelledError:
-            self.metrics.cancellations.labels("none").inc()
-            raise
-        now = loop.time()
-        self.live.began(unit.id, now)
-        self.metrics.ttft.labels(unit.id).observe(now - start)
-        if answer.streaming:
-            stream = StreamSession(self, request, call, data, tracker, start)
-            return await stream.run(unit, answer)
-        try:
+        with Lease(self.admission) as lease:  # whatever ends the request gives its slot back
+            call = Call(path, body, info, key, rid, deadline, lease, span)
+            try:
+                unit, answer = await self.dispatcher.open(call)
+            except GatewayError as exc:
+                return self._error(exc, rid)
+            except asyncio.CancelledError:
+                self.metrics.cancellations.labels("none").inc()
+                raise
+            now = loop.time()
+            self.live.began(unit.id, now)
+            self.metrics.ttft.labels(unit.id).observe(now - start)
+            if answer.streaming:
+                stream = StreamSession(self.context, request, call, data, tracker, start)
+                return await stream.run(unit, answer)
             self.dispatcher.on_outcome(unit, True, start)
-            self.account(unit.id, answer.status, start)
+            self.context.account(unit.id, answer.status, start)
             return web.Response(
                 status=answer.status,
                 body=answer.first,
                 headers=headers_for(unit, rid),
                 content_type=answer.content_type.split(";")[0],
             )
-        finally:
-            self.admission.release(unit)
-
-    def record_event(self, unit_id: str, what: str, reason: str) -> None:
-        if self.events is not None:
-            self.events.record(unit_id, what, reason, "gateway")
-
-    def account(self, unit_id: str, status: int, start: float) -> None:
-        self.metrics.requests.labels(unit_id, str(status)).inc()
-        self.metrics.e2e.labels(unit_id).observe(asyncio.get_running_loop().time() - start)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body; the app's `client_max_size` enforces the limit while reading.

@@ -12,7 +12,6 @@ explicit SSE `error` event, never a silent truncation.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -20,6 +19,7 @@ from aiohttp.abc import AbstractStreamWriter
 from gateway.errors import error_body
 from gateway.health.pace import next_gap, quiet_after
 from gateway.observability.histogram import Histogram
+from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
@@ -28,14 +28,6 @@ DONE = b"data: [DONE]\n\n"
 
 # Pause reading from the unit while the client has this much unsent data.
 HIGH_WATER = 256 * 1024
-
-
-@dataclass(slots=True)
-class Outcome:
-    """How a relayed stream ended: `complete`, `client_gone`, or an upstream failure kind."""
-
-    kind: str
-    response: web.StreamResponse
 
 
 class IdleTimeout(Exception):
@@ -168,7 +160,7 @@ class StreamRelay:
         self._mid_event = bool(first) and not first.endswith(b"\n\n")
         return True
 
-    async def pump(self, answer: Answer, itl: Histogram, resumed: bool = False) -> str:
+    async def pump(self, answer: Answer, itl: Histogram, resumed: bool = False) -> End:
         """Relay `answer` to its end: `complete`, `client_gone`, or how the upstream failed
         (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`, `unit_ejected`).
         Gaps between chunks go to `itl`, the serving unit's histogram. A resumed answer's first
@@ -194,15 +186,15 @@ class StreamRelay:
                     assert conn.transport is not None
                     conn.transport.resume_reading()
         except UnitEjected:
-            return "unit_ejected"
+            return End.UNIT_EJECTED
         except ConnectionBroken:  # also what aborting after the unit's error event leads to
-            return "unit_error" if pump.failed else "reset"
+            return End.UNIT_ERROR if pump.failed else End.RESET
         except IdleTimeout:
-            return "idle_timeout"
+            return End.IDLE_TIMEOUT
         except ConnectionError:  # the client's side, while draining
-            return "client_gone"
+            return End.CLIENT_GONE
         except TimeoutError:
-            return "total_timeout"
+            return End.TOTAL_TIMEOUT
         finally:
             watchdog.cancel()
             self._watchdog = None
@@ -210,12 +202,12 @@ class StreamRelay:
             conn.sink = None
             self._mid_event = pump.mid_event
         if pump.gone:
-            return "client_gone"
+            return End.CLIENT_GONE
         if pump.failed:
-            return "unit_error"
+            return End.UNIT_ERROR
         if self.tracker is not None and not self.tracker.done:
-            return "truncated"  # a clean end of the body without [DONE]
-        return "complete"
+            return End.TRUNCATED
+        return End.COMPLETE
 
     def on_unit_ejected(self, reason: str) -> None:
         """The serving unit was ejected: a resumable stream breaks (to be resumed elsewhere)
@@ -236,17 +228,20 @@ class StreamRelay:
             return False
         return True
 
-    async def finish(self) -> Outcome:
+    async def finish(self) -> bool:
+        """End the stream cleanly; False if the client had already left."""
         assert self.response is not None
         try:
             await self.response.write_eof()
         except ConnectionError:
-            return Outcome("client_gone", self.response)
-        return Outcome("complete", self.response)
+            return False
+        return True
 
-    async def fail(self, kind: str, message: str) -> Outcome:
-        """End the stream with an explicit SSE error event (and [DONE] after it)."""
+    async def fail(self, kind: End, detail: str | None = None) -> bool:
+        """End the stream with an explicit SSE error event (and [DONE] after it); `detail`
+        says why it was not resumed. False if the client had already left."""
         assert self.response is not None
+        message = kind.message if detail is None else f"{kind.message}; not resumed: {detail}"
         event = b"data: " + error_body(message, "upstream_error", code=kind) + b"\n\n"
         if self._mid_event:
             event = b"\n\n" + event
@@ -254,18 +249,8 @@ class StreamRelay:
             await self.response.write(event + DONE)
             await self.response.write_eof()
         except ConnectionError:
-            return Outcome("client_gone", self.response)
-        return Outcome(kind, self.response)
-
-
-FAILURE_MESSAGES = {
-    "reset": "the unit's connection broke mid-stream",
-    "idle_timeout": "the unit sent nothing for too long",
-    "total_timeout": "the answer exceeded the total time limit",
-    "truncated": "the unit ended the stream before the answer was complete",
-    "unit_error": "the unit failed mid-stream",
-    "unit_ejected": "the unit was ejected by its health checks mid-stream",
-}
+            return False
+        return True
 
 
 class _IdleWatchdog:

@@ -8,29 +8,28 @@ from the retry budget), and the relay splices it into the same client stream. Wh
 (the request or the unit does not allow it, the resume limit, the budget, no unit left) the
 client gets an explicit SSE error event and [DONE], never a silent truncation.
 
-The session owns the admission slot of whichever unit serves it at the moment, so a resumed
-stream never holds two slots, or none while it is relayed.
+The request's lease (lease.py) holds the admission slot of whichever unit serves it at the
+moment, so a resumed stream never holds two slots, or none while it is relayed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import GatewayError
 from gateway.health.classify import Evidence, stream_end
+from gateway.outcomes import End
+from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Call
-from gateway.proxy.relay import FAILURE_MESSAGES, StreamRelay
+from gateway.proxy.relay import StreamRelay
 from gateway.proxy.resume import continuation, max_new_tokens
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
 from gateway.units import UnitState
-
-if TYPE_CHECKING:
-    from gateway.proxy.handler import ProxyHandler
 
 log = logging.getLogger("unitgate.proxy")
 
@@ -44,7 +43,7 @@ def headers_for(unit: UnitState, rid: str) -> dict[str, str]:
 class StreamSession:
     def __init__(
         self,
-        proxy: ProxyHandler,
+        proxy: ProxyContext,
         request: web.Request,
         call: Call,
         data: dict[str, Any],
@@ -53,11 +52,9 @@ class StreamSession:
     ) -> None:
         self.proxy, self.request, self.call, self.data = proxy, request, call, data
         self.tracker, self.start = tracker, start
-        self.held: UnitState | None = None  # the unit whose admission slot this stream holds
 
     async def run(self, unit: UnitState, answer: Answer) -> web.StreamResponse:
         proxy, call = self.proxy, self.call
-        self.held = unit
         relay = StreamRelay(
             self.request,
             headers_for(unit, call.rid),
@@ -68,30 +65,27 @@ class StreamSession:
         )
         try:
             kind = await self._relay(relay, unit, answer, first=True)
-            while kind not in ("complete", "client_gone"):
+            while kind is not End.COMPLETE and kind is not End.CLIENT_GONE:
                 nxt = await self._resume(relay, unit, kind)
                 if nxt is None:  # the stream was ended: closed cleanly or with an error event
                     break
                 unit, answer = nxt
                 kind = await self._relay(relay, unit, answer, first=False)
-            if kind == "complete":
+            if kind is End.COMPLETE:
                 await relay.finish()
             assert relay.response is not None
             return relay.response
         finally:
-            if self.held is not None:
-                proxy.admission.release(self.held)
-                self.held = None
             proxy.account(unit.id, answer.status, self.start)
 
-    async def _relay(self, relay: StreamRelay, unit: UnitState, answer: Answer, first: bool) -> str:
+    async def _relay(self, relay: StreamRelay, unit: UnitState, answer: Answer, first: bool) -> End:
         """Relay one answer to its end (registered as live on its unit meanwhile) and feed its
         outcome to the breaker and the metrics; returns how it ended."""
         proxy, conn = self.proxy, answer.connection
         assert conn is not None
         proxy.live.add(unit.id, relay)
         try:
-            kind = "client_gone"
+            kind = End.CLIENT_GONE
             if not first or await relay.start(answer):
                 itl = proxy.metrics.itl.labels(unit.id)
                 kind = await relay.pump(answer, itl, resumed=not first)
@@ -104,7 +98,7 @@ class StreamSession:
         self._outcome(unit, kind, relay.gap)
         return kind
 
-    def _outcome(self, unit: UnitState, kind: str, gap: float | None) -> None:
+    def _outcome(self, unit: UnitState, kind: End, gap: float | None) -> None:
         proxy = self.proxy
         if self.tracker is not None and self.tracker.capable is not None:
             unit.token_ids = self.tracker.capable
@@ -112,29 +106,28 @@ class StreamSession:
         evidence = stream_end(kind, gap, config.timeouts.idle, config.health.pace_factor)
         if evidence is not Evidence.NONE:  # the breaker hears only of what the unit caused
             proxy.dispatcher.on_outcome(unit, evidence is Evidence.OK, self.start)
-        if kind == "client_gone":
+        if kind is End.CLIENT_GONE:
             proxy.metrics.cancellations.labels(unit.id).inc()
-        elif kind != "complete":
+        elif kind is not End.COMPLETE:
             proxy.metrics.upstream_failures.labels(unit.id, kind).inc()
             log.warning("stream from unit %s broke after the first byte: %s", unit.id, kind)
 
     async def _resume(
-        self, relay: StreamRelay, broken: UnitState, kind: str
+        self, relay: StreamRelay, broken: UnitState, kind: End
     ) -> tuple[UnitState, Answer] | None:
         """Continue the stream on another unit, or end it; None once it is ended."""
         proxy, tracker, call = self.proxy, self.tracker, self.call
-        assert self.held is broken
-        proxy.admission.release(broken)
-        self.held = None
-        if tracker is None or kind == "total_timeout":
-            await relay.fail(kind, FAILURE_MESSAGES[kind])
+        assert call.lease.unit is broken
+        call.lease.drop()
+        if tracker is None or kind is End.TOTAL_TIMEOUT:
+            await relay.fail(kind)
             return None
         if tracker.finish_reason is not None:  # only the usage chunk and [DONE] were missing
             await self._close(relay, tracker.closing())
             return None
         refusal = self._refusal(tracker, broken)
         if refusal is not None:
-            await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {refusal}")
+            await relay.fail(kind, refusal)
             return None
         chat = tracker.chat
         total = max_new_tokens(self.data, chat)
@@ -146,24 +139,30 @@ class StreamSession:
         assert prompt is not None  # capable units gave their prompt ids
         body = continuation(self.data, call.info.model, prompt, remaining, tracker.committed)
         resume = Call(
-            COMPLETIONS_PATH, body, call.info, call.key, call.rid, call.deadline, call.span
+            COMPLETIONS_PATH,
+            body,
+            call.info,
+            call.key,
+            call.rid,
+            call.deadline,
+            call.lease,
+            call.span,
         )
         resume.tried = [*call.tried, broken]
         try:
-            cause = None if kind == "unit_ejected" else (broken.id, kind)
+            cause = None if kind is End.UNIT_EJECTED else (broken.id, kind.value)
             unit, answer = await proxy.dispatcher.resume(resume, cause)
         except GatewayError as exc:
             self._resumed(broken, "gave_up", f"{kind}: no continuation ({exc.message})")
-            await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {exc.message}")
+            await relay.fail(kind, exc.message)
             return None
         call.tried = resume.tried
         if not answer.streaming or answer.status != 200:  # refused: a 4xx, or not a stream
-            proxy.admission.release(unit)
+            call.lease.drop()
             detail = f"unit {unit.id} answered HTTP {answer.status}: {_excerpt(answer.first)}"
             self._resumed(broken, "gave_up", f"{kind}: {detail}")
-            await relay.fail(kind, f"{FAILURE_MESSAGES[kind]}; not resumed: {detail}")
+            await relay.fail(kind, detail)
             return None
-        self.held = unit
         proxy.live.began(unit.id, asyncio.get_running_loop().time())
         tracker.begin_continuation()
         detail = f"{kind}: continued on {unit.id} after {tracker.committed} tokens"

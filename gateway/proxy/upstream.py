@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gateway.config import Config
 from gateway.errors import UpstreamError
 from gateway.observability.looplag import LoopLag
+from gateway.outcomes import Failure
 from gateway.proxy.connection import ConnectionBroken, ConnectionPool, Endpoint, UpstreamConnection
 
 _SSE = b"text/event-stream"
@@ -86,7 +87,7 @@ class UpstreamClient:
         if status >= 500:
             detail = first[:300].decode("utf-8", "replace")
             raise UpstreamError(
-                unit_id, "status", f"HTTP {status} {detail}", retryable=True, status=status
+                unit_id, Failure.STATUS, f"HTTP {status} {detail}", retryable=True, status=status
             )
         # A whole SSE answer that arrived at once still goes through the stream relay, which
         # reads its events (an error event, a missing [DONE]) as it would read them one by one.
@@ -123,15 +124,19 @@ def _classify(unit_id: str, exc: BaseException, *, connected: bool) -> BaseExcep
     if isinstance(exc, TimeoutError):
         if not connected:
             # Not "connect": a refusal is a dead unit, a timeout may be a full accept queue.
-            return UpstreamError(unit_id, "connect_timeout", "connect timed out", retryable=True)
-        return UpstreamError(unit_id, "first_byte_timeout", "no answer in time", retryable=True)
+            return UpstreamError(
+                unit_id, Failure.CONNECT_TIMEOUT, "connect timed out", retryable=True
+            )
+        return UpstreamError(
+            unit_id, Failure.FIRST_BYTE_TIMEOUT, "no answer in time", retryable=True
+        )
     if isinstance(exc, ConnectionBroken):
-        kind = "protocol" if "invalid HTTP" in str(exc) else "reset"
+        kind = Failure.PROTOCOL if "invalid HTTP" in str(exc) else Failure.RESET
         return UpstreamError(unit_id, kind, str(exc), retryable=True)
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
         # The gateway's own open-files limit, not the unit: another unit would fail alike.
-        return UpstreamError(unit_id, "local", f"gateway: {exc.strerror}", retryable=False)
+        return UpstreamError(unit_id, Failure.LOCAL, f"gateway: {exc.strerror}", retryable=False)
     if isinstance(exc, OSError):
-        kind = "connect" if not connected else "reset"
+        kind = Failure.CONNECT if not connected else Failure.RESET
         return UpstreamError(unit_id, kind, f"{type(exc).__name__}: {exc}", retryable=True)
     return exc
