@@ -10,10 +10,7 @@ LeaderWorkerSet) starts one per host.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -23,7 +20,6 @@ from engine.backends.vllm import VllmMissing
 from engine.backends.vllm.args import add_flags as add_vllm_flags
 from engine.model.tokenizer import Tokenizer
 from engine.runtime import node
-from engine.runtime.leader_health import HealthAt, LeaderHealth
 
 log = logging.getLogger("engine.cli")
 
@@ -114,6 +110,8 @@ def run_leader(args: argparse.Namespace) -> int:
     that is broadcasting STOP, and shut the engine down (the followers exit 0)."""
     import uvloop
 
+    from engine.server.run import health_at, serve_until_signal
+
     engine = node.start_leader(args)
     served: Engine = engine
     if args.served_model_name:
@@ -124,35 +122,6 @@ def run_leader(args: argparse.Namespace) -> int:
         engine.shutdown(timeout=10.0)
     log.info("leader of unit %s stopped", args.unit)
     return 0
-
-
-def health_at(args: argparse.Namespace) -> HealthAt | None:
-    return None if args.health_port is None else HealthAt(args.health_host, args.health_port)
-
-
-async def serve_until_signal(
-    engine: Engine, host: str, port: int, health: HealthAt | None = None
-) -> None:
-    """The leader server of either backend, until SIGTERM/SIGINT."""
-    from engine.server import serve
-
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    listener = LeaderHealth(engine.health, health)
-    server = asyncio.create_task(serve(engine, host, port, ready=listener.start))
-    stopper = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({server, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if server.done():  # it failed to listen: raise that
-            server.result()
-    finally:
-        await asyncio.to_thread(listener.stop)
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
 
 
 def main(argv: Sequence[str] | None = None) -> int:

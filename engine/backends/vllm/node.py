@@ -77,7 +77,7 @@ def _run_leader(args: argparse.Namespace) -> int:
 
     from engine.backends.vllm.leader import start_leader
     from engine.backends.vllm.watchdog import StallWatch
-    from engine.cli import health_at, serve_until_signal
+    from engine.server.run import health_at, serve_until_signal
 
     stalled: list[str] = []
 

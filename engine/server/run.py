@@ -1,0 +1,44 @@
+"""Running the leader server of either backend until the node is told to stop.
+
+Both backends' leaders serve the same API and /health contract, so they share this one
+routine (and nothing here imports a backend, so each backend can import it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+
+from engine.api import Engine
+from engine.runtime.leader_health import HealthAt, LeaderHealth
+from engine.server.app import serve
+
+
+def health_at(args: argparse.Namespace) -> HealthAt | None:
+    """Unset --health-port: /health is answered on the API port only."""
+    return None if args.health_port is None else HealthAt(args.health_host, args.health_port)
+
+
+async def serve_until_signal(
+    engine: Engine, host: str, port: int, health: HealthAt | None = None
+) -> None:
+    """The leader server of either backend, until SIGTERM/SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    listener = LeaderHealth(engine.health, health)
+    server = asyncio.create_task(serve(engine, host, port, ready=listener.start))
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({server, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if server.done():  # it failed to listen: raise that
+            server.result()
+    finally:
+        await asyncio.to_thread(listener.stop)
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
