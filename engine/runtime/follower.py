@@ -11,22 +11,23 @@ import logging
 from engine.model import Transformer
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
-from engine.runtime.messages import Command, receive
+from engine.runtime.messages import Command, Receive, receive
 
 log = logging.getLogger(__name__)
 
 
-def run_follower(model: Transformer, stats: NodeStats) -> int:
+def run_follower(model: Transformer, stats: NodeStats, receive_step: Receive = receive) -> int:
     """Loop until STOP (exit code 0) or until the leader is lost (exit code 1).
 
     Losing the leader shows as a broadcast that raises: the connection closed (the leader
     died) or Gloo's collective timeout passed (it hung or the network broke). The follower
     cannot recover its place in the group, so it exits and leaves restarts to a supervisor.
+    `receive_step` is the broadcast every step message comes from (a benchmark wraps it).
     """
     rank, group = model.tp.rank, model.tp.group
     while True:
         try:
-            msg = receive(group)
+            msg = receive_step(group)
         except Exception as exc:
             reason = f"lost the leader: {first_line(exc)}"
             stats.mark_unhealthy(reason)

@@ -27,7 +27,7 @@ from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
 from engine.model import Tokenizer, Transformer
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
-from engine.runtime.messages import Command, StepMessage, send
+from engine.runtime.messages import Command, Send, StepMessage, send
 from engine.runtime.outbox import Outbox
 from engine.runtime.sampling import make_generator, sample_batch
 from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
@@ -67,9 +67,11 @@ class LeaderEngine:
         max_num_batched_tokens: int = 2048,
         heartbeat_s: float = 2.5,
         teardown: Callable[[], None] | None = None,
+        send_step: Send = send,
     ) -> None:
         """`heartbeat_s` must stay well under the collective timeout: an idle leader sends a
-        HEARTBEAT that often so followers blocked in a broadcast do not time out."""
+        HEARTBEAT that often so followers blocked in a broadcast do not time out.
+        `send_step` is the broadcast every step message goes through (a benchmark wraps it)."""
         slots = model.cache.num_slots
         self._config = SchedulerConfig(
             max_num_seqs=slots,
@@ -80,7 +82,7 @@ class LeaderEngine:
         self.scheduler = Scheduler(self._config, tokenizer.stop_ids, tokenizer.decode)
         self.stats = NodeStats("leader", unit, model.tp.rank, slots)
         self._model, self._tokenizer, self._name = model, tokenizer, model_name
-        self._heartbeat_s, self._teardown = heartbeat_s, teardown
+        self._heartbeat_s, self._teardown, self._send = heartbeat_s, teardown, send_step
         self._inbox: queue.Queue[object] = queue.Queue()
         self._gate = threading.Lock()  # orders "stop accepting" against "accept"
         self._refusal: str | None = None  # why new requests are refused; engine thread writes
@@ -167,7 +169,7 @@ class LeaderEngine:
                 self._refusal = "engine shut down"
                 self._close(self._refusal)
             if self._distributed:
-                send(StepMessage(Command.STOP), self._model.tp.group)
+                self._send(StepMessage(Command.STOP), self._model.tp.group)
         except Exception as exc:
             self._fail(first_line(exc))
 
@@ -195,7 +197,7 @@ class LeaderEngine:
 
     def _heartbeat(self) -> None:
         if self._distributed:
-            send(StepMessage(Command.HEARTBEAT, pending=0), self._model.tp.group)
+            self._send(StepMessage(Command.HEARTBEAT, pending=0), self._model.tp.group)
 
     def _apply(self, item: object) -> None:
         self._collect_tokens()  # the last step's finished requests are forgotten first
@@ -234,7 +236,7 @@ class LeaderEngine:
         entries = [(s.slot, s.token_ids, s.start_pos) for s in batch.seqs]
         if self._distributed:
             msg = StepMessage.step(entries, self.scheduler.pending, self._slots_used)
-            send(msg, self._model.tp.group)
+            self._send(msg, self._model.tp.group)
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()

@@ -23,7 +23,7 @@ import bisect
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,6 @@ import uvloop
 from engine.api import GenerationRequest, TokenEvent
 from engine.model import ByteTokenizer, ModelConfig, SeedSource, TPContext, Transformer
 from engine.model.transformer import Entry
-from engine.runtime import follower as follower_module
-from engine.runtime import leader as leader_module
 from engine.runtime.follower import run_follower
 from engine.runtime.group import destroy_unit_group, init_unit_group
 from engine.runtime.health import NodeStats
@@ -159,12 +157,11 @@ def _forward(args: argparse.Namespace, tp: TPContext, bare_loop: bool) -> dict[s
 
 
 class Stamped:
-    """Wraps a module-level function and stamps each call's (start, end), monotonic ns: the
-    step message's send() in the leader module, receive() in the follower module."""
+    """One end of the step channel with each call's (start, end) stamped, monotonic ns: the
+    leader's send(), the follower's receive(), handed to the engine in their place."""
 
-    def __init__(self, module: Any, name: str) -> None:
-        self.fn, self.calls = getattr(module, name), list[tuple[int, int]]()
-        setattr(module, name, self)
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.calls = fn, list[tuple[int, int]]()
 
     def __call__(self, *args: Any) -> Any:
         t0 = time.monotonic_ns()
@@ -178,11 +175,17 @@ class TimedEngine(LeaderEngine):
     the scheduler update and the token events, i.e. one whole engine step."""
 
     def __init__(self, model: TimedTransformer, *, teardown: Any) -> None:
+        sends = Stamped(send)
         super().__init__(
-            model, ByteTokenizer(), model_name="tiny", heartbeat_s=2.5, teardown=teardown
+            model,
+            ByteTokenizer(),
+            model_name="tiny",
+            heartbeat_s=2.5,
+            teardown=teardown,
+            send_step=sends,
         )
         self.timed_model = model
-        self.sends = Stamped(leader_module, "send")
+        self.sends = sends
         # (entries, tokens, step start, step end, forward start, forward end, send start,
         # send end), monotonic ns; the send stamps are 0 at world size 1 (nothing is sent)
         self.steps: list[tuple[int, ...]] = []
@@ -254,8 +257,8 @@ def _follower(args: argparse.Namespace) -> dict[str, Any]:
     model = TimedTransformer(TPContext(rank=args.rank, world_size=args.world_size))
     init_unit_group(args.rank, args.world_size, args.master, args.timeout, args.timeout)
     stats = NodeStats("follower", "bench", args.rank, NUM_SLOTS)
-    receives = Stamped(follower_module, "receive")
-    code = run_follower(model, stats)
+    receives = Stamped(receive)
+    code = run_follower(model, stats, receive_step=receives)
     if code != 0:
         raise RuntimeError(f"follower: run_follower exited {code}: {stats.snapshot()}")
     destroy_unit_group()
