@@ -1,1 +1,2 @@
-"""Engine backends besides the builtin one; each is imported only when selected."""
+"""Engine backends (builtin, vllm), chosen by name through `registry`; each is imported only
+when selected."""

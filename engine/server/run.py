@@ -6,7 +6,6 @@ routine (and nothing here imports a backend, so each backend can import it).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -14,11 +13,14 @@ import signal
 from engine.api import Engine
 from engine.runtime.leader_health import HealthAt, LeaderHealth
 from engine.server.app import serve
+from engine.settings import NodeSettings
 
 
-def health_at(args: argparse.Namespace) -> HealthAt | None:
+def health_at(settings: NodeSettings) -> HealthAt | None:
     """Unset --health-port: /health is answered on the API port only."""
-    return None if args.health_port is None else HealthAt(args.health_host, args.health_port)
+    if settings.health_port is None:
+        return None
+    return HealthAt(settings.health_host, settings.health_port)
 
 
 async def serve_until_signal(

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.backends.builtin.node import start_leader
+from engine.flags import parse
 from engine.model import ByteTokenizer
 from engine.runtime import LeaderEngine
-from engine.runtime.node import build_parser, start_leader
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQ_LEN = 1200  # room for a prompt that overflows the one-broadcast step frame
@@ -34,7 +35,7 @@ def start_unit(tmp: Path, timeout: float) -> tuple[LeaderEngine, Node]:
         flags = ["--role", "leader", "--world-size", "2", "--master", master, "--num-slots", "4"]
         flags += ["--max-seq-len", str(MAX_SEQ_LEN)]
         flags += ["--collective-timeout", str(timeout), "--connect-timeout", "30"]
-        return start_leader(build_parser().parse_args(flags)), follower
+        return start_leader(parse(flags)), follower
     except BaseException:
         kill_all(follower)
         raise
@@ -87,7 +88,10 @@ def spawn_node(tmp: Path, role: str, rank: int, world: int, master: str, *extra:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with out.open("wb") as o, err.open("wb") as e:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.runtime.node", *args], stdout=o, stderr=e, env=env
+            [sys.executable, "-m", "engine.backends.builtin.bare", *args],
+            stdout=o,
+            stderr=e,
+            env=env,
         )
     return Node(proc, out, err)
 

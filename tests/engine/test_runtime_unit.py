@@ -1,5 +1,5 @@
-"""A real unit: the leader in this process, followers as `python -m engine.runtime.node`
-subprocesses, one Gloo group over 127.0.0.1."""
+"""A real unit: the leader in this process, followers as
+`python -m engine.backends.builtin.bare` subprocesses, one Gloo group over 127.0.0.1."""
 
 from __future__ import annotations
 

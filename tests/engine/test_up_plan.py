@@ -1,5 +1,5 @@
 """`unitgate up` policy without processes: config units -> node specs, restart backoff, and
-`unitgate node`'s flag checks."""
+`unitgate node`'s flag checks (engine.settings)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine.cli import build_parser, check_args, resolve_defaults
+from engine.flags import build_parser
+from engine.settings import NodeSettings
 from engine.up.backoff import Backoff
 from engine.up.plan import EngineOptions, NodeSpec, PlanError, is_loopback, plan_units
 from gateway.config import Config, config_from_dict
@@ -93,7 +94,7 @@ def test_nodes0_on_another_port_is_the_leaders_health_listener() -> None:
         "127.0.0.1",
         8100,
     )
-    check_args(ns)
+    NodeSettings.from_flags(ns)
 
 
 def test_nodes0_equal_to_the_leader_keeps_health_on_the_api_port() -> None:
@@ -101,13 +102,14 @@ def test_nodes0_equal_to_the_leader_keeps_health_on_the_api_port() -> None:
     assert (leader.health_port, leader.health_url) == (None, "http://127.0.0.1:8101/health")
     argv = leader.argv("127.0.0.1:5000", EngineOptions())
     assert "--health-port" not in argv and "--health-host" not in argv
-    assert resolve_defaults(build_parser().parse_args(argv[1:])).health_port is None
+    assert NodeSettings.from_flags(build_parser().parse_args(argv[1:])).health_port is None
 
 
 def test_a_followers_health_port_defaults_to_a_free_one() -> None:
-    ns = resolve_defaults(build_parser().parse_args(["--role", "follower", "--rank", "1"]))
+    flags = ["--role", "follower", "--rank", "1", "--world-size", "2"]
+    ns = NodeSettings.from_flags(build_parser().parse_args(flags))
     assert (ns.health_host, ns.health_port) == ("127.0.0.1", 0)
-    ns = resolve_defaults(build_parser().parse_args(["--role", "leader", "--host", "::1"]))
+    ns = NodeSettings.from_flags(build_parser().parse_args(["--role", "leader", "--host", "::1"]))
     assert (ns.health_host, ns.health_port) == ("::1", None)
 
 
@@ -137,7 +139,7 @@ def test_argv_leader_serves_the_api_followers_serve_health() -> None:
         "127.0.0.1:5000",
         2,
     )
-    check_args(ns)
+    NodeSettings.from_flags(ns)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.5", "::1", "localhost"])
@@ -172,4 +174,4 @@ def test_backoff_doubles_to_the_cap_and_resets_after_a_long_run() -> None:
 )
 def test_node_flag_errors_name_the_flag(flags: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        check_args(build_parser().parse_args(flags))
+        NodeSettings.from_flags(build_parser().parse_args(flags))

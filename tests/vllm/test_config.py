@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from engine.backends.vllm.args import engine_kwargs
-from engine.cli import build_parser, check_args
+from engine.flags import build_parser
 from engine.model import ModelConfig
 from engine.model.tokenizer import HFTokenizer
+from engine.settings import NodeSettings
 from engine.up.plan import EngineOptions, PlanError, plan_units
 from gateway.config import ConfigError, config_from_dict
 from tests.vllm.support import ROOT
@@ -79,10 +80,9 @@ def test_engine_args_unitgate_sets_itself_are_refused_with_the_unit_and_key() ->
         plan_units(config)
 
 
-def node_args(*flags: str) -> Any:
+def node_args(*flags: str) -> NodeSettings:
     args = build_parser().parse_args(["--backend", "vllm", "--model", "/m", *flags])
-    check_args(args)
-    return args
+    return NodeSettings.from_flags(args)
 
 
 def test_node_flags_map_to_vllm_multi_node_engine_args() -> None:

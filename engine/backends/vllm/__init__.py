@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 
+from engine.backends.registry import BackendUnavailable
+
 INSTALL_HINT = "pip install 'unitgate[vllm]'"
 
 
-class VllmMissing(RuntimeError):
+class VllmMissing(BackendUnavailable):
     """`--backend vllm` on an interpreter without vLLM."""
 
 

@@ -14,6 +14,8 @@ import dataclasses
 import json
 from typing import Any
 
+from engine.settings import NodeSettings
+
 # Keys unitgate sets from its own flags: taking them from --vllm-args as well would let the two
 # disagree about the unit's shape, which only shows up as a hang at rendezvous.
 RESERVED = {
@@ -39,29 +41,22 @@ DEFAULTS: dict[str, Any] = {
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backend",
-        choices=("builtin", "vllm"),
-        default="builtin",
-        help="builtin: this project's engine; vllm: vLLM (pip install 'unitgate[vllm]')",
-    )
+    """The vllm backend's own flags; their defaults are NodeSettings' (see engine.flags)."""
     parser.add_argument(
         "--vllm-args",
-        default="{}",
         metavar="JSON",
         help='vLLM engine arguments as a JSON object, e.g. \'{"dtype": "float32"}\'',
     )
     parser.add_argument(
         "--leader-lost-after",
         type=float,
-        default=5.0,
         help="vllm follower: exit once the leader's rendezvous port has been gone this long (s)",
     )
 
 
-def step_timeout(args: argparse.Namespace) -> float:
+def step_timeout(settings: NodeSettings) -> float:
     """How long one engine step may take before the unit counts as failed."""
-    return max(float(args.collective_timeout), MIN_STEP_TIMEOUT_S)
+    return max(settings.collective_timeout, MIN_STEP_TIMEOUT_S)
 
 
 def parse_vllm_args(text: str) -> dict[str, Any]:
@@ -90,27 +85,27 @@ def check_known(engine_args: dict[str, Any], known: set[str], where: str) -> Non
             raise ValueError(f"{where}: {key!r} is not a vLLM engine argument")
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def engine_kwargs(settings: NodeSettings) -> dict[str, Any]:
     """AsyncEngineArgs keyword arguments for this node (leader or follower alike: vLLM needs
     both sides to agree on the whole parallel config)."""
     kwargs: dict[str, Any] = {
         **DEFAULTS,
-        "model": args.model,
-        "tensor_parallel_size": args.world_size,
+        "model": settings.model,
+        "tensor_parallel_size": settings.world_size,
         "distributed_executor_backend": "mp",
     }
-    if args.dtype:
-        kwargs["dtype"] = args.dtype
-    if args.max_seq_len is not None:
-        kwargs["max_model_len"] = args.max_seq_len
-    kwargs["max_num_seqs"] = args.num_slots
-    kwargs |= parse_vllm_args(args.vllm_args)
-    if args.world_size > 1:
-        host, _, port = args.master.rpartition(":")
-        kwargs |= {"nnodes": args.world_size, "node_rank": args.rank}
-        kwargs |= {"master_addr": host, "master_port": int(port)}
-    if getattr(args, "served_model_name", None):
-        kwargs["served_model_name"] = args.served_model_name
+    if settings.dtype:
+        kwargs["dtype"] = settings.dtype
+    if settings.max_seq_len is not None:
+        kwargs["max_model_len"] = settings.max_seq_len
+    kwargs["max_num_seqs"] = settings.num_slots
+    kwargs |= parse_vllm_args(settings.vllm_args)
+    if settings.world_size > 1:
+        host, port = settings.master_addr
+        kwargs |= {"nnodes": settings.world_size, "node_rank": settings.rank}
+        kwargs |= {"master_addr": host, "master_port": port}
+    if settings.served_model_name:
+        kwargs["served_model_name"] = settings.served_model_name
     return kwargs
 
 
@@ -121,10 +116,10 @@ def known_engine_args() -> set[str]:
     return {f.name for f in dataclasses.fields(AsyncEngineArgs)}
 
 
-def build_engine_args(args: argparse.Namespace) -> Any:
+def build_engine_args(settings: NodeSettings) -> Any:
     """vLLM's AsyncEngineArgs; imports vLLM, so call it after the environment is set."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kwargs = engine_kwargs(args)
+    kwargs = engine_kwargs(settings)
     check_known(kwargs, known_engine_args(), "--vllm-args")
     return AsyncEngineArgs(**kwargs)

@@ -12,7 +12,6 @@ still end the node while it waits.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
@@ -23,6 +22,7 @@ from engine.backends.vllm.args import build_engine_args
 from engine.backends.vllm.processes import reap_children
 from engine.backends.vllm.watchdog import LeaderWatch
 from engine.runtime.health import NodeStats, serve_health, stop_health
+from engine.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 # A vLLM leader opens its rendezvous only after its engine core and workers start: a minute or
@@ -31,9 +31,9 @@ MIN_FIRST_CONTACT_S = 300.0
 
 
 class FollowerNode:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.stats = NodeStats("follower", args.unit, args.rank, args.num_slots)
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.stats = NodeStats("follower", settings.unit, settings.rank, settings.num_slots)
         self.executor: Any = None
         self.server: ThreadingHTTPServer | None = None
         self._done = threading.Event()
@@ -48,19 +48,19 @@ class FollowerNode:
             self._code = code
             self._done.set()
         report = log.info if code == 0 else log.error
-        report("follower of unit %s stopping: %s", self.args.unit, why)
+        report("follower of unit %s stopping: %s", self.settings.unit, why)
         if code:
             self.stats.mark_unhealthy(why)
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _: self.finish(0, signal.Signals(signum).name))
-        host, _, port = self.args.master.rpartition(":")
+        host, port = self.settings.master_addr
         watch = LeaderWatch(
             host,
-            int(port),
-            first_contact_within=max(self.args.connect_timeout, MIN_FIRST_CONTACT_S),
-            lost_after=self.args.leader_lost_after,
+            port,
+            first_contact_within=max(self.settings.connect_timeout, MIN_FIRST_CONTACT_S),
+            lost_after=self.settings.leader_lost_after,
             on_lost=lambda why: self.finish(1, why),
         ).start()
         threading.Thread(target=self._join_unit, name="vllm-headless", daemon=True).start()
@@ -79,7 +79,7 @@ class FollowerNode:
         from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
         try:
-            config = build_engine_args(self.args).create_engine_config(
+            config = build_engine_args(self.settings).create_engine_config(
                 usage_context=UsageContext.OPENAI_API_SERVER, headless=True
             )
             executor = MultiprocExecutor(config, monitor_workers=False)
@@ -90,10 +90,12 @@ class FollowerNode:
         executor.register_failure_callback(lambda: self.finish(1, "a vLLM worker died"))
         executor.start_worker_monitor()
         # Like the builtin follower: /health answers (and the port is announced) once joined.
-        args = self.args
-        self.server = serve_health(self.stats.snapshot, args.health_host, args.health_port)
+        settings = self.settings
+        self.server = serve_health(
+            self.stats.snapshot, settings.health_host, settings.listener_port
+        )
         print(f"health_port={self.server.server_port}", flush=True)
-        log.info("follower of unit %s joined (rank %d)", self.args.unit, self.args.rank)
+        log.info("follower of unit %s joined (rank %d)", self.settings.unit, self.settings.rank)
 
     def _stop_executor(self) -> None:
         """Workers first, directly: with the leader gone they sit in a collective or a spin
@@ -104,5 +106,5 @@ class FollowerNode:
             self.executor.shutdown()
 
 
-def run_follower(args: argparse.Namespace) -> int:
-    return FollowerNode(args).run()
+def run_follower(settings: NodeSettings) -> int:
+    return FollowerNode(settings).run()

@@ -7,7 +7,6 @@ that loop. Building it blocks until every node of the unit has joined and the mo
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from engine.backends.vllm.stats import step_counter_factory
 from engine.model.tokenizer import HFTokenizer
 from engine.runtime.health import NodeStats
 from engine.scheduler import SamplingParams
+from engine.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +30,24 @@ class Leader:
     shutdown: Callable[[], None]
 
 
-async def start_leader(args: argparse.Namespace) -> Leader:
+async def start_leader(settings: NodeSettings) -> Leader:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    folder = Path(args.model)
-    stats = NodeStats("leader", args.unit, args.rank, args.num_slots)
+    folder = Path(settings.model)
+    stats = NodeStats("leader", settings.unit, settings.rank, settings.num_slots)
     built: list[VllmEngine] = []
     counter = step_counter_factory(stats, lambda: built[0].pending if built else 0)
     llm = AsyncLLM.from_engine_args(
-        build_engine_args(args),
+        build_engine_args(settings),
         usage_context=UsageContext.OPENAI_API_SERVER,
         stat_loggers=[counter],
     )
-    name = args.served_model_name or folder.name
+    name = settings.served_model_name or folder.name
     engine = VllmEngine(llm, HFTokenizer(folder), name, stats, llm.model_config.max_model_len)
     built.append(engine)
     await _warm_up(engine)
-    log.info("vLLM leader of unit %s ready: %s, %d nodes", args.unit, name, args.world_size)
+    log.info("vLLM leader of unit %s ready: %s, %d nodes", settings.unit, name, settings.world_size)
     return Leader(engine, llm.shutdown)
 
 

@@ -1,0 +1,71 @@
+"""`unitgate node --backend builtin`: a leader (engine thread plus the OpenAI server) or a
+follower (the step loop plus /health), both on this rank's shard of the model."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.api import Engine
+from engine.backends.builtin.served import ServedAs
+from engine.backends.builtin.shard import build_then_join
+from engine.runtime.follower import run_follower
+from engine.runtime.group import destroy_unit_group
+from engine.runtime.health import NodeStats, serve_health, stop_health
+from engine.runtime.leader import LeaderEngine
+from engine.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+def run_node(settings: NodeSettings) -> int:
+    if settings.is_leader:
+        return run_leader(settings)
+    return run_follower_node(settings)
+
+
+def run_leader(settings: NodeSettings) -> int:
+    """Serve until SIGTERM/SIGINT; then stop serving first, so no request lands on an engine
+    that is broadcasting STOP, and shut the engine down (the followers exit 0)."""
+    import uvloop
+
+    from engine.server.run import health_at, serve_until_signal
+
+    engine = start_leader(settings)
+    served: Engine = engine
+    if settings.served_model_name:
+        served = ServedAs(engine, settings.served_model_name)
+    try:
+        uvloop.run(serve_until_signal(served, settings.host, settings.port, health_at(settings)))
+    finally:
+        engine.shutdown(timeout=10.0)
+    log.info("leader of unit %s stopped", settings.unit)
+    return 0
+
+
+def start_leader(settings: NodeSettings) -> LeaderEngine:
+    """Build rank 0's shard, join, start the engine thread; `shutdown()` tears the group down."""
+    model, tokenizer, name = build_then_join(settings)
+    engine = LeaderEngine(
+        model,
+        tokenizer,
+        model_name=name,
+        unit=settings.unit,
+        heartbeat_s=settings.collective_timeout / 4,
+        teardown=destroy_unit_group,
+    )
+    return engine.start()
+
+
+def run_follower_node(settings: NodeSettings) -> int:
+    """Serve /health, then mirror the leader's steps until STOP (0) or losing it (1)."""
+    model, _, _ = build_then_join(settings)
+    stats = NodeStats("follower", settings.unit, settings.rank, model.cache.num_slots)
+    server = serve_health(stats.snapshot, settings.health_host, settings.listener_port)
+    print(f"health_port={server.server_port}", flush=True)
+    try:
+        code = run_follower(model, stats)
+    finally:
+        stop_health(server)
+    if code == 0:  # after a lost leader, tearing down could block on the dead peer
+        destroy_unit_group()
+    return code

@@ -1,0 +1,51 @@
+"""This rank's shard of the model, loaded before the rank joins its unit's group."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from engine.device import select_device
+from engine.model import (
+    ByteTokenizer,
+    HFTokenizer,
+    ModelConfig,
+    Tokenizer,
+    TPContext,
+    Transformer,
+    init_from_seed,
+    load_hf_folder,
+)
+from engine.runtime.group import init_unit_group
+from engine.settings import NodeSettings
+
+
+def build_model(settings: NodeSettings, tp: TPContext) -> tuple[Transformer, Tokenizer, str]:
+    """The rank's shard, the tokenizer and the served model name."""
+    device, dtype = select_device(settings.device, settings.dtype)
+    if settings.model == "tiny":
+        config = ModelConfig.tiny()
+        if settings.max_seq_len is not None:
+            config = replace(config, max_seq_len=settings.max_seq_len)
+        model = init_from_seed(config, settings.seed, tp, settings.num_slots, device, dtype)
+        return model, ByteTokenizer(), "tiny"
+    folder = Path(settings.model)
+    if not folder.is_dir():
+        raise ValueError(f"model: {settings.model!r} is neither 'tiny' nor a folder")
+    model = load_hf_folder(folder, tp, settings.num_slots, device, dtype, settings.max_seq_len)
+    return model, HFTokenizer(folder), folder.name
+
+
+def build_then_join(settings: NodeSettings) -> tuple[Transformer, Tokenizer, str]:
+    """Load first, join after: the group's collective timeout starts ticking once every rank
+    has joined, so a rank still reading a big checkpoint must not leave the others waiting
+    in a broadcast. Joining waits up to --connect-timeout for the slowest loader."""
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    tp = TPContext(rank=settings.rank, world_size=settings.world_size)  # group None: the world
+    built = build_model(settings, tp)
+    s = settings
+    init_unit_group(s.rank, s.world_size, s.master, s.collective_timeout, s.connect_timeout)
+    return built

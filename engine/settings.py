@@ -1,0 +1,110 @@
+"""One node's settings, built once from `unitgate node`'s flags and checked once.
+
+Below the command line nothing reads argparse's Namespace: backends get this frozen value, so
+what they run with is exactly what the checks passed. The checks run before any weight is
+loaded or any peer waited for (minutes, on a big model), and each error names the flag and
+the bad value, as the gateway's config errors name the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    """Defaults here are the flags' defaults (`engine.flags` reads them from this class)."""
+
+    role: str  # "leader" (rank 0, serves the API) or "follower"
+    unit: str = "unit-0"
+    rank: int = 0
+    world_size: int = 1
+    master: str = "127.0.0.1:29500"  # the leader's rendezvous HOST:PORT
+    backend: str = "builtin"
+    # the leader's OpenAI API
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    # /health from a thread of its own; None (a leader only): on the API port alone
+    health_host: str = "127.0.0.1"
+    health_port: int | None = None
+    # the model and the engine
+    model: str = "tiny"
+    seed: int = 0
+    num_slots: int = 8
+    max_seq_len: int | None = None
+    threads: int = 0
+    device: str = "cpu"
+    dtype: str | None = None
+    collective_timeout: float = 10.0
+    connect_timeout: float = 300.0
+    # the vllm backend (checked by it, once it knows vLLM is installed)
+    vllm_args: str = "{}"
+    leader_lost_after: float = 5.0
+
+    def __post_init__(self) -> None:
+        _check_shape(self)
+        _check_ports(self)
+        _check_engine(self)
+
+    @classmethod
+    def from_flags(cls, flags: argparse.Namespace) -> NodeSettings:
+        """A follower always serves /health (on a free port unless told); a leader's health
+        listener shares the API's host, as the config's `nodes[0]` shares `leader`'s."""
+        values: dict[str, Any] = {f.name: getattr(flags, f.name) for f in dataclasses.fields(cls)}
+        leader = values["role"] == "leader"
+        if values["health_host"] is None:
+            values["health_host"] = values["host"] if leader else "127.0.0.1"
+        if values["health_port"] is None and not leader:
+            values["health_port"] = 0
+        return cls(**values)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+    @property
+    def listener_port(self) -> int:
+        """The port a /health thread listener binds (a follower's always runs): unset is 0,
+        a free one."""
+        return 0 if self.health_port is None else self.health_port
+
+    @property
+    def master_addr(self) -> tuple[str, int]:
+        host, _, port = self.master.rpartition(":")
+        return host, int(port)
+
+
+def _check_shape(s: NodeSettings) -> None:
+    if s.role not in ("leader", "follower"):
+        raise ValueError(f"--role: expected leader or follower, got {s.role!r}")
+    if s.world_size < 1:
+        raise ValueError(f"--world-size: must be >= 1, got {s.world_size}")
+    if not 0 <= s.rank < s.world_size:
+        raise ValueError(f"--rank: must be in 0..{s.world_size - 1}, got {s.rank}")
+    if s.is_leader != (s.rank == 0):
+        want = "0" if s.is_leader else f"1..{s.world_size - 1}"
+        raise ValueError(f"--rank: a {s.role} has rank {want}, got {s.rank}")
+    host, _, port = s.master.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--master: expected HOST:PORT, got {s.master!r}")
+
+
+def _check_ports(s: NodeSettings) -> None:
+    for flag, value in (("--port", s.port), ("--health-port", s.health_port)):
+        if value is not None and not 0 <= value <= 65535:
+            raise ValueError(f"{flag}: must be 0..65535, got {value}")
+
+
+def _check_engine(s: NodeSettings) -> None:
+    if s.num_slots < 1:
+        raise ValueError(f"--num-slots: must be >= 1, got {s.num_slots}")
+    for flag, seconds in (
+        ("--collective-timeout", s.collective_timeout),
+        ("--connect-timeout", s.connect_timeout),
+    ):
+        if not seconds > 0:
+            raise ValueError(f"{flag}: must be > 0 seconds, got {seconds}")
