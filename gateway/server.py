@@ -21,17 +21,21 @@ from opentelemetry.sdk.trace import TracerProvider
 from gateway.admin.runtime import Admin
 from gateway.app import ops_app, public_app
 from gateway.config import Config
+from gateway.health.feed import BreakerFeed
 from gateway.health.gate import BreakerGate
 from gateway.health.supervisor import HealthSupervisor
 from gateway.net import LISTEN_BACKLOG
+from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
+from gateway.observability.request_metrics import MetricsObserver
 from gateway.observability.tracing import Tracing
 from gateway.oslimits import stream_budget
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
+from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import UpstreamClient
 from gateway.routing.admission import Admission
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
@@ -61,6 +65,13 @@ class Gateway:
         self.health = HealthSupervisor(
             config, self.units, self.events, self.metrics, traffic=self.live.flowing
         )
+        # The request path's observers: it emits signals, these subscribe (proxy/signals.py).
+        self.signals = Signals()
+        self.signals.subscribe(MetricsObserver(self.metrics))
+        self.signals.subscribe(AuditObserver(self.events))
+        t, h = config.timeouts, config.health
+        feed = BreakerFeed(self.breakers.record, self.live.flowing, t.idle, h.pace_factor)
+        self.signals.subscribe(feed)
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
         self.admin = (
@@ -83,18 +94,11 @@ class Gateway:
         self.lag.start()
         self._upstream = UpstreamClient(self.config, self.lag)
         dispatcher = Dispatcher(
-            self.config,
-            self.units,
-            self.admission,
-            self._upstream,
-            self.metrics,
-            self.tracing,
-            traffic=self.live.flowing,
+            self.config, self.units, self.admission, self._upstream, self.signals, self.tracing
         )
-        dispatcher.on_outcome = self.breakers.record
         self.breakers.start()
         await self.health.start()
-        self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.events, self.live)
+        self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.live)
         self.units.on_change(lambda change: _eject_streams(proxy, change))
         g, m = self.config.gateway, self.config.metrics
         try:
@@ -198,5 +202,4 @@ def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
 def _log_panic(events: EventLog, change: PanicChange) -> None:
     """Once per change: panic routing is the fleet-wide cap on what health may take out."""
     what = "panic" if change.active else "panic over"
-    log.warning("model %s: %s: %s", change.model, what, change.reason)
-    events.record(f"model:{change.model}", what, change.reason, "router")
+    events.record(f"model:{change.model}", what, change.reason, "router", logging.WARNING)

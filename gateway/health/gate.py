@@ -1,23 +1,21 @@
 """The breaker gate: feeds traffic outcomes to the breakers and enforces what they decide.
 
 The breaker board is pure; this is its I/O side. It owns the `admitting` bit of every unit
-(and the unit's in-flight cap while only trial requests may pass), logs and records each
-transition once with its reason, exports it as a metric, and keeps one timer armed for the
-earliest end of an ejection instead of polling.
+(and the unit's in-flight cap while only trial requests may pass), records each transition
+once with its reason (the events log's line is its only log line), exports it as a metric,
+and keeps one timer armed for the earliest end of an ejection instead of polling.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+from logging import WARNING
 
 from gateway.config import Config
 from gateway.health.breaker import BreakerBoard, BreakerState, Transition
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.units import UnitRegistry, UnitState
-
-log = logging.getLogger("unitgate.breaker")
 
 
 class BreakerGate:
@@ -57,8 +55,7 @@ class BreakerGate:
 
     def _apply(self, t: Transition) -> None:
         if t.suppressed:
-            log.warning("unit %s: ejection suppressed: %s", t.unit, t.reason)
-            self.events.record(t.unit, "ejection suppressed", t.reason, "breaker")
+            self.events.record(t.unit, "ejection suppressed", t.reason, "breaker", WARNING)
             self.metrics.breaker_transitions.labels(t.unit, "suppressed").inc()
             return
         unit = self.registry.units.get(t.unit)
@@ -67,8 +64,7 @@ class BreakerGate:
             unit.cap = unit.configured_cap if cap is None else min(cap, unit.configured_cap)
             admitting = t.new is not BreakerState.EJECTED
             self.registry.set_bit(t.unit, "admitting", admitting, t.reason, "breaker")
-        log.warning("unit %s: breaker %s -> %s: %s", t.unit, t.old, t.new, t.reason)
-        self.events.record(t.unit, f"breaker {t.new}", t.reason, "breaker")
+        self.events.record(t.unit, f"breaker {t.new}", t.reason, "breaker", WARNING)
         self.metrics.breaker_transitions.labels(t.unit, str(t.new)).inc()
         self._arm()
 

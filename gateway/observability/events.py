@@ -34,10 +34,14 @@ class EventLog:
         self._clock = clock
         self._listeners: list[Callable[[Event], None]] = []
 
-    def record(self, unit: str, what: str, reason: str, who: str) -> Event:
+    def record(
+        self, unit: str, what: str, reason: str, who: str, level: int = logging.INFO
+    ) -> Event:
+        """Recorded and logged once: this line is the change's only log line (`level`
+        WARNING for the ones an operator must see, a breaker tripping, a panic)."""
         event = Event(self._clock(), unit, what, reason, who)
         self._events.append(event)
-        log.info("unit %s: %s (%s) by %s", unit, what, reason, who)
+        log.log(level, "unit %s: %s (%s) by %s", unit, what, reason, who)
         for listener in self._listeners:
             listener(event)
         return event

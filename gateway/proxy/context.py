@@ -10,33 +10,19 @@ from __future__ import annotations
 import asyncio
 
 from gateway.config import Config
-from gateway.observability.events import EventLog
-from gateway.observability.metrics import Metrics
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.live import LiveStreams
+from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import UpstreamClient
-from gateway.routing.admission import Admission
 
 
 class ProxyContext:
-    __slots__ = ("admission", "config", "dispatcher", "events", "live", "metrics", "upstream")
+    __slots__ = ("config", "dispatcher", "live", "signals", "upstream")
 
-    def __init__(
-        self,
-        config: Config,
-        dispatcher: Dispatcher,
-        live: LiveStreams,
-        events: EventLog | None = None,
-    ) -> None:
-        self.config, self.dispatcher, self.live, self.events = config, dispatcher, live, events
-        self.admission: Admission = dispatcher.admission
+    def __init__(self, config: Config, dispatcher: Dispatcher, live: LiveStreams) -> None:
+        self.config, self.dispatcher, self.live = config, dispatcher, live
         self.upstream: UpstreamClient = dispatcher.upstream
-        self.metrics: Metrics = dispatcher.metrics
+        self.signals: Signals = dispatcher.signals
 
-    def record_event(self, unit_id: str, what: str, reason: str) -> None:
-        if self.events is not None:
-            self.events.record(unit_id, what, reason, "gateway")
-
-    def account(self, unit_id: str, status: int, start: float) -> None:
-        self.metrics.requests.labels(unit_id, str(status)).inc()
-        self.metrics.e2e.labels(unit_id).observe(asyncio.get_running_loop().time() - start)
+    def finished(self, unit_id: str, status: int, start: float) -> None:
+        self.signals.finished(unit_id, status, asyncio.get_running_loop().time() - start)

@@ -8,26 +8,21 @@ per-call set-up costs tens of microseconds, which the common case should not pay
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable
 from random import Random
 
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_none
 
 from gateway.config import Config
 from gateway.errors import Overloaded, UpstreamError
-from gateway.health.classify import Evidence, attempt_failure
-from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Span, Tracing, end_span
 from gateway.proxy.lease import Lease
+from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
 from gateway.routing.balance import choose
 from gateway.routing.budget import CauseBudget, RetryBudget
 from gateway.units import UnitRegistry, UnitState
-
-log = logging.getLogger("unitgate.proxy")
 
 
 class Call:
@@ -76,24 +71,17 @@ class Dispatcher:
         units: UnitRegistry,
         admission: Admission,
         upstream: UpstreamClient,
-        metrics: Metrics,
+        signals: Signals,
         tracing: Tracing,
         rng: Random | None = None,
-        traffic: Callable[[str, float], bool] = lambda unit_id, now: False,
     ) -> None:
-        """`traffic(unit_id, now)`: whether the unit's streams keep their pace (live.py), so a
-        first-byte timeout there is its queue, not a failure."""
         self.config = config
-        self.traffic = traffic
         self.tracing = tracing
         self.units = units
         self.admission = admission
         self.upstream = upstream
-        self.metrics = metrics
+        self.signals = signals
         self.rng = rng or Random()
-        # Traffic outcomes per unit (the circuit breaker subscribes); client errors never count.
-        # `started` (loop time) lets the breaker ignore requests that began before an ejection.
-        self.on_outcome: Callable[[UnitState, bool, float], None] = lambda unit, ok, started: None
         r = config.retry
         self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_second, r.budget_window)
         self.resumptions = CauseBudget(self.budget)
@@ -111,7 +99,7 @@ class Dispatcher:
         break the gateway made itself (`cause` None: the unit was ejected) is free."""
         now = asyncio.get_running_loop().time()
         if cause is not None and not self.resumptions.withdraw(cause, now):
-            self.metrics.budget_exhausted.inc()
+            self.signals.budget_exhausted()
             raise Overloaded(
                 "the retry budget is exhausted",
                 status=503,
@@ -158,11 +146,7 @@ class Dispatcher:
             if isinstance(exc, UpstreamError):
                 call.tried.append(unit)
                 call.last_error = exc
-                flowing = self.traffic(unit.id, loop.time())
-                if attempt_failure(exc.kind, flowing) is Evidence.FAILURE:
-                    self.on_outcome(unit, False, started)
-                self.metrics.upstream_failures.labels(unit.id, exc.kind).inc()
-                log.warning("attempt failed: %s", exc.message)
+                self.signals.attempt_failed(unit, exc, started)
             if span is not None:
                 end_span(span, _outcome(exc), error=True)
             raise
@@ -189,7 +173,7 @@ class Dispatcher:
         try:
             return await call.lease.take(pick)
         except Overloaded as exc:
-            self.metrics.rejections.labels(exc.code or "overloaded").inc()
+            self.signals.rejected(exc.code or "overloaded")
             raise
 
     def _may_retry(self, exc: BaseException | None, attempts: int, call: Call) -> bool:
@@ -200,9 +184,9 @@ class Dispatcher:
         if all(u in call.tried for u in self.units.routable(call.info.model)):
             return False  # nowhere else to go: do not spend budget
         if not self.budget.withdraw(asyncio.get_running_loop().time()):
-            self.metrics.budget_exhausted.inc()
+            self.signals.budget_exhausted()
             return False
-        self.metrics.retries.labels(exc.kind).inc()
+        self.signals.retried(exc.kind)
         return True
 
 

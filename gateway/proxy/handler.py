@@ -7,7 +7,6 @@ Policies (balance, budget, admission) decide; this module only sequences them.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import secrets
 from collections.abc import Callable
@@ -17,14 +16,14 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
-from gateway.observability.events import EventLog
-from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Span, Tracing, end_span
+from gateway.outcomes import End
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Call, Dispatcher
 from gateway.proxy.lease import Lease
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.resume import resumable, with_token_ids
+from gateway.proxy.signals import Signals
 from gateway.proxy.stream import StreamSession, headers_for
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import UpstreamClient
@@ -32,7 +31,6 @@ from gateway.proxy.validation import RequestInfo, parse_body, validate_chat, val
 from gateway.routing.admission import Admission
 from gateway.routing.affinity import affinity_key
 
-log = logging.getLogger("unitgate.proxy")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
 
@@ -45,20 +43,18 @@ class ProxyHandler:
         self,
         config: Config,
         dispatcher: Dispatcher,
-        events: EventLog | None = None,
         live: LiveStreams | None = None,
     ) -> None:
         self.config = config
-        self.events = events
         # Streams in flight per unit: for ejections to break, and to vouch for a slow unit.
         self.live = live or LiveStreams(config.resume.ejected_idle, config.health.pace_factor)
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
         self.upstream: UpstreamClient = dispatcher.upstream
-        self.metrics: Metrics = dispatcher.metrics
+        self.signals: Signals = dispatcher.signals
         self.tracing: Tracing = dispatcher.tracing
         self.models = frozenset(config.gateway.models)
-        self.context = ProxyContext(config, dispatcher, self.live, events)
+        self.context = ProxyContext(config, dispatcher, self.live)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, CHAT_PATH, validate_chat)
@@ -123,16 +119,16 @@ class ProxyHandler:
             except GatewayError as exc:
                 return self._error(exc, rid)
             except asyncio.CancelledError:
-                self.metrics.cancellations.labels("none").inc()
+                self.signals.cancelled("none")
                 raise
             now = loop.time()
             self.live.began(unit.id, now)
-            self.metrics.ttft.labels(unit.id).observe(now - start)
+            self.signals.first_byte(unit, now - start)
             if answer.streaming:
                 stream = StreamSession(self.context, request, call, data, tracker, start)
                 return await stream.run(unit, answer)
-            self.dispatcher.on_outcome(unit, True, start)
-            self.context.account(unit.id, answer.status, start)
+            self.signals.answer_ended(unit, End.COMPLETE, None, start)
+            self.context.finished(unit.id, answer.status, start)
             return web.Response(
                 status=answer.status,
                 body=answer.first,
@@ -165,7 +161,7 @@ class ProxyHandler:
             ) from None
 
     def _error(self, exc: GatewayError, rid: str) -> web.Response:
-        self.metrics.requests.labels("none", str(exc.status)).inc()
+        self.signals.refused(exc.status)
         response = exc.response()
         response.headers["x-request-id"] = rid
         if isinstance(exc, UpstreamError):

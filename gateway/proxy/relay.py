@@ -18,9 +18,9 @@ from aiohttp.abc import AbstractStreamWriter
 
 from gateway.errors import error_body
 from gateway.health.pace import next_gap, quiet_after
-from gateway.observability.histogram import Histogram
 from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
+from gateway.proxy.signals import GapSink
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
 
@@ -59,7 +59,7 @@ class _Pump:
         self,
         conn: UpstreamConnection,
         client: asyncio.Transport,
-        itl: Histogram,
+        itl: GapSink,
         tracker: StreamTracker | None,
     ) -> None:
         self.conn = conn
@@ -160,7 +160,7 @@ class StreamRelay:
         self._mid_event = bool(first) and not first.endswith(b"\n\n")
         return True
 
-    async def pump(self, answer: Answer, itl: Histogram, resumed: bool = False) -> End:
+    async def pump(self, answer: Answer, itl: GapSink, resumed: bool = False) -> End:
         """Relay `answer` to its end: `complete`, `client_gone`, or how the upstream failed
         (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`, `unit_ejected`).
         Gaps between chunks go to `itl`, the serving unit's histogram. A resumed answer's first

@@ -15,13 +15,11 @@ moment, so a resumed stream never holds two slots, or none while it is relayed.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import GatewayError
-from gateway.health.classify import Evidence, stream_end
 from gateway.outcomes import End
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Call
@@ -30,8 +28,6 @@ from gateway.proxy.resume import continuation, max_new_tokens
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
 from gateway.units import UnitState
-
-log = logging.getLogger("unitgate.proxy")
 
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -76,21 +72,21 @@ class StreamSession:
             assert relay.response is not None
             return relay.response
         finally:
-            proxy.account(unit.id, answer.status, self.start)
+            proxy.finished(unit.id, answer.status, self.start)
 
     async def _relay(self, relay: StreamRelay, unit: UnitState, answer: Answer, first: bool) -> End:
         """Relay one answer to its end (registered as live on its unit meanwhile) and feed its
-        outcome to the breaker and the metrics; returns how it ended."""
+        end to the signals (the breaker's feed and the metrics subscribe); returns how it ended."""
         proxy, conn = self.proxy, answer.connection
         assert conn is not None
         proxy.live.add(unit.id, relay)
         try:
             kind = End.CLIENT_GONE
             if not first or await relay.start(answer):
-                itl = proxy.metrics.itl.labels(unit.id)
+                itl = proxy.signals.token_gaps(unit.id)
                 kind = await relay.pump(answer, itl, resumed=not first)
         except asyncio.CancelledError:
-            proxy.metrics.cancellations.labels(unit.id).inc()
+            proxy.signals.cancelled(unit.id)
             raise
         finally:
             proxy.live.discard(unit.id, relay)
@@ -102,15 +98,7 @@ class StreamSession:
         proxy = self.proxy
         if self.tracker is not None and self.tracker.capable is not None:
             unit.token_ids = self.tracker.capable
-        config = proxy.config
-        evidence = stream_end(kind, gap, config.timeouts.idle, config.health.pace_factor)
-        if evidence is not Evidence.NONE:  # the breaker hears only of what the unit caused
-            proxy.dispatcher.on_outcome(unit, evidence is Evidence.OK, self.start)
-        if kind is End.CLIENT_GONE:
-            proxy.metrics.cancellations.labels(unit.id).inc()
-        elif kind is not End.COMPLETE:
-            proxy.metrics.upstream_failures.labels(unit.id, kind).inc()
-            log.warning("stream from unit %s broke after the first byte: %s", unit.id, kind)
+        proxy.signals.answer_ended(unit, kind, gap, self.start)
 
     async def _resume(
         self, relay: StreamRelay, broken: UnitState, kind: End
@@ -181,11 +169,9 @@ class StreamSession:
 
     def _resumed(self, broken: UnitState, outcome: str, detail: str) -> None:
         proxy, call = self.proxy, self.call
-        proxy.metrics.resumptions.labels(broken.id, outcome).inc()
-        proxy.record_event(broken.id, f"resume_{outcome}", f"request {call.rid}: {detail}")
+        proxy.signals.resumed(broken, outcome, call.rid, detail)
         if call.span is not None:
             call.span.add_event("resume", {"unitgate.unit": broken.id, "outcome": outcome})
-        log.info("stream %s from unit %s: resume %s (%s)", call.rid, broken.id, outcome, detail)
 
     @staticmethod
     async def _close(relay: StreamRelay, tail: bytes) -> None:

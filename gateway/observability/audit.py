@@ -1,0 +1,37 @@
+"""The request path's log lines and events, as a subscriber to its signals.
+
+Each transition is logged once: a failed attempt and a stream broken after its first byte as
+one warning each; a resumption as one entry in the events log, whose own log line is the only
+one (it used to be logged a second time beside it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.errors import UpstreamError
+from gateway.observability.events import EventLog
+from gateway.outcomes import End
+from gateway.proxy.signals import Observer
+from gateway.units import UnitState
+
+log = logging.getLogger("unitgate.proxy")
+
+
+class AuditObserver(Observer):
+    def __init__(self, events: EventLog | None) -> None:
+        self.events = events
+
+    def attempt_failed(self, unit: UnitState, error: UpstreamError, started: float) -> None:
+        log.warning("attempt failed: %s", error.message)
+
+    def answer_ended(self, unit: UnitState, end: End, gap: float | None, started: float) -> None:
+        if end is not End.COMPLETE and end is not End.CLIENT_GONE:
+            log.warning("stream from unit %s broke after the first byte: %s", unit.id, end)
+
+    def resumed(self, broken: UnitState, outcome: str, rid: str, detail: str) -> None:
+        what, reason = f"resume_{outcome}", f"request {rid}: {detail}"
+        if self.events is not None:
+            self.events.record(broken.id, what, reason, "gateway")
+        else:
+            log.info("unit %s: %s (%s)", broken.id, what, reason)

@@ -1,0 +1,64 @@
+"""The request path's signals: fan-out to observers, and the breakers' feed classifying."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.config import UnitConfig
+from gateway.errors import UpstreamError
+from gateway.health.feed import BreakerFeed
+from gateway.observability.histogram import Histogram
+from gateway.outcomes import End, Failure
+from gateway.proxy.signals import DISCARD, Observer, Signals
+from gateway.units import UnitState
+
+UNIT = UnitState(UnitConfig(id="u0", leader="http://127.0.0.1:1"), 8, ("m",))
+
+
+class Seen(Observer):
+    def __init__(self, name: str, log: list[str], sink: Histogram | None = None) -> None:
+        self.name, self.log, self.sink = name, log, sink
+
+    def cancelled(self, unit_id: str) -> None:
+        self.log.append(f"{self.name}:{unit_id}")
+
+    def token_gaps(self, unit_id: str) -> Histogram | None:
+        return self.sink
+
+
+def test_every_subscriber_hears_every_signal_in_order() -> None:
+    log: list[str] = []
+    signals = Signals()
+    assert signals.token_gaps("u0") is DISCARD  # nobody records gaps: they are dropped
+    sink = Histogram()
+    signals.subscribe(Seen("a", log))
+    signals.subscribe(Seen("b", log, sink))
+    signals.cancelled("u0")
+    signals.finished("u0", 200, 1.0)  # a hook nobody overrides does nothing
+    assert log == ["a:u0", "b:u0"]
+    assert signals.token_gaps("u0") is sink
+
+
+def feed(flowing: bool) -> tuple[BreakerFeed, list[bool]]:
+    recorded: list[bool] = []
+    return (
+        BreakerFeed(lambda unit, ok, started: recorded.append(ok), lambda u, t: flowing, 30, 4),
+        recorded,
+    )
+
+
+async def test_the_breakers_feed_passes_on_only_what_the_unit_caused() -> None:
+    assert asyncio.get_running_loop()  # the feed reads the loop's clock
+    timeout = UpstreamError("u0", Failure.CONNECT_TIMEOUT, "connect timed out", retryable=True)
+    refused = UpstreamError("u0", Failure.CONNECT, "refused", retryable=True)
+    busy, recorded = feed(flowing=True)
+    busy.attempt_failed(UNIT, timeout, 0.0)  # its queue, while its streams flow
+    busy.attempt_failed(UNIT, refused, 0.0)
+    busy.answer_ended(UNIT, End.UNIT_EJECTED, 0.02, 0.0)  # the gateway broke it
+    busy.answer_ended(UNIT, End.CLIENT_GONE, 0.02, 0.0)
+    busy.answer_ended(UNIT, End.RESET, 0.02, 0.0)
+    busy.answer_ended(UNIT, End.COMPLETE, None, 0.0)
+    assert recorded == [False, False, True]
+    quiet, recorded = feed(flowing=False)
+    quiet.attempt_failed(UNIT, timeout, 0.0)  # nothing vouches for it: a failure
+    assert recorded == [False]
