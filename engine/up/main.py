@@ -27,8 +27,7 @@ from engine.up.plan import EngineOptions, Plan, PlanError, plan_units
 from engine.up.processes import Launcher, node_env
 from engine.up.ready import announce, wait_routable
 from engine.up.supervisor import UnitSupervisor
-from gateway.admin.auth import read_tokens
-from gateway.config import Config, ConfigError
+from gateway.api import Config, ConfigError, raise_fd_limit, read_tokens, running
 
 log = logging.getLogger("unitgate.up")
 READY_TIMEOUT = 180.0  # first start on a small machine: every node imports torch at once
@@ -97,8 +96,6 @@ def _ensure_admin_token(config: Config) -> str | None:
 def _run_loop(config: Config, plan: Plan, launcher: Launcher, token: str | None) -> int:
     import uvloop
 
-    from gateway.oslimits import raise_fd_limit
-
     raise_fd_limit()
     try:
         return uvloop.run(_up(config, plan, launcher, token))
@@ -111,8 +108,6 @@ def _run_loop(config: Config, plan: Plan, launcher: Launcher, token: str | None)
 
 
 async def _up(config: Config, plan: Plan, launcher: Launcher, token: str | None) -> int:
-    from gateway.server import running
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

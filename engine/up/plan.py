@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from engine.backends.vllm.args import check_keys
-from gateway.config import Config, UnitConfig
-from gateway.net import is_loopback
+from gateway.api import Config, UnitConfig, is_loopback
 
 
 class PlanError(ValueError):

@@ -14,8 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from engine.up.plan import Plan, UnitPlan
-from gateway.config import Config
-from gateway.server import Gateway
+from gateway.api import Config, Gateway, is_routable
 
 POLL_S = 0.2
 
@@ -43,8 +42,7 @@ async def wait_routable(
 
 
 async def _ready(session: aiohttp.ClientSession, gateway: Gateway, unit: UnitPlan) -> bool:
-    state = gateway.units.units.get(unit.unit)
-    if state is None or not state.routable:
+    if not is_routable(gateway, unit.unit):
         return False
     checks = [_node_ok(session, n.health_url) for n in unit.nodes]
     return all(await asyncio.gather(*checks))

@@ -1,0 +1,38 @@
+"""The gateway's public entry points, for code outside the gateway package (`unitgate up`).
+
+Everything else in `gateway/` is internal and may move between modules; what is named here
+keeps its meaning. Config: `load_config`, `config_from_dict`, `Config`, `UnitConfig`,
+`ConfigError`. Running: `running(config)` yields a started `Gateway` (its `public_url`,
+`metrics_url`, `draining`) and stops it on exit; `is_routable` reads its routing verdict.
+Around it: `read_tokens` (the admin tokens a config's environment provides), `is_loopback`
+and `raise_fd_limit`, which a process hosting the gateway calls once before it starts.
+"""
+
+from __future__ import annotations
+
+from gateway.admin.auth import read_tokens
+from gateway.config import Config, ConfigError, UnitConfig, config_from_dict, load_config
+from gateway.net import is_loopback
+from gateway.oslimits import raise_fd_limit
+from gateway.server import Gateway, running
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Gateway",
+    "UnitConfig",
+    "config_from_dict",
+    "is_loopback",
+    "is_routable",
+    "load_config",
+    "raise_fd_limit",
+    "read_tokens",
+    "running",
+]
+
+
+def is_routable(gateway: Gateway, unit_id: str) -> bool:
+    """Whether the gateway routes to the unit on its own verdict: false until a probe round
+    has judged it, and for a unit only panic routing lets in."""
+    state = gateway.units.units.get(unit_id)
+    return state is not None and state.routable
