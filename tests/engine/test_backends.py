@@ -1,0 +1,42 @@
+"""Backends by name and the settings they get: the registry imports a backend only when it is
+chosen (and choosing vLLM's does not import vLLM), and settings are one frozen, checked value."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+
+from engine.backends.registry import BACKENDS, lookup
+from engine.flags import parse
+from engine.settings import NodeSettings
+
+
+def test_each_backend_is_its_modules_run_node() -> None:
+    from engine.backends.builtin.node import run_node
+
+    assert lookup("builtin") is run_node
+    assert set(BACKENDS) == {"builtin", "vllm"}
+
+
+def test_choosing_vllm_does_not_import_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # any `import vllm` would now fail
+    assert callable(lookup("vllm"))
+
+
+def test_an_unknown_backend_is_refused_by_flag() -> None:
+    with pytest.raises(ValueError, match="--backend: expected one of builtin, vllm, got 'x'"):
+        lookup("x")
+
+
+def test_settings_are_frozen_and_their_defaults_are_the_flags() -> None:
+    settings = parse(["--role", "leader"])
+    assert settings == NodeSettings(role="leader")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.port = 1  # type: ignore[misc]
+
+
+def test_settings_built_directly_are_checked_too() -> None:
+    with pytest.raises(ValueError, match="--num-slots: must be >= 1, got 0"):
+        NodeSettings(role="leader", num_slots=0)
