@@ -32,30 +32,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.bench.params import MODEL
 from loadtest.bench.processes import (
     CLK_TCK,
     READY_TIMEOUT_S,
-    _affinity,
-    _stop,
     cpu_ticks,
+    gateway_toml,
     pin_cpus,
+    pinned,
+    stop_child,
 )
 from loadtest.readyfile import wait_http_ok, wait_ready_file
 
-MODEL = "unitgate-sim"
-GATEWAY_TOML = """\
-[gateway]
-port = 0
-models = ["{model}"]
-[metrics]
-port = 0
-[routing]
-affinity = "none"
-[admission]
-unit_max_inflight = {cap}
-queue_size = {cap}
-[upstream]
-max_connections = 0
+ADMIN = """\
 [admin]
 enabled = true
 state_file = ""
@@ -135,12 +124,8 @@ def run_point(shape: Shape) -> Point:
         sim_argv += ["--tokens", str(shape.tokens), "--ready-file", str(tmp / "sim.json")]
         with _child(sim_argv, tmp / "sim.json", load_cpu) as (sim, _):
             config = tmp / "gw.toml"
-            unit_tables = "".join(
-                f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\n'
-                f"nodes = {json.dumps(u['nodes'])}\n"
-                for u in sim["units"]
-            )
-            config.write_text(GATEWAY_TOML.format(model=MODEL, cap=shape.streams) + unit_tables)
+            n = shape.streams
+            config.write_text(gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN))
             token = secrets.token_urlsafe(12)
             gw_argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
             ready = tmp / "gw.json"
@@ -162,12 +147,12 @@ def _measure(
     argv += ["--concurrency", str(streams), "--duration", f"{shape.duration:.1f}"]
     argv += ["--max-tokens", str(shape.tokens), "--timeout", "120"]
     argv += ["--out", str(out), "--no-progress"]
-    with _affinity(load_cpu):
+    with pinned(load_cpu):
         load = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     try:
         load.wait(timeout=shape.duration + 300)
     finally:
-        _stop(load)
+        stop_child(load)
     wall = time.monotonic() - started
     cpu_s = (cpu_ticks(pid) - cpu_before) / CLK_TCK
     peak_rss = _status_kb(pid, "VmHWM")
@@ -216,7 +201,7 @@ def _measure(
 def _child(
     argv: list[str], ready: Path, cpu: int | None, env: dict[str, str] | None = None
 ) -> Iterator[tuple[dict[str, Any], subprocess.Popen[bytes]]]:
-    with _affinity(cpu):
+    with pinned(cpu):
         proc = subprocess.Popen(
             [sys.executable, "-m", *argv],
             stdout=subprocess.DEVNULL,
@@ -225,7 +210,7 @@ def _child(
     try:
         yield wait_ready_file(ready, proc, READY_TIMEOUT_S, argv[0]), proc
     finally:
-        _stop(proc)
+        stop_child(proc)
 
 
 def _status_kb(pid: int, field: str) -> float:

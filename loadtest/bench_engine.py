@@ -49,9 +49,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtest.bench.processes import free_port
 from loadtest.benchengine import analyze
 from loadtest.benchengine.report import render
-from loadtest.benchengine.run import free_port, loadavg, machine, read, run_group, worker
+from loadtest.benchengine.run import loadavg, machine, read, run_group, worker
 
 
 def build_parser() -> argparse.ArgumentParser:

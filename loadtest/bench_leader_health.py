@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import loadtest.benchleaderhealth
+from loadtest.bench.processes import pinned
 from loadtest.benchleaderhealth import report
 from loadtest.benchleaderhealth.probe import DEADLINE_S, Probe, Prober
-from loadtest.benchleaderhealth.unit import MODEL, Pins, Unit, pinned, pins, running_unit
+from loadtest.benchleaderhealth.unit import MODEL, Pins, Unit, pins, running_unit
 
 SATURATE_WITHIN_S = 30.0
 REQUEST_TIMEOUT_S = 60.0  # a queued request waits behind (concurrency / slots) answers

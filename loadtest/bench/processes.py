@@ -7,8 +7,10 @@ OS picks free ports and the harness never races a process that is still binding.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,14 +33,32 @@ port = 0
 [routing]
 affinity = "none"
 [admission]
-unit_max_inflight = 4096
+unit_max_inflight = {cap}
+queue_size = {queue}
 [upstream]
 max_connections = 0
-[admin]
-enabled = false
 [resume]
 enabled = {resume}
 """
+NO_ADMIN = "[admin]\nenabled = false\n"
+
+
+def gateway_toml(
+    units: list[dict[str, Any]],
+    *,
+    cap: int = 4096,
+    queue: int = 1024,
+    resume: bool = True,
+    admin: str = NO_ADMIN,
+) -> str:
+    """A benchmark gateway's config: simulated units by their ready-file entries, affinity
+    off, an unbounded upstream pool, per-unit caps past what the load needs (`cap`)."""
+    head = GATEWAY_TOML.format(model=MODEL, cap=cap, queue=queue, resume=str(resume).lower())
+    tables = "".join(
+        f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\nnodes = {json.dumps(u["nodes"])}\n'
+        for u in units
+    )
+    return head + admin + tables
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,14 @@ class Cluster:
     relays: dict[str, Relay]  # by mode: "floor", "gateway"
 
 
+def free_port() -> int:
+    """A port free now on 127.0.0.1, for a child that must be told its port in advance."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def pin_cpus() -> Pins | None:
     cpus = sorted(os.sched_getaffinity(0))
     return Pins(load=cpus[0], relay=cpus[1]) if len(cpus) >= 2 else None
@@ -75,7 +103,7 @@ def cpu_ticks(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def _affinity(cpu: int | None) -> Iterator[None]:
+def pinned(cpu: int | None) -> Iterator[None]:
     """Children inherit affinity at fork, so pinning the parent around Popen pins every thread."""
     if cpu is None:
         yield
@@ -88,7 +116,8 @@ def _affinity(cpu: int | None) -> Iterator[None]:
         os.sched_setaffinity(0, saved)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S: every benchmark child ends this way."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
@@ -104,7 +133,7 @@ def _child(
 ) -> Iterator[dict[str, Any]]:
     """Stdout is dropped (ready banners would break the table); stderr stays visible.
     `routes`: a gateway, ready once its /readyz says it can route, not merely listening."""
-    with _affinity(cpu):
+    with pinned(cpu):
         proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
     try:
         info = wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
@@ -112,14 +141,7 @@ def _child(
             wait_http_ok(info["public"] + "/readyz", proc, READY_TIMEOUT_S, what)
         yield info
     finally:
-        _stop(proc)
-
-
-def _gateway_config(sim: dict[str, Any], resume: bool) -> str:
-    units = "".join(
-        f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\n' for u in sim["units"]
-    )
-    return GATEWAY_TOML.format(model=MODEL, resume=str(resume).lower()) + units
+        stop_child(proc)
 
 
 @contextlib.contextmanager
@@ -132,8 +154,8 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
     floor_argv += ["--ready-file", str(tmp / "floor.json")]
     relay_cpu = None if pins is None else pins.relay
     with _child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
-        toml.write_text(_gateway_config(sim, resume=True))
-        plain_toml.write_text(_gateway_config(sim, resume=False))
+        toml.write_text(gateway_toml(sim["units"]))
+        plain_toml.write_text(gateway_toml(sim["units"], resume=False))
         with (
             _child(
                 _gateway_argv(toml, tmp / "gw.json"), tmp / "gw.json", relay_cpu, "gateway", True

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -15,25 +14,9 @@ from typing import Any
 
 import torch
 
+from loadtest.bench.processes import stop_child
+
 JOB_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run_group(name: str, argvs: Sequence[Sequence[str]], logs: Path) -> list[int]:
@@ -59,7 +42,7 @@ def run_group(name: str, argvs: Sequence[Sequence[str]], logs: Path) -> list[int
         return codes
     finally:
         for proc in procs:
-            _stop(proc)
+            stop_child(proc)
         for log in files:
             log.close()
 

@@ -19,7 +19,7 @@ from random import Random
 from typing import Any
 
 from gateway.config import HealthConfig
-from loadtest.bench.processes import CLK_TCK, Pins, _child, cpu_ticks
+from loadtest.bench.processes import CLK_TCK, Pins, _child, cpu_ticks, free_port
 from loadtest.benchhealth.observe import (
     CoreTicks,
     Group,
@@ -28,7 +28,6 @@ from loadtest.benchhealth.observe import (
     count,
     ensure_alive,
     foreign,
-    free_port,
     group,
     group_cpu_s,
     scrape,

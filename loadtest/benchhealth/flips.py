@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench.processes import READY_TIMEOUT_S, _affinity, _stop
+from loadtest.bench.processes import READY_TIMEOUT_S, pinned, stop_child
 from loadtest.readyfile import wait_ready_file
 
 # "2026-11-29 20:42:55,017 INFO unitgate.events: unit u942: unhealthy (...) by prober"
@@ -49,14 +49,14 @@ def logged_child(
 ) -> Iterator[dict[str, Any]]:
     """processes._child with stderr kept in `log` (thousands of flip lines must not reach the
     terminal); the same pinning, readiness and stopping."""
-    with log.open("wb") as err, _affinity(cpu):
+    with log.open("wb") as err, pinned(cpu):
         proc = subprocess.Popen(
             [sys.executable, "-m", *argv], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
         yield wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
     finally:
-        _stop(proc)
+        stop_child(proc)
 
 
 def read(log: Path) -> list[Flip]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -187,14 +186,6 @@ def group_cpu_s(a: Group, b: Group) -> float:
     gone = sum(ticks for pid, ticks in a.live.items() if pid not in b.live) / CLK_TCK
     live = sum(ticks - a.live.get(pid, 0) for pid, ticks in b.live.items()) / CLK_TCK
     return (b.own_s - a.own_s) + (b.reaped_s - a.reaped_s - gone) + live
-
-
-def free_port() -> int:
-    """Racy like any probe for a free port, but the simulators bind within a second."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def pct(values: Sequence[float], q: float) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-STOP_TIMEOUT_S = 15.0
+from loadtest.bench.processes import free_port, pinned, stop_child
+
 MODEL = "tiny"
 
 
@@ -37,24 +37,10 @@ def pins() -> Pins | None:
 
 
 @contextlib.contextmanager
-def pinned(cpu: int | None) -> Iterator[None]:
-    """Children inherit affinity at fork: pinning this process around Popen pins the child."""
-    if cpu is None:
-        yield
-        return
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, saved)
-
-
-@contextlib.contextmanager
 def running_unit(logs: Path, num_slots: int, cpus: Pins | None, within: float) -> Iterator[Unit]:
     """Follower first (it waits for the leader's rendezvous); ready once both announced their
     ports. Both are stopped on the way out, whatever happened."""
-    master = f"127.0.0.1:{_free_port()}"
+    master = f"127.0.0.1:{free_port()}"
     common = ["--unit", "bench", "--world-size", "2", "--master", master, "--threads", "1"]
     common += ["--num-slots", str(num_slots), "--model", MODEL]
     procs: list[subprocess.Popen[bytes]] = []
@@ -73,7 +59,7 @@ def running_unit(logs: Path, num_slots: int, cpus: Pins | None, within: float) -
         yield Unit(ports[0], ports[1], follower_port, leader.pid)
     finally:
         for proc in reversed(procs):  # the leader first: its STOP ends the follower cleanly
-            _stop(proc)
+            stop_child(proc)
 
 
 def _node(log: Path, flags: list[str], cpu: int | None) -> subprocess.Popen[bytes]:
@@ -105,22 +91,3 @@ def _lines(
         if time.monotonic() > deadline:
             raise RuntimeError(f"node printed no {', '.join(prefixes)} in time; see {log}")
         time.sleep(0.05)
-
-
-def _free_port() -> int:
-    """The rendezvous port: picked here because the follower must know it before the leader
-    binds it (as `unitgate up` does)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
