@@ -46,14 +46,14 @@ class NodeStatus:
 
 @dataclass(slots=True)
 class BitChange:
-    """`value` is whether the bit now allows routing; for `healthy`, `health` says which state."""
+    """`value` is the bit's new value; for `healthy`, whether the unit's health now routes
+    (the state itself is `unit.health`)."""
 
     unit: UnitState
     bit: Bit
     value: bool
     reason: str
     who: str
-    health: Health | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ class UnitRegistry:
         unit.health, unit.hard = health, hard
         unit.weight = unit.config.weight * (self._slow_weight if health is Health.SLOW else 1.0)
         unit.reasons["healthy"] = reason
-        self._publish(BitChange(unit, "healthy", health.routable, reason, who, health))
+        self._publish(BitChange(unit, "healthy", health.routable, reason, who))
         return True
 
     def _publish(self, change: BitChange) -> None:

@@ -13,7 +13,7 @@ from gateway.outcomes import End
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
 
-# (unit id, loop time, ok, request arrival) -> None: the gate's record.
+# (unit, ok, when its attempt or request began, loop time) -> None: the gate's record.
 Record = Callable[[UnitState, bool, float], None]
 
 

@@ -43,11 +43,10 @@ class ProxyHandler:
         self,
         config: Config,
         dispatcher: Dispatcher,
-        live: LiveStreams | None = None,
+        live: LiveStreams,
     ) -> None:
         self.config = config
-        # Streams in flight per unit: for ejections to break, and to vouch for a slow unit.
-        self.live = live or LiveStreams(config.resume.ejected_idle, config.health.pace_factor)
+        self.live = live  # streams in flight per unit (the gateway's one, shared with probers)
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
         self.upstream: UpstreamClient = dispatcher.upstream

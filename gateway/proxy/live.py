@@ -19,7 +19,9 @@ from gateway.health.pace import is_quiet
 
 
 class Live(Protocol):
-    def on_unit_ejected(self, reason: str) -> None: ...
+    def on_unit_ejected(self, reason: str) -> bool:
+        """True when the stream will break (for resumption) once quiet by its own pace."""
+        ...
 
     def pace(self) -> tuple[float, float | None] | None:
         """(loop time of the last data, the running gap estimate), or None between answers."""
@@ -68,8 +70,6 @@ class LiveStreams:
         return False
 
     def eject(self, unit_id: str, reason: str) -> int:
-        """Tell every stream on the unit; returns how many there were."""
+        """Tell every stream on the unit; returns how many will break for resumption."""
         streams = list(self._by_unit.get(unit_id, ()))
-        for stream in streams:
-            stream.on_unit_ejected(reason)
-        return len(streams)
+        return sum(stream.on_unit_ejected(reason) for stream in streams)

@@ -86,8 +86,9 @@ class _Pump:
                 self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
                 self.mid_event = not data.endswith(b"\n\n")
                 now = self.loop.time()
-                self.itl.observe(now - self.last)
-                self.gap = next_gap(self.gap, now - self.last)
+                gap = now - self.last
+                self.itl.observe(gap)
+                self.gap = next_gap(self.gap, gap)
                 self.last = now
             if self.tracker is not None and self.tracker.error is not None:
                 # Settled here, not through conn.fail(): that ignores errors once the answer
@@ -209,11 +210,13 @@ class StreamRelay:
             return End.TRUNCATED
         return End.COMPLETE
 
-    def on_unit_ejected(self, reason: str) -> None:
+    def on_unit_ejected(self, reason: str) -> bool:
         """The serving unit was ejected: a resumable stream breaks (to be resumed elsewhere)
         once it is quiet by its own pace; one whose tokens keep coming runs to its end."""
-        if self._watchdog is not None and self.tracker is not None:
-            self._watchdog.tighten(reason)
+        if self._watchdog is None or self.tracker is None:
+            return False
+        self._watchdog.tighten(reason)
+        return True
 
     def pace(self) -> tuple[float, float | None] | None:
         watchdog = self._watchdog
@@ -278,7 +281,7 @@ class _IdleWatchdog:
 
     def _check(self) -> None:
         loop = self.conn.loop
-        quiet_since, limit = max(self.conn.last_data, self.pump.last), self._limit()
+        quiet_since, limit = self.pace()[0], self._limit()
         if self.pump.paused or loop.time() - quiet_since < limit:
             self.handle = loop.call_at(max(quiet_since + limit, loop.time() + 0.01), self._check)
             return

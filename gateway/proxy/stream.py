@@ -57,7 +57,7 @@ class StreamSession:
             call.deadline,
             proxy.config.timeouts.idle,
             self.tracker,
-            (proxy.config.resume.ejected_idle, proxy.config.health.pace_factor),
+            (proxy.live.floor, proxy.live.factor),
         )
         try:
             kind = await self._relay(relay, unit, answer, first=True)

@@ -36,8 +36,9 @@ class Stream:
     gap: float | None
     ejected: str | None = None
 
-    def on_unit_ejected(self, reason: str) -> None:
+    def on_unit_ejected(self, reason: str) -> bool:
         self.ejected = reason
+        return True
 
     def pace(self) -> tuple[float, float | None] | None:
         return self.last, self.gap
