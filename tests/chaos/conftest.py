@@ -14,6 +14,7 @@ import pytest
 from tests.chaos.clusters import GatewayProcess, start_gateway, start_simulator
 from tests.chaos.harness import RESUME_ON
 from tests.chaos.report import HEADER, ROWS
+from tests.chaos.simulated import paced
 from tests.support import MODEL, SimProcess, stop_process
 
 
@@ -30,10 +31,7 @@ def simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
 @pytest.fixture
 def sim(simulator: SimProcess) -> SimProcess:
     """The module's simulator, faults cleared, every unit streaming 20 ms apart."""
-    simulator.post("/reset")
-    for unit in simulator.units:
-        simulator.post(f"/units/{unit['id']}/settings", {"ttft_ms": 20, "itl_ms": 20})
-    return simulator
+    return paced(simulator, ttft_ms=20, itl_ms=20)
 
 
 @pytest.fixture

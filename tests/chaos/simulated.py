@@ -21,6 +21,14 @@ def sim_load(gw: GatewayProcess, duration: float = DURATION) -> RunConfig:
     )
 
 
+def paced(sim: SimProcess, ttft_ms: float, itl_ms: float) -> SimProcess:
+    """The simulator with its faults cleared and every unit streaming at this pace."""
+    sim.post("/reset")
+    for unit in sim.units:
+        sim.post(f"/units/{unit['id']}/settings", {"ttft_ms": ttft_ms, "itl_ms": itl_ms})
+    return sim
+
+
 async def node_health(sim: SimProcess, unit: str, rank: int, **mode: object) -> None:
     await asyncio.to_thread(sim.post, f"/units/{unit}/nodes/{rank}/health", mode)
 

@@ -22,7 +22,7 @@ from tests.chaos.clusters import GatewayProcess, start_gateway
 from tests.chaos.harness import Fault, Trace, run_load, send_traced, workload
 from tests.chaos.ops import resumptions
 from tests.chaos.report import Report, conclude
-from tests.chaos.simulated import ejections
+from tests.chaos.simulated import ejections, paced
 from tests.support import MODEL, SimProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -34,21 +34,19 @@ BURST_AT = 3.0
 
 
 @pytest.fixture
-def paced(simulator: SimProcess) -> SimProcess:
-    simulator.post("/reset")
-    for unit in simulator.units:
-        simulator.post(f"/units/{unit['id']}/settings", {"ttft_ms": 50, "itl_ms": 1000})
-    return simulator
+def slow_sim(simulator: SimProcess) -> SimProcess:
+    """One token a second, as a big model serves under load."""
+    return paced(simulator, ttft_ms=50, itl_ms=1000)
 
 
 @pytest.fixture
-def roomy(paced: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
+def roomy(slow_sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
     """Admission sized for the burst (the defaults would answer most of it with 429, which
     is right, but not what this scenario is about); probes with the production timeout."""
     room = BURST + FLOWING
     gw = start_gateway(
         tmp_path,
-        paced,
+        slow_sim,
         MODEL,
         admission={"unit_max_inflight": room, "queue_size": room},
         health={"timeout": 0.2},
@@ -60,7 +58,7 @@ def roomy(paced: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
 
 
 async def test_12_a_burst_of_3000_streams_at_one_token_a_second(
-    paced: SimProcess, roomy: GatewayProcess
+    slow_sim: SimProcess, roomy: GatewayProcess
 ) -> None:
     burst: list[Trace] = []
     resumed_before = await asyncio.to_thread(resumptions, roomy.ops)

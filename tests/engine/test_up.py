@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_runtime_support import free_port
 from tests.engine.test_up_support import Proc, eventually, health, pid_gone, stream_chat, unitgate
+from tests.support import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +34,12 @@ class Up:
         return pids
 
 
-def write_config(path: Path, leader: str, nodes: list[str]) -> None:
+def write_config(path: Path, leader: str, nodes: list[str], ports: tuple[int, int]) -> None:
+    """`ports`: the gateway's and the operator listener's, planned with the units' so that no
+    port 0 bind is handed a unit's port before its node binds it."""
     units = ", ".join(f'"{n}"' for n in nodes)
     path.write_text(
-        "[gateway]\nport = 0\nshutdown_timeout = 5.0\n[metrics]\nport = 0\n"
+        f"[gateway]\nport = {ports[0]}\nshutdown_timeout = 5.0\n[metrics]\nport = {ports[1]}\n"
         '[admin]\nstate_file = ""\n'
         f'[[units]]\nid = "u0"\nleader = "{leader}"\nnodes = [{units}]\n'
     )
@@ -46,12 +48,13 @@ def write_config(path: Path, leader: str, nodes: list[str]) -> None:
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     tmp = tmp_path_factory.mktemp("up")
-    leader, *nodes = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
-    write_config(tmp / "config.toml", leader, nodes)
+    *listeners, leader, leader_health, follower = free_ports(5)
+    leader_url, *nodes = [f"http://127.0.0.1:{p}" for p in (leader, leader_health, follower)]
+    write_config(tmp / "config.toml", leader_url, nodes, (listeners[0], listeners[1]))
     env = {k: v for k, v in os.environ.items() if k != "UNITGATE_ADMIN_TOKEN"}
     args = ("up", "--config", str(tmp / "config.toml"), "--log-dir", str(tmp))
     proc = unitgate(tmp, "up", *args, env=env)
-    running = Up(proc, "", leader, nodes)
+    running = Up(proc, "", leader_url, nodes)
     try:
         running.url = proc.wait_line("unitgate up ready ", 90)
         yield running

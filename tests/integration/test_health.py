@@ -10,9 +10,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,58 +22,13 @@ from gateway.config import UnitConfig
 from gateway.health.probe import Target, probe_node
 from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
-from gateway.observability.events import EventLog
 from gateway.proxy.connection import ConnectionPool
-from gateway.server import Gateway, running
-from gateway.units import BitChange
+from gateway.server import running
+from tests.integration.probing import Traffic, all_probed_ok, probed, until
 from tests.simunits.split import planned_units, start_part, units_toml
-from tests.support import SimProcess, chat_body, gateway_config, sim_stats, stop_process
+from tests.support import SimProcess, gateway_config, sim_stats, stop_process
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "2", "--tokens", "8")
-
-
-@dataclass
-class Probed:
-    gw: Gateway
-    health: HealthSupervisor
-    events: EventLog
-    flips: list[tuple[float, BitChange]] = field(default_factory=list)
-
-    def flip_time(self, unit: str, healthy: bool) -> float:
-        """When the unit last flipped to (or within) routable or not."""
-        return next(t for t, c in reversed(self.flips) if c.unit.id == unit and c.value is healthy)
-
-    def reason(self, unit: str) -> str:
-        return self.gw.units.units[unit].reasons.get("healthy", "")
-
-
-@contextlib.asynccontextmanager
-async def probed(units: list[dict[str, Any]], **health: Any) -> AsyncIterator[Probed]:
-    """A gateway with its units probed (default settings unless overridden)."""
-    config = gateway_config(units, health={"enabled": True, **health})
-    async with running(config) as gw:
-        state = Probed(gw, gw.health, gw.events)
-        loop = asyncio.get_running_loop()
-        gw.units.on_change(
-            lambda c: state.flips.append((loop.time(), c)) if c.bit == "healthy" else None
-        )
-        yield state
-
-
-async def until(ready: Callable[[], bool], within: float, what: str) -> float:
-    """Poll `ready` with a deadline; returns how long it took."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not ready():
-        if loop.time() - start > within:
-            raise AssertionError(f"{what}: not within {within} s")
-        await asyncio.sleep(0.005)
-    return loop.time() - start
-
-
-def all_probed_ok(p: Probed) -> bool:
-    units = p.gw.units.units.values()
-    return all(u.healthy and all(n.healthy for n in u.nodes) for u in units)
 
 
 @dataclass
@@ -102,31 +56,6 @@ def split(tmp_path: Path) -> Iterator[Split]:
             stop_process(lone.proc)
     finally:
         stop_process(main.proc)
-
-
-class Traffic:
-    """Requests sent back to back through the gateway: (loop time sent, status, unit)."""
-
-    def __init__(self, url: str, http: aiohttp.ClientSession) -> None:
-        self.url, self.http = url + "/v1/chat/completions", http
-        self.sent: list[tuple[float, int, str]] = []
-        self._tasks = [asyncio.create_task(self._client()) for _ in range(3)]
-
-    async def _client(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            start = loop.time()
-            try:
-                async with self.http.post(self.url, json=chat_body(stream=False)) as resp:
-                    await resp.read()
-                    self.sent.append((start, resp.status, resp.headers.get("x-unitgate-unit", "")))
-            except aiohttp.ClientError as exc:
-                self.sent.append((start, -1, repr(exc)))
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.wait(self._tasks, timeout=5)
 
 
 @pytest.mark.slow
@@ -321,97 +250,3 @@ async def test_a_timed_out_or_cancelled_probe_closes_its_connection() -> None:
         pool.close()
         server.close()
         await asyncio.wait_for(server.wait_closed(), 5.0)
-
-
-async def test_readyz_is_never_200_while_every_unit_is_dead(http: aiohttp.ClientSession) -> None:
-    """Nothing listens at either unit: /readyz must say so from the very first request on,
-    and requests get 503 no_routable_unit (never a connect error from a unit tried blind)."""
-    dead = [
-        {"id": f"d{i}", "leader": f"http://127.0.0.1:{port}", "nodes": [f"http://127.0.0.1:{port}"]}
-        for i, port in enumerate(unused_ports(2))
-    ]
-    async with probed(dead) as p:
-        loop = asyncio.get_running_loop()
-        until_judged = loop.time() + 2.0
-        statuses = []
-        while loop.time() < until_judged or not all(u.hard for u in p.gw.units.units.values()):
-            async with http.get(p.gw.public_url + "/readyz") as resp:
-                statuses.append(resp.status)
-            assert loop.time() < until_judged + 3.0, "units never judged"
-            await asyncio.sleep(0.01)
-        async with http.post(
-            p.gw.public_url + "/v1/chat/completions", json=chat_body(stream=False)
-        ) as resp:
-            answer = (resp.status, (await resp.json())["error"]["code"])
-    assert len(statuses) > 50 and set(statuses) == {503}
-    assert answer == (503, "no_routable_unit")
-
-
-async def test_a_unit_added_at_run_time_gets_no_request_before_its_first_good_round(
-    clean_sim: SimProcess, http: aiohttp.ClientSession
-) -> None:
-    u1 = clean_sim.units[1]
-    async with probed(clean_sim.units[:1]) as p:
-        await until(lambda: all_probed_ok(p), 2.0, "first probes")
-        traffic = Traffic(p.gw.public_url, http)
-        try:
-            await until(lambda: len(traffic.sent) >= 10, 5.0, "traffic flowing")
-            config = UnitConfig(id="u1", leader=u1["leader"], nodes=tuple(u1["nodes"]))
-            p.gw.units.add(config)
-            await until(lambda: p.gw.units.units["u1"].routable, 2.0, "u1 routable")
-            let_in = p.flip_time("u1", True)
-            sent = len(traffic.sent)
-            await until(lambda: len(traffic.sent) >= sent + 30, 5.0, "traffic after")
-        finally:
-            await traffic.stop()
-    early = [unit for at, _, unit in traffic.sent if at < let_in and unit == "u1"]
-    assert early == []
-    assert "u1" in {unit for at, _, unit in traffic.sent if at > let_in}
-    assert {status for _, status, _ in traffic.sent} == {200}
-
-
-async def test_panic_routing_keeps_serving_when_probes_time_out_everywhere(
-    clean_sim: SimProcess, http: aiohttp.ClientSession
-) -> None:
-    """Both units idle, then every probe times out: nothing vouches for them, so they go out
-    on soft evidence, and panic routing keeps them serving. The traffic it lets through then
-    vouches for them: they come back as slow, and the panic ends."""
-    units = clean_sim.units[:2]
-    async with probed(units, timeout=0.1) as p:
-        await until(lambda: all_probed_ok(p), 2.0, "first probes")
-        for unit in units:
-            for rank in range(len(unit["nodes"])):
-                clean_sim.post(
-                    f"/units/{unit['id']}/nodes/{rank}/health", {"mode": "slow", "delay_ms": 300}
-                )
-        registry = p.gw.units
-        await until(lambda: "unitgate-sim" in registry.panic, 3.0, "panic routing")
-        assert all(u.health is Health.UNHEALTHY and not u.hard for u in registry.units.values())
-        text = p.gw.metrics.render().decode()
-        assert 'unitgate_panic_routing{model="unitgate-sim"} 1.0' in text
-        traffic = Traffic(p.gw.public_url, http)
-        try:
-            await until(lambda: len(traffic.sent) >= 20, 5.0, "served under panic")
-            await until(
-                lambda: all(u.health is Health.SLOW for u in registry.units.values()),
-                5.0,
-                "back as slow once their traffic vouches for them",
-            )
-            assert registry.panic == {}
-        finally:
-            await traffic.stop()
-        whats = [e.what for e in p.events.recent(unit="model:unitgate-sim")]
-    assert whats[:2] == ["panic", "panic over"]
-    assert {status for _, status, _ in traffic.sent} == {200}
-
-
-def unused_ports(n: int) -> list[int]:
-    """Ports nothing listens on (bound, then released: a refused connection, not a hang)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
