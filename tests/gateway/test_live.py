@@ -1,0 +1,178 @@
+"""LiveStreams on an explicit clock: streams in flight per unit, what an ejection reaches, and
+whether a unit's traffic flows (an answer that began lately, or a stream keeping its own pace
+by the rule in health/pace.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from gateway.health.pace import is_quiet
+from gateway.proxy.live import LiveStreams
+
+FLOOR, FACTOR = 1.0, 4.0
+
+
+@dataclass(eq=False)
+class Stream:
+    """A relay as LiveStreams sees it; `last` None is a stream between two answers."""
+
+    last: float | None = None
+    gap: float | None = None
+    breaks: bool = True  # what it answers to an ejection
+    told: list[str] = field(default_factory=list)
+    asked: int = 0  # how often its pace was read
+    live: LiveStreams | None = None  # set: it leaves `live` when told (as a finished relay does)
+    unit: str = "u0"
+
+    def on_unit_ejected(self, reason: str) -> bool:
+        self.told.append(reason)
+        if self.live is not None:
+            self.live.discard(self.unit, self)
+        return self.breaks
+
+    def pace(self) -> tuple[float, float | None] | None:
+        self.asked += 1
+        return None if self.last is None else (self.last, self.gap)
+
+
+def test_streams_are_counted_per_unit_and_in_all() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    a, b, c = Stream(), Stream(), Stream()
+    assert live.count() == 0 and live.count("u0") == 0
+    live.add("u0", a)
+    live.add("u0", b)
+    live.add("u0", a)  # the same stream once
+    live.add("u1", c)
+    assert (live.count("u0"), live.count("u1"), live.count("u2"), live.count()) == (2, 1, 0, 3)
+    live.discard("u0", a)
+    assert (live.count("u0"), live.count()) == (1, 2)
+    live.discard("u0", b)
+    assert (live.count("u0"), live.count("u1"), live.count()) == (0, 1, 1)
+    # A unit's last stream gone takes its entry along: no empty set per unit ever served.
+    assert "u0" not in live._by_unit
+
+
+def test_discarding_a_stream_that_is_not_there_changes_nothing() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    kept, stranger = Stream(), Stream()
+    live.add("u0", kept)
+    live.discard("u0", stranger)  # not on the unit
+    live.discard("u1", kept)  # on another unit
+    live.discard("u9", stranger)  # a unit never seen
+    assert (live.count("u0"), live.count()) == (1, 1)
+    assert set(live._by_unit) == {"u0"}  # no entry made for u1 or u9
+    live.discard("u0", kept)
+    live.discard("u0", kept)  # twice: still fine
+    assert live.count() == 0
+
+
+def test_an_answer_that_began_within_the_floor_vouches_for_its_unit() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    assert not live.flowing("u0", 10.0)
+    live.began("u0", 10.0)
+    assert live.count("u0") == 0  # an answer began; no stream is added by it
+    assert live.flowing("u0", 10.0)
+    assert live.flowing("u0", 11.0)  # the floor itself still counts
+    assert not live.flowing("u0", 11.25)
+    assert not live.flowing("u1", 10.5)  # per unit
+    live.began("u0", 12.0)  # the latest answer is the one that counts
+    assert live.flowing("u0", 12.75)
+    live.began("u1", 12.0)
+    live.forget("u0")  # the unit was removed
+    assert not live.flowing("u0", 12.5)
+    assert live.flowing("u1", 12.5)
+
+
+def test_began_uses_the_floor_it_was_built_with() -> None:
+    live = LiveStreams(0.25, FACTOR)
+    live.began("u0", 10.0)
+    assert live.flowing("u0", 10.25) and not live.flowing("u0", 10.5)
+
+
+@pytest.mark.parametrize(
+    ("gap", "quiet_after"),
+    [
+        (None, FLOOR),  # no gap seen yet: the floor
+        (0.01, FLOOR),  # a fast stream: never quiet sooner than the floor
+        (0.5, 0.5 * FACTOR),  # a slow one: FACTOR of its own gap
+    ],
+)
+def test_a_stream_vouches_for_its_unit_until_quiet_by_its_own_pace(
+    gap: float | None, quiet_after: float
+) -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    live.add("u0", Stream(last=10.0, gap=gap))
+    assert live.flowing("u0", 10.0)
+    assert live.flowing("u0", 10.0 + quiet_after - 0.25)
+    assert live.flowing("u0", 10.0 + quiet_after)  # quiet only once past it
+    assert not live.flowing("u0", 10.0 + quiet_after + 0.25)
+
+
+def test_flowing_is_the_pace_rule_with_the_configured_floor_and_factor() -> None:
+    floor, factor = 0.5, 2.0
+    live = LiveStreams(floor, factor)
+    stream = Stream()
+    live.add("u0", stream)
+    for gap in (None, 0.05, 0.2, 0.3, 1.0):
+        for last in (0.0, 3.0):
+            stream.last, stream.gap = last, gap
+            for now in (3.0, 3.25, 3.5, 3.625, 4.0, 5.0, 6.5):
+                quiet = is_quiet(now, last, gap, floor, factor)
+                assert live.flowing("u0", now) is not quiet, (gap, last, now)
+    stream.last, stream.gap = 10.0, 0.5
+    assert live.flowing("u0", 10.875) and not live.flowing("u0", 11.125)  # 2 x 0.5, not 4 x
+
+
+def test_one_stream_keeping_pace_is_enough_and_a_stream_between_answers_is_none() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    idle, stalled, paced = Stream(), Stream(last=5.0, gap=0.02), Stream(last=9.0, gap=1.0)
+    live.add("u0", idle)
+    live.add("u0", stalled)
+    assert not live.flowing("u0", 10.0)
+    live.add("u0", paced)
+    assert live.flowing("u0", 10.0)  # 1 s after a token that comes about every second
+    live.discard("u0", paced)
+    assert not live.flowing("u0", 10.0)
+
+
+def test_flowing_reads_only_the_asked_units_streams() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    mine, other = Stream(last=9.5), Stream(last=9.5)
+    live.add("u0", mine)
+    live.add("u1", other)
+    assert live.flowing("u0", 10.0)
+    assert mine.asked == 1 and other.asked == 0
+
+
+def test_an_ejection_tells_every_stream_on_the_unit_and_counts_those_that_will_break() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    resumable, plain, elsewhere = Stream(), Stream(breaks=False), Stream()
+    live.add("u0", resumable)
+    live.add("u0", plain)
+    live.add("u1", elsewhere)
+    assert live.eject("u0", "probes failed") == 1
+    assert resumable.told == plain.told == ["probes failed"] and elsewhere.told == []
+    assert live.count("u0") == 2  # told, not removed: each leaves when its relay ends
+    assert live.eject("u9", "never seen") == 0
+
+
+def test_a_stream_that_leaves_while_told_of_an_ejection_does_not_upset_it() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    leaving = [Stream(live=live) for _ in range(3)]
+    for stream in leaving:
+        live.add("u0", stream)
+    assert live.eject("u0", "stalled") == 3
+    assert all(s.told == ["stalled"] for s in leaving)
+    assert live.count() == 0
+
+
+def test_forgetting_a_unit_leaves_its_streams_alone() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    stream = Stream(last=10.0)
+    live.add("u0", stream)
+    live.began("u0", 10.0)
+    live.forget("u0")
+    assert live.count("u0") == 1 and live.flowing("u0", 10.5)
+    live.forget("u9")  # a unit never seen
