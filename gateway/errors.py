@@ -82,7 +82,9 @@ class UpstreamError(GatewayError):
         self.kind = kind
         self.retryable = retryable
         self.upstream_status = status
-        self.status = 504 if kind.timeout else 502
+        # LOCAL: the gateway's own limits (open files, upstream connections) ran out, not the
+        # unit: the service, not the upstream, is what is unavailable.
+        self.status = 504 if kind.timeout else 503 if kind is Failure.LOCAL else 502
 
 
 def error_body(

@@ -30,6 +30,7 @@ from gateway.observability.events import EventLog
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
+from gateway.observability.request_tracing import TracingObserver
 from gateway.observability.tracing import Tracing
 from gateway.oslimits import stream_budget
 from gateway.proxy.dispatch import Dispatcher
@@ -59,7 +60,7 @@ class Gateway:
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
         # Streams in flight per unit: ejections reach them, and they vouch for a slow unit.
-        self.live = LiveStreams(config.resume.ejected_idle, config.health.pace_factor)
+        self.live = LiveStreams(config.health.traffic_window, config.health.pace_factor)
         self.units.on_membership(self._membership)
         self.units.on_panic(lambda change: _log_panic(self.events, change))
         self.health = HealthSupervisor(
@@ -72,6 +73,9 @@ class Gateway:
         t, h = config.timeouts, config.health
         feed = BreakerFeed(self.breakers.record, self.live.flowing, t.idle, h.pace_factor)
         self.signals.subscribe(feed)
+        self.signals.subscribe(self.live)  # an answer that opened: its unit serves
+        if self.tracing.enabled:
+            self.signals.subscribe(TracingObserver(self.tracing))
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
         self.admin = (
@@ -94,7 +98,7 @@ class Gateway:
         self.lag.start()
         self._upstream = UpstreamClient(self.config, self.lag)
         dispatcher = Dispatcher(
-            self.config, self.units, self.admission, self._upstream, self.signals, self.tracing
+            self.config, self.units, self.admission, self._upstream, self.signals
         )
         self.breakers.start()
         await self.health.start()

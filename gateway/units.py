@@ -25,6 +25,7 @@ from typing import Literal
 from gateway.config import Config, UnitConfig
 from gateway.health.states import Health
 from gateway.routing.affinity import hash_key
+from gateway.shares import below_share
 
 Bit = Literal["healthy", "admitting", "enabled", "draining"]
 
@@ -140,7 +141,6 @@ class UnitState:
 
 Snapshot = MappingProxyType[str, tuple[UnitState, ...]]
 Listener = Callable[[BitChange], None]
-_EPSILON = 1e-9  # share * units is a float: 0.5 * 4 must still mean 2
 
 
 @dataclass
@@ -275,8 +275,7 @@ class UnitRegistry:
                     spare[model].append(unit)
         panic: dict[str, str] = {}
         for model, units in by_model.items():
-            floor = self._panic_threshold * serving[model]
-            if spare[model] and len(units) < floor - _EPSILON:
+            if spare[model] and below_share(len(units), self._panic_threshold, serving[model]):
                 panic[model] = (
                     f"{len(units)} of {serving[model]} units in service routable, below the "
                     f"panic threshold ({self._panic_threshold:g}): routing across "

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gateway.config import BreakerConfig
-
-_EPSILON = 1e-9  # share * total is a float; 0.57 * 100 must still allow 57 ejections
+from gateway.shares import above_share
 
 
 class BreakerState(StrEnum):
@@ -248,6 +247,6 @@ class BreakerBoard:
         """Probing units count as ejected: they are not fully in service."""
         ejected = sum(b.state is not BreakerState.ADMITTING for b in self._breakers.values())
         total = len(self._breakers)
-        if ejected + 1 > self.config.max_ejected_share * total + _EPSILON:
+        if above_share(ejected + 1, self.config.max_ejected_share, total):
             return breaker.suppress(reason, (ejected, total), now)
         return breaker.eject(reason, now)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from gateway.errors import UpstreamError
 from gateway.health.classify import Evidence, attempt_failure, stream_end
 from gateway.outcomes import End
+from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
 
@@ -29,12 +30,14 @@ class BreakerFeed(Observer):
         self.record, self.traffic = record, traffic
         self.idle, self.pace_factor = idle, pace_factor
 
-    def attempt_failed(self, unit: UnitState, error: UpstreamError, started: float) -> None:
+    def attempt_failed(
+        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+    ) -> None:
         flowing = self.traffic(unit.id, asyncio.get_running_loop().time())
         if attempt_failure(error.kind, flowing) is Evidence.FAILURE:
             self.record(unit, False, started)
 
-    def answer_ended(self, unit: UnitState, end: End, gap: float | None, started: float) -> None:
+    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         evidence = stream_end(end, gap, self.idle, self.pace_factor)
         if evidence is not Evidence.NONE:
-            self.record(unit, evidence is Evidence.OK, started)
+            self.record(unit, evidence is Evidence.OK, call.start)

@@ -12,6 +12,7 @@ import logging
 from gateway.errors import UpstreamError
 from gateway.observability.events import EventLog
 from gateway.outcomes import End
+from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
 
@@ -22,15 +23,17 @@ class AuditObserver(Observer):
     def __init__(self, events: EventLog | None) -> None:
         self.events = events
 
-    def attempt_failed(self, unit: UnitState, error: UpstreamError, started: float) -> None:
+    def attempt_failed(
+        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+    ) -> None:
         log.warning("attempt failed: %s", error.message)
 
-    def answer_ended(self, unit: UnitState, end: End, gap: float | None, started: float) -> None:
+    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         if end is not End.COMPLETE and end is not End.CLIENT_GONE:
             log.warning("stream from unit %s broke after the first byte: %s", unit.id, end)
 
-    def resumed(self, broken: UnitState, outcome: str, rid: str, detail: str) -> None:
-        what, reason = f"resume_{outcome}", f"request {rid}: {detail}"
+    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+        what, reason = f"resume_{outcome}", f"request {call.rid}: {detail}"
         if self.events is not None:
             self.events.record(broken.id, what, reason, "gateway")
         else:

@@ -192,9 +192,16 @@ class ConnectionPool:
         self._ssl: ssl.SSLContext | None = None
         self._all: set[UpstreamConnection] = set()
 
-    async def acquire(self, endpoint: Endpoint) -> UpstreamConnection:
+    async def reserve(self) -> None:
+        """Wait for one of the `limit` connection slots (at once without a limit); the next
+        `acquire(reserved=True)` uses it. Apart from `acquire` so that a caller can tell the
+        gateway's own wait from the unit's connect."""
         if self._limit is not None:
             await self._limit.acquire()
+
+    async def acquire(self, endpoint: Endpoint, *, reserved: bool = False) -> UpstreamConnection:
+        if not reserved:
+            await self.reserve()
         try:
             return self._reuse(endpoint) or await self._connect(endpoint)
         except BaseException:

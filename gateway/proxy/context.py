@@ -1,13 +1,11 @@
 """What every phase of the request path shares, built once by the handler.
 
-The phases (dispatch, the stream's relay and resumption) take this instead of the handler,
-so no phase imports the module above it: the handler sequences the phases, the phases never
-reach back into the handler.
+The phases (the stream's relay and resumption) take this instead of the handler, so no
+phase imports the module above it: the handler sequences the phases, the phases never reach
+back into the handler. What is particular to one request is on its Call, not here.
 """
 
 from __future__ import annotations
-
-import asyncio
 
 from gateway.config import Config
 from gateway.proxy.dispatch import Dispatcher
@@ -23,6 +21,3 @@ class ProxyContext:
         self.config, self.dispatcher, self.live = config, dispatcher, live
         self.upstream: UpstreamClient = dispatcher.upstream
         self.signals: Signals = dispatcher.signals
-
-    def finished(self, unit_id: str, status: int, start: float) -> None:
-        self.signals.finished(unit_id, status, asyncio.get_running_loop().time() - start)

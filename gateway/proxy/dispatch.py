@@ -14,54 +14,13 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_non
 
 from gateway.config import Config
 from gateway.errors import Overloaded, UpstreamError
-from gateway.observability.tracing import Span, Tracing, end_span
-from gateway.proxy.lease import Lease
+from gateway.proxy.call import Call
 from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import Answer, UpstreamClient
-from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
 from gateway.routing.balance import choose
 from gateway.routing.budget import CauseBudget, RetryBudget
 from gateway.units import UnitRegistry, UnitState
-
-
-class Call:
-    """One request's journey over units: what to send, and which units failed it so far."""
-
-    __slots__ = (
-        "attempts",
-        "body",
-        "deadline",
-        "first_byte",
-        "info",
-        "key",
-        "last_error",
-        "lease",
-        "path",
-        "rid",
-        "span",
-        "tried",
-    )
-
-    def __init__(
-        self,
-        path: str,
-        body: bytes,
-        info: RequestInfo,
-        key: int | None,
-        rid: str,
-        deadline: float,
-        lease: Lease,
-        span: Span | None = None,
-    ) -> None:
-        self.path, self.body, self.info, self.key, self.rid = path, body, info, key, rid
-        self.deadline = deadline
-        self.lease = lease  # the admission slot of the unit serving it now, if any
-        self.span = span  # the request's trace span, when tracing is on
-        self.first_byte = 0.0
-        self.attempts = 0
-        self.tried: list[UnitState] = []
-        self.last_error: UpstreamError | None = None
 
 
 class Dispatcher:
@@ -72,11 +31,9 @@ class Dispatcher:
         admission: Admission,
         upstream: UpstreamClient,
         signals: Signals,
-        tracing: Tracing,
         rng: Random | None = None,
     ) -> None:
         self.config = config
-        self.tracing = tracing
         self.units = units
         self.admission = admission
         self.upstream = upstream
@@ -92,11 +49,12 @@ class Dispatcher:
         return await self._open(call)
 
     async def resume(self, call: Call, cause: tuple[str, str] | None) -> tuple[UnitState, Answer]:
-        """Open the continuation of a stream that broke after its first byte, on a unit not in
-        `call.tried`. A break the unit caused (`cause` = its id and the failure kind) is paid
-        from the retry budget once per cause (budget.CauseBudget): a failing fleet must not
-        double its load by resuming, but one dead leader must not drain the budget either. A
-        break the gateway made itself (`cause` None: the unit was ejected) is free."""
+        """Open the continuation of a stream that broke after its first byte (what the call
+        sends now: `Call.continue_with`), on a unit not in `call.tried`. A break the unit
+        caused (`cause` = its id and the failure kind) is paid from the retry budget once per
+        cause (budget.CauseBudget): a failing fleet must not double its load by resuming, but
+        one dead leader must not drain the budget either. A break the gateway made itself
+        (`cause` None: the unit was ejected) is free."""
         now = asyncio.get_running_loop().time()
         if cause is not None and not self.resumptions.withdraw(cause, now):
             self.signals.budget_exhausted()
@@ -131,28 +89,27 @@ class Dispatcher:
     async def _attempt(self, call: Call) -> tuple[UnitState, Answer]:
         unit = await self._admit(call)
         call.attempts += 1
-        span = traceparent = None
-        if call.span is not None:
-            span, traceparent = self.tracing.attempt_span(call.span, unit.id, call.attempts)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        self.signals.attempt_started(call, unit)
+        started = asyncio.get_running_loop().time()
         try:
             first_byte_at = min(started + call.first_byte, call.deadline)
             answer = await self.upstream.open(
-                unit.id, unit.leader, call.path, call.body, call.rid, first_byte_at, traceparent
+                unit.id,
+                unit.leader,
+                call.send_path,
+                call.send_body,
+                call.rid,
+                first_byte_at,
+                call.traceparent,
             )
         except BaseException as exc:
             call.lease.drop()
             if isinstance(exc, UpstreamError):
                 call.tried.append(unit)
                 call.last_error = exc
-                self.signals.attempt_failed(unit, exc, started)
-            if span is not None:
-                end_span(span, _outcome(exc), error=True)
-            raise
-        if span is not None:
-            span.set_attribute("http.response.status_code", answer.status)
-            end_span(span, "ok", error=False)
+                self.signals.attempt_failed(call, unit, exc, started)
+            raise  # anything else (the client left: CancelledError) ends the request
+        self.signals.attempt_opened(call, unit, answer.status)
         return unit, answer
 
     async def _admit(self, call: Call) -> UnitState:
@@ -188,12 +145,6 @@ class Dispatcher:
             return False
         self.signals.retried(exc.kind)
         return True
-
-
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, UpstreamError):
-        return exc.kind
-    return "cancelled" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
 
 
 def _failure(rs: RetryCallState) -> BaseException | None:

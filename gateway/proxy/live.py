@@ -13,9 +13,13 @@ read and the stream's own gap), so the request path pays nothing for it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from gateway.health.pace import is_quiet
+from gateway.proxy.call import Call
+from gateway.proxy.signals import Observer
+from gateway.units import UnitState
 
 
 class Live(Protocol):
@@ -28,7 +32,10 @@ class Live(Protocol):
         ...
 
 
-class LiveStreams:
+class LiveStreams(Observer):
+    """Subscribed to the request path's signals for one of them: an answer that opened in
+    time is the newest proof that its unit serves (`flowing`)."""
+
     def __init__(self, floor: float, factor: float) -> None:
         self.floor, self.factor = floor, factor
         self._by_unit: dict[str, set[Live]] = {}
@@ -43,6 +50,9 @@ class LiveStreams:
             streams.discard(stream)
             if not streams:
                 del self._by_unit[unit_id]
+
+    def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
+        self.began(unit.id, asyncio.get_running_loop().time())
 
     def began(self, unit_id: str, now: float) -> None:
         """An answer from the unit started (its first byte arrived within its timeout)."""

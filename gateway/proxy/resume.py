@@ -1,106 +1,98 @@
-"""Which streams can be resumed on another unit, and the request that continues them.
+"""Resumption, the phase after a stream broke past its first byte: continue it, or end it.
 
-A broken stream is continued as a plain completion of `prompt ids + generated ids`: the
-leader's own prompt ids already hold the rendered chat template, so the new unit continues
-the very token sequence the first one was producing. With greedy decoding the client's text is
-then identical to an uninterrupted answer.
+The tracker knows the prompt ids and the tokens the client already has; the dispatcher opens
+a continuation (continuation.py builds its body) on a unit not yet tried, paid from the retry
+budget once per cause. When the stream cannot go on (the request or the unit does not allow
+it, the resume limit, the budget, no unit left) it is ended here with an explicit SSE error
+event and [DONE], never a silent truncation; a stream that only missed its closing is closed.
 
-What cannot be continued that way is excluded up front (the stream is relayed as before):
-several choices, logprobs (the new unit would score a different prefix), tool calls and
-structured output (parsed from the whole answer by the engine, not by the gateway), echo and
-suffix. Only the sampling fields a completion understands travel to the continuation: a
-chat-only field could be refused by the completions endpoint mid-answer.
+The broken unit's admission slot is given back before the continuation waits for another, so
+a resumed stream never holds two slots.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
-
-# Fields whose presence (with a truthy value) rules resumption out; see the module docstring.
-_EXCLUDED = (
-    "tools",
-    "functions",
-    "response_format",
-    "logprobs",
-    "top_logprobs",
-    "echo",
-    "suffix",
-    "best_of",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-)
-
-# Sampling fields copied to the continuation unchanged (`min_tokens` is adjusted).
-_SAMPLING = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "include_stop_str_in_output",
-    "user",
-)
-
-# OpenAI's (and the builtin engine's, and vLLM's) default for /v1/completions.
-COMPLETION_DEFAULT_MAX_TOKENS = 16
+from gateway.errors import GatewayError
+from gateway.outcomes import End
+from gateway.proxy.call import Call
+from gateway.proxy.context import ProxyContext
+from gateway.proxy.continuation import continuation, max_new_tokens
+from gateway.proxy.relay import StreamRelay
+from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.upstream import Answer
+from gateway.units import UnitState
 
 
-def resumable(data: dict[str, Any], chat: bool) -> bool:
-    """True when a broken stream of this request can be continued token-exactly."""
-    if not data.get("stream") or data.get("n") not in (None, 1):  # null: OpenAI's default, 1
-        return False
-    if any(data.get(name) for name in _EXCLUDED):
-        return False
-    if chat:
-        return True
-    prompt = data.get("prompt")
-    return isinstance(prompt, str) or (
-        isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+async def resume(
+    proxy: ProxyContext, call: Call, relay: StreamRelay, end: End
+) -> tuple[UnitState, Answer] | None:
+    """The continuation's unit and answer (the call now served by it), or None once the
+    stream is ended: closed cleanly or with an error event."""
+    broken, tracker = call.unit, call.tracker
+    assert broken is not None and call.lease.unit is broken
+    call.lease.drop()
+    if tracker is None or end is End.TOTAL_TIMEOUT:
+        await relay.fail(end)
+        return None
+    if tracker.finish_reason is not None:  # only the usage chunk and [DONE] were missing
+        await _close(relay, tracker.closing())
+        return None
+    refusal = _refusal(proxy, call, tracker, broken)
+    if refusal is not None:
+        await relay.fail(end, refusal)
+        return None
+    total = max_new_tokens(call.data, tracker.chat)
+    remaining = None if total is None else total - tracker.committed
+    if remaining is not None and remaining <= 0:  # every token was relayed but the finish
+        await _close(relay, tracker.closing("length"))
+        return None
+    prompt = tracker.resume_point()
+    assert prompt is not None  # capable units gave their prompt ids
+    call.continue_with(
+        continuation(call.data, call.info.model, prompt, remaining, tracker.committed), broken
     )
+    try:
+        cause = None if end is End.UNIT_EJECTED else (broken.id, end.value)
+        unit, answer = await proxy.dispatcher.resume(call, cause)
+    except GatewayError as exc:
+        _resumed(proxy, call, broken, "gave_up", f"{end}: no continuation ({exc.message})")
+        await relay.fail(end, exc.message)
+        return None
+    if not answer.streaming or answer.status != 200:  # refused: a 4xx, or not a stream
+        call.lease.drop()
+        proxy.upstream.finish(answer)  # a streamed refusal's connection is not left open
+        detail = f"unit {unit.id} answered HTTP {answer.status}: {_excerpt(answer.first)}"
+        _resumed(proxy, call, broken, "gave_up", f"{end}: {detail}")
+        await relay.fail(end, detail)
+        return None
+    tracker.begin_continuation()
+    call.unit = unit
+    detail = f"{end}: continued on {unit.id} after {tracker.committed} tokens"
+    _resumed(proxy, call, broken, "ok", detail)
+    return unit, answer
 
 
-def with_token_ids(data: dict[str, Any]) -> bytes:
-    """The body to send the first unit: the client's, asking for token ids as well."""
-    return orjson.dumps({**data, "return_token_ids": True})
+def _refusal(
+    proxy: ProxyContext, call: Call, tracker: StreamTracker, broken: UnitState
+) -> str | None:
+    if not tracker.capable:
+        _resumed(proxy, call, broken, "unsupported", "the unit returned no token ids")
+        return f"unit {broken.id} returns no token ids"
+    limit = proxy.config.resume.max_resumes
+    if tracker.resumes >= limit:
+        _resumed(proxy, call, broken, "gave_up", f"resume limit ({limit}) reached")
+        return f"the stream was already resumed {tracker.resumes} time(s)"
+    return None
 
 
-def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:
-    """The request's output budget, None when it is the model's remaining context."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = data.get(name)
-        if isinstance(value, int):
-            return value
-    return None if chat else COMPLETION_DEFAULT_MAX_TOKENS
+def _resumed(proxy: ProxyContext, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+    proxy.signals.resumed(call, broken, outcome, detail)
 
 
-def continuation(
-    data: dict[str, Any], model: str, prompt: list[int], remaining: int | None, done: int
-) -> bytes:
-    """A streamed /v1/completions request continuing after `done` committed tokens."""
-    body: dict[str, Any] = {"model": model, "prompt": prompt}
-    for name in _SAMPLING:
-        if name in data:
-            body[name] = data[name]
-    min_tokens = data.get("min_tokens")
-    if isinstance(min_tokens, int) and min_tokens > done:
-        body["min_tokens"] = min_tokens - done
-    if remaining is not None:
-        body["max_tokens"] = remaining
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
-    body["return_token_ids"] = True
-    return orjson.dumps(body)
+async def _close(relay: StreamRelay, tail: bytes) -> None:
+    if await relay.write(tail):
+        await relay.finish()
+
+
+def _excerpt(body: bytes) -> str:
+    return body[:200].decode("utf-8", "replace")

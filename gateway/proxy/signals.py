@@ -1,11 +1,12 @@
 """The request path's lifecycle, as signals its observers subscribe to.
 
-The request path says what happened (an attempt failed, the first byte came, a stream broke,
-it was resumed, the request finished) and nothing else: metrics, the events log, the logs and
-the breaker's feed subscribe (as aiohttp's tracing signals do), so none of them reaches into
-the path and the path imports none of them. Hooks run synchronously on the event loop, in the
-request's own task, once per event, never per token: the one per-token sink (`token_gaps`) is
-asked for once per answer and handed to the relay.
+The request path says what happened (an attempt started, failed or was answered, the first
+byte came, a stream broke, it was resumed, the request ended) and nothing else: metrics,
+tracing, the events log, the logs and the breaker's feed subscribe (as aiohttp's tracing
+signals do), so none of them reaches into the path and the path imports none of them. Hooks
+run synchronously on the event loop, in the request's own task, once per event, never per
+token: the one per-token sink (`token_gaps`) is asked for once per answer and handed to the
+relay.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol
 
 from gateway.errors import UpstreamError
 from gateway.outcomes import End, Failure
+from gateway.proxy.call import Call
 from gateway.units import UnitState
 
 
@@ -34,15 +36,30 @@ DISCARD = _Discard()
 
 
 class Observer:
-    """One subscriber: override the hooks it needs; the others do nothing."""
+    """One subscriber: override the hooks it needs; the others do nothing.
 
-    def refused(self, status: int) -> None:
-        """Answered with an error before reaching any unit (bad input, overload)."""
+    Every hook but `rejected`, `retried` and `budget_exhausted` gets the request's Call; an
+    observer keeps per-request state in it only through `call.trace` (the tracing observer's
+    slot), never in its own tables, so nothing leaks when a request ends abnormally."""
+
+    def received(self, call: Call) -> None:
+        """A request arrived (its path, id, headers and arrival time are known)."""
+
+    def validated(self, call: Call) -> None:
+        """Intake accepted it: its body, model and routing key are known."""
 
     def rejected(self, code: str) -> None:
         """Admission said no: `saturated` (429) or `no_routable_unit` (503)."""
 
-    def attempt_failed(self, unit: UnitState, error: UpstreamError, started: float) -> None:
+    def attempt_started(self, call: Call, unit: UnitState) -> None:
+        """An attempt at `unit` is about to be sent (`call.attempts` counts it)."""
+
+    def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
+        """`unit` answered the attempt in time, with `status` (its first bytes are in hand)."""
+
+    def attempt_failed(
+        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+    ) -> None:
         """An attempt at `unit` failed before its first byte (`started`: loop time)."""
 
     def retried(self, kind: Failure) -> None:
@@ -51,23 +68,22 @@ class Observer:
     def budget_exhausted(self) -> None:
         """A retry or resumption was refused by the retry budget."""
 
-    def first_byte(self, unit: UnitState, ttft: float) -> None:
+    def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
         """The answer's first bytes came, `ttft` seconds after the request arrived."""
 
-    def answer_ended(self, unit: UnitState, end: End, gap: float | None, started: float) -> None:
+    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         """One answer from `unit` ended (a request's, or a continuation's): `gap` is the
-        stream's own gap estimate (None for a non-streamed answer), `started` the request's
-        arrival (loop time)."""
+        stream's own gap estimate (None for a non-streamed answer)."""
 
-    def cancelled(self, unit_id: str) -> None:
-        """The client went away (`unit_id` "none": before any unit served it)."""
-
-    def resumed(self, broken: UnitState, outcome: str, rid: str, detail: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
         """A stream broken on `broken` was continued elsewhere (`ok`) or ended
         (`gave_up`, `unsupported`)."""
 
-    def finished(self, unit_id: str, status: int, duration: float) -> None:
-        """The request's answer is over, served by `unit_id`."""
+    def ended(self, call: Call) -> None:
+        """The request is over, once, whatever ended it: `call.status` is what the client
+        got (None if it never got a status), `call.unit` who served it (None: refused before
+        any unit answered), `call.error` the exception that ended it instead (a
+        CancelledError when the client went away mid-request)."""
 
     def token_gaps(self, unit_id: str) -> GapSink | None:
         """Where the relay records the gaps between one unit's chunks (the hot path)."""
@@ -83,17 +99,31 @@ class Signals(Observer):
     def subscribe(self, observer: Observer) -> None:
         self._observers.append(observer)
 
-    def refused(self, status: int) -> None:
+    def received(self, call: Call) -> None:
         for o in self._observers:
-            o.refused(status)
+            o.received(call)
+
+    def validated(self, call: Call) -> None:
+        for o in self._observers:
+            o.validated(call)
 
     def rejected(self, code: str) -> None:
         for o in self._observers:
             o.rejected(code)
 
-    def attempt_failed(self, unit: UnitState, error: UpstreamError, started: float) -> None:
+    def attempt_started(self, call: Call, unit: UnitState) -> None:
         for o in self._observers:
-            o.attempt_failed(unit, error, started)
+            o.attempt_started(call, unit)
+
+    def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
+        for o in self._observers:
+            o.attempt_opened(call, unit, status)
+
+    def attempt_failed(
+        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+    ) -> None:
+        for o in self._observers:
+            o.attempt_failed(call, unit, error, started)
 
     def retried(self, kind: Failure) -> None:
         for o in self._observers:
@@ -103,25 +133,21 @@ class Signals(Observer):
         for o in self._observers:
             o.budget_exhausted()
 
-    def first_byte(self, unit: UnitState, ttft: float) -> None:
+    def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
         for o in self._observers:
-            o.first_byte(unit, ttft)
+            o.first_byte(call, unit, ttft)
 
-    def answer_ended(self, unit: UnitState, end: End, gap: float | None, started: float) -> None:
+    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         for o in self._observers:
-            o.answer_ended(unit, end, gap, started)
+            o.answer_ended(call, unit, end, gap)
 
-    def cancelled(self, unit_id: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
         for o in self._observers:
-            o.cancelled(unit_id)
+            o.resumed(call, broken, outcome, detail)
 
-    def resumed(self, broken: UnitState, outcome: str, rid: str, detail: str) -> None:
+    def ended(self, call: Call) -> None:
         for o in self._observers:
-            o.resumed(broken, outcome, rid, detail)
-
-    def finished(self, unit_id: str, status: int, duration: float) -> None:
-        for o in self._observers:
-            o.finished(unit_id, status, duration)
+            o.ended(call)
 
     def token_gaps(self, unit_id: str) -> GapSink:
         """The first subscriber's sink (one per answer, asked once), else one that discards."""

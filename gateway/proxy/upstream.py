@@ -43,6 +43,7 @@ class UpstreamClient:
         self.pool = ConnectionPool(
             config.timeouts.connect, u.keepalive_timeout, u.max_connections, lag
         )
+        self.max_connections = u.max_connections
         self._endpoints: dict[str, Endpoint] = {}
 
     async def close(self) -> None:
@@ -69,16 +70,34 @@ class UpstreamClient:
             base_url, Endpoint(base_url)
         )
         conn: UpstreamConnection | None = None
+        reserved = False
         try:
             async with asyncio.timeout_at(first_byte_at):
-                conn = await self.pool.acquire(endpoint)
+                await self.pool.reserve()
+                reserved = True
+                conn = await self.pool.acquire(endpoint, reserved=True)
                 conn.send(request_head(endpoint, path, len(body), request_id, traceparent), body)
                 await conn.wait_for(lambda: _ready(conn))
             return self._answer(unit_id, endpoint, conn)
         except BaseException as exc:
             if conn is not None:
-                self.pool.release(endpoint, conn)  # not clean: closed, so the unit sees the abort
+                # Closed unless its answer ended cleanly (a whole 5xx on a keep-alive
+                # connection is kept), so a unit whose answer was cut off sees the abort.
+                self.pool.release(endpoint, conn)
+            if not reserved and isinstance(exc, TimeoutError):
+                raise self._pool_full(unit_id) from exc
             raise _classify(unit_id, exc, connected=conn is not None) from exc
+
+    def _pool_full(self, unit_id: str) -> UpstreamError:
+        """The deadline passed while every `[upstream].max_connections` slot was taken: the
+        gateway's own limit (any unit would wait alike), not evidence against the unit."""
+        return UpstreamError(
+            unit_id,
+            Failure.LOCAL,
+            f"gateway: all {self.max_connections} upstream connections ([upstream]"
+            ".max_connections) stayed busy",
+            retryable=False,
+        )
 
     def _answer(self, unit_id: str, endpoint: Endpoint, conn: UpstreamConnection) -> Answer:
         status, first = conn.status, b"".join(conn.body)

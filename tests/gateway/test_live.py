@@ -10,6 +10,8 @@ import pytest
 
 from gateway.health.pace import is_quiet
 from gateway.proxy.live import LiveStreams
+from gateway.server import Gateway
+from tests.support import gateway_config
 
 FLOOR, FACTOR = 1.0, 4.0
 
@@ -176,3 +178,17 @@ def test_forgetting_a_unit_leaves_its_streams_alone() -> None:
     live.forget("u0")
     assert live.count("u0") == 1 and live.flowing("u0", 10.5)
     live.forget("u9")  # a unit never seen
+
+
+def test_the_gateway_judges_traffic_by_its_traffic_window_not_the_ejection_floor() -> None:
+    """[health].traffic_window is the window `flowing` uses; [resume].ejected_idle is only the
+    relay's floor for streams on an ejected unit (they were once the same value, wired from
+    the wrong key)."""
+    units = [{"id": "u0", "leader": "http://127.0.0.1:1", "nodes": ["http://127.0.0.1:1"]}]
+    config = gateway_config(
+        units, health={"traffic_window": 7.5, "pace_factor": 3.0}, resume={"ejected_idle": 0.5}
+    )
+    live = Gateway(config).live
+    assert (live.floor, live.factor) == (7.5, 3.0)
+    live.began("u0", 100.0)
+    assert live.flowing("u0", 107.0)  # within 7.5 s: an ejected_idle window would say no

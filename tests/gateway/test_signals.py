@@ -9,18 +9,25 @@ from gateway.errors import UpstreamError
 from gateway.health.feed import BreakerFeed
 from gateway.observability.histogram import Histogram
 from gateway.outcomes import End, Failure
+from gateway.proxy.call import COMPLETIONS_PATH, Call
+from gateway.proxy.lease import Lease
 from gateway.proxy.signals import DISCARD, Observer, Signals
+from gateway.routing.admission import Admission
 from gateway.units import UnitState
 
 UNIT = UnitState(UnitConfig(id="u0", leader="http://127.0.0.1:1"), 8, ("m",))
+
+
+def call(start: float = 0.0) -> Call:
+    return Call(COMPLETIONS_PATH, "r1", {}, start, start + 60, Lease(Admission(8, 1.0, 1)))
 
 
 class Seen(Observer):
     def __init__(self, name: str, log: list[str], sink: Histogram | None = None) -> None:
         self.name, self.log, self.sink = name, log, sink
 
-    def cancelled(self, unit_id: str) -> None:
-        self.log.append(f"{self.name}:{unit_id}")
+    def rejected(self, code: str) -> None:
+        self.log.append(f"{self.name}:{code}")
 
     def token_gaps(self, unit_id: str) -> Histogram | None:
         return self.sink
@@ -33,9 +40,9 @@ def test_every_subscriber_hears_every_signal_in_order() -> None:
     sink = Histogram()
     signals.subscribe(Seen("a", log))
     signals.subscribe(Seen("b", log, sink))
-    signals.cancelled("u0")
-    signals.finished("u0", 200, 1.0)  # a hook nobody overrides does nothing
-    assert log == ["a:u0", "b:u0"]
+    signals.rejected("saturated")
+    signals.ended(call())  # a hook nobody overrides does nothing
+    assert log == ["a:saturated", "b:saturated"]
     assert signals.token_gaps("u0") is sink
 
 
@@ -52,13 +59,13 @@ async def test_the_breakers_feed_passes_on_only_what_the_unit_caused() -> None:
     timeout = UpstreamError("u0", Failure.CONNECT_TIMEOUT, "connect timed out", retryable=True)
     refused = UpstreamError("u0", Failure.CONNECT, "refused", retryable=True)
     busy, recorded = feed(flowing=True)
-    busy.attempt_failed(UNIT, timeout, 0.0)  # its queue, while its streams flow
-    busy.attempt_failed(UNIT, refused, 0.0)
-    busy.answer_ended(UNIT, End.UNIT_EJECTED, 0.02, 0.0)  # the gateway broke it
-    busy.answer_ended(UNIT, End.CLIENT_GONE, 0.02, 0.0)
-    busy.answer_ended(UNIT, End.RESET, 0.02, 0.0)
-    busy.answer_ended(UNIT, End.COMPLETE, None, 0.0)
+    busy.attempt_failed(call(), UNIT, timeout, 0.0)  # its queue, while its streams flow
+    busy.attempt_failed(call(), UNIT, refused, 0.0)
+    busy.answer_ended(call(), UNIT, End.UNIT_EJECTED, 0.02)  # the gateway broke it
+    busy.answer_ended(call(), UNIT, End.CLIENT_GONE, 0.02)
+    busy.answer_ended(call(), UNIT, End.RESET, 0.02)
+    busy.answer_ended(call(), UNIT, End.COMPLETE, None)
     assert recorded == [False, False, True]
     quiet, recorded = feed(flowing=False)
-    quiet.attempt_failed(UNIT, timeout, 0.0)  # nothing vouches for it: a failure
+    quiet.attempt_failed(call(), UNIT, timeout, 0.0)  # nothing vouches for it: a failure
     assert recorded == [False]

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.proxy.resume import continuation, max_new_tokens, resumable, with_token_ids
+from gateway.proxy.continuation import continuation, max_new_tokens, resumable, with_token_ids
 from gateway.proxy.sse import EventSplitter, data_of
 from gateway.proxy.tracker import StreamTracker
 

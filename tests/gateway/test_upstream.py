@@ -356,9 +356,9 @@ async def test_a_held_stream_holds_its_connection_slot_until_finished(clients: M
         client = clients(max_connections=1)
         held = await open_at(client, server.url)
         # No slot (the limit is gateway-wide): the next request never gets to connect, and
-        # the wait is classified as the unit's connect timeout.
+        # the wait is the gateway's own limit (LOCAL: no evidence against the unit, 503).
         error = await failure(client, server.url, within=0.05)
-        assert error.kind is Failure.CONNECT_TIMEOUT
+        assert error.kind is Failure.LOCAL and not error.retryable and error.status == 503
         assert len(server.peers) == 1
         client.finish(held)
         client.finish(await open_at(client, server.url))

@@ -1,0 +1,89 @@
+"""The request path's trace spans, as a subscriber to its signals (proxy/signals.py).
+
+A server span per client request (continuing the client's trace if it sent a
+`traceparent`), a client span per attempt at a unit, whose context the attempt carries to the
+leader (`call.traceparent`). The spans live in the call's `trace` slot, so a request that
+ends abnormally leaves nothing behind: `ended` closes whatever is still open. Subscribed only
+when tracing is on, so with the exporter "none" the request path pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.errors import UpstreamError
+from gateway.observability.tracing import Span, Tracing, end_span
+from gateway.proxy.call import Call
+from gateway.proxy.signals import Observer
+from gateway.units import UnitState
+
+
+class _Trace:
+    __slots__ = ("attempt", "request")
+
+    def __init__(self, request: Span) -> None:
+        self.request = request
+        self.attempt: Span | None = None  # the attempt in flight, if any
+
+
+class TracingObserver(Observer):
+    def __init__(self, tracing: Tracing) -> None:
+        assert tracing.enabled
+        self.tracing = tracing
+
+    def received(self, call: Call) -> None:
+        span = self.tracing.request_span(f"POST {call.path}", call.headers)
+        assert span is not None
+        span.set_attribute("unitgate.request_id", call.rid)
+        call.trace = _Trace(span)
+
+    def validated(self, call: Call) -> None:
+        trace = _of(call)
+        trace.request.set_attributes(
+            {"unitgate.model": call.info.model, "unitgate.stream": call.info.stream}
+        )
+
+    def attempt_started(self, call: Call, unit: UnitState) -> None:
+        trace = _of(call)
+        trace.attempt, call.traceparent = self.tracing.attempt_span(
+            trace.request, unit.id, call.attempts
+        )
+
+    def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
+        trace = _of(call)
+        if trace.attempt is not None:
+            trace.attempt.set_attribute("http.response.status_code", status)
+            end_span(trace.attempt, "ok", error=False)
+            trace.attempt = None
+
+    def attempt_failed(
+        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+    ) -> None:
+        trace = _of(call)
+        if trace.attempt is not None:
+            end_span(trace.attempt, error.kind, error=True)
+            trace.attempt = None
+
+    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+        _of(call).request.add_event("resume", {"unitgate.unit": broken.id, "outcome": outcome})
+
+    def ended(self, call: Call) -> None:
+        trace = _of(call)
+        error = call.error
+        if error is not None:
+            outcome = "cancelled" if isinstance(error, asyncio.CancelledError) else "error"
+            if trace.attempt is not None:  # ended while an attempt was in flight
+                name = outcome if outcome == "cancelled" else type(error).__name__
+                end_span(trace.attempt, name, error=True)
+            end_span(trace.request, outcome, error=True)
+            return
+        status = call.status
+        assert status is not None  # a request that did not fail was answered
+        trace.request.set_attribute("http.response.status_code", status)
+        end_span(trace.request, "ok" if status < 400 else "refused", error=status >= 500)
+
+
+def _of(call: Call) -> _Trace:
+    trace = call.trace
+    assert isinstance(trace, _Trace)
+    return trace

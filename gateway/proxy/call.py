@@ -1,0 +1,111 @@
+"""One client request, from arrival to its last byte: the object every phase of the path reads.
+
+The handler (handler.py) creates it on arrival and is its one owner: it runs the phases in
+order (intake, dispatch, then relay and resumption for a stream) and ends it. Everything a
+phase learns goes onto the call instead of travelling beside it, so a phase's signature is
+"the call" and the observers (signals.py) see the same object the phases do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import UpstreamError
+from gateway.outcomes import End
+from gateway.proxy.lease import Lease
+from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.validation import RequestInfo
+from gateway.units import UnitState
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+class Call:
+    __slots__ = (
+        "attempts",
+        "body",
+        "data",
+        "deadline",
+        "end",
+        "error",
+        "first_byte",
+        "headers",
+        "info",
+        "key",
+        "last_error",
+        "lease",
+        "path",
+        "rid",
+        "send_body",
+        "send_path",
+        "start",
+        "status",
+        "trace",
+        "traceparent",
+        "tracker",
+        "tried",
+        "unit",
+    )
+
+    # Set by intake (`accept`) once the body is read and valid; reading them earlier is a bug
+    # and fails loudly (AttributeError) instead of routing on a placeholder.
+    body: bytes
+    data: dict[str, Any]
+    info: RequestInfo
+    key: int | None
+
+    def __init__(
+        self,
+        path: str,
+        rid: str,
+        headers: Mapping[str, str],
+        start: float,
+        deadline: float,
+        lease: Lease,
+    ) -> None:
+        self.path, self.rid, self.headers = path, rid, headers
+        self.start = start  # loop time of its arrival
+        self.deadline = deadline  # loop time by which its answer must be over
+        self.lease = lease  # the admission slot of the unit serving it now, if any
+        self.tracker: StreamTracker | None = None  # a resumable stream's token bookkeeping
+        # What the next attempt sends: the client's own request, or a continuation of it.
+        self.send_path = path
+        self.send_body = b""
+        self.first_byte = 0.0  # an attempt's first-byte timeout (s), set by the dispatcher
+        self.attempts = 0
+        self.tried: list[UnitState] = []  # units that failed it, not to be tried again
+        self.last_error: UpstreamError | None = None
+        self.unit: UnitState | None = None  # the unit whose answer the client is getting
+        self.end: End | None = None  # how that answer ended
+        self.status: int | None = None  # the status the client got, once it is known
+        self.error: BaseException | None = None  # what ended the request instead, if anything
+        self.trace: object = None  # the tracing observer's own state for this request
+        self.traceparent: str | None = None  # the next attempt's W3C traceparent, if traced
+
+    @property
+    def chat(self) -> bool:
+        return self.path == CHAT_PATH
+
+    def accept(
+        self,
+        body: bytes,
+        data: dict[str, Any],
+        info: RequestInfo,
+        key: int | None,
+        tracker: StreamTracker | None,
+        send: bytes,
+    ) -> None:
+        """Intake's result: the request is valid and what it asks for is known; `send` is
+        the body the first attempt carries (`body`, or `body` asking for token ids)."""
+        self.body, self.data, self.info, self.key, self.tracker = body, data, info, key, tracker
+        self.send_body = send
+
+    def continue_with(self, body: bytes, broken: UnitState) -> None:
+        """The next attempt continues the stream `broken` was serving, as a plain completion
+        (continuation.py): `broken` is not tried again, and earlier attempts' last failure is
+        not the continuation's answer."""
+        self.send_path, self.send_body = COMPLETIONS_PATH, body
+        self.tried.append(broken)
+        self.last_error = None

@@ -1,0 +1,106 @@
+"""Which streams can be resumed on another unit, and the request that continues them.
+
+A broken stream is continued as a plain completion of `prompt ids + generated ids`: the
+leader's own prompt ids already hold the rendered chat template, so the new unit continues
+the very token sequence the first one was producing. With greedy decoding the client's text is
+then identical to an uninterrupted answer.
+
+What cannot be continued that way is excluded up front (the stream is relayed as before):
+several choices, logprobs (the new unit would score a different prefix), tool calls and
+structured output (parsed from the whole answer by the engine, not by the gateway), echo and
+suffix. Only the sampling fields a completion understands travel to the continuation: a
+chat-only field could be refused by the completions endpoint mid-answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+# Fields whose presence (with a truthy value) rules resumption out; see the module docstring.
+_EXCLUDED = (
+    "tools",
+    "functions",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "suffix",
+    "best_of",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+# Sampling fields copied to the continuation unchanged (`min_tokens` is adjusted).
+_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+    "user",
+)
+
+# OpenAI's (and the builtin engine's, and vLLM's) default for /v1/completions.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+def resumable(data: dict[str, Any], chat: bool) -> bool:
+    """True when a broken stream of this request can be continued token-exactly."""
+    if not data.get("stream") or data.get("n") not in (None, 1):  # null: OpenAI's default, 1
+        return False
+    if any(data.get(name) for name in _EXCLUDED):
+        return False
+    if chat:
+        return True
+    prompt = data.get("prompt")
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+    )
+
+
+def with_token_ids(data: dict[str, Any]) -> bytes:
+    """The body to send the first unit: the client's, asking for token ids as well."""
+    return orjson.dumps({**data, "return_token_ids": True})
+
+
+def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:
+    """The request's output budget, None when it is the model's remaining context."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = data.get(name)
+        if isinstance(value, int):
+            return value
+    return None if chat else COMPLETION_DEFAULT_MAX_TOKENS
+
+
+def continuation(
+    data: dict[str, Any], model: str, prompt: list[int], remaining: int | None, done: int
+) -> bytes:
+    """A streamed /v1/completions request continuing after `done` committed tokens."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt}
+    for name in _SAMPLING:
+        if name in data:
+            body[name] = data[name]
+    min_tokens = data.get("min_tokens")
+    if isinstance(min_tokens, int) and min_tokens > done:
+        body["min_tokens"] = min_tokens - done
+    if remaining is not None:
+        body["max_tokens"] = remaining
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    body["return_token_ids"] = True
+    return orjson.dumps(body)

@@ -1,0 +1,82 @@
+"""Intake, the request path's first phase: read the body, validate it, decide how to route it.
+
+Every way a request can be wrong is found here, before any unit is involved, and raised as an
+InvalidRequest the handler turns into the client's 4xx. A valid request leaves with what the
+later phases need on its call: the routing key, and the tracker if its stream can be resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.errors import InvalidRequest
+from gateway.proxy.call import Call
+from gateway.proxy.continuation import resumable, with_token_ids
+from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.validation import RequestInfo, parse_body
+from gateway.routing.affinity import affinity_key
+
+Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The client's `x-request-id` when it is a sane one (it is echoed and logged), else new."""
+    rid = headers.get("x-request-id", "")
+    return rid if _REQUEST_ID.fullmatch(rid) else secrets.token_hex(12)
+
+
+class Intake:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.models = frozenset(config.gateway.models)
+
+    async def __call__(self, call: Call, request: web.Request, validate: Validator) -> None:
+        body = await self._read_body(request)
+        data = parse_body(body)
+        info = validate(data, self.models, self.config.routing.prefix_chars)
+        session = request.headers.get("x-session-id") or info.user
+        key = affinity_key(self.config.routing.affinity, session, info.prefix)
+        tracker, send = None, body
+        if self.config.resume.enabled and resumable(data, call.chat):
+            tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
+            send = with_token_ids(data)
+        call.accept(body, data, info, key, tracker, send)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The whole body; the app's `client_max_size` enforces the limit while reading.
+
+        A client trickling its body (a byte a second) would otherwise hold the connection and
+        its buffer forever: reading is bounded by the request's `total` timeout (408).
+        """
+        total = self.config.timeouts.total
+        try:
+            async with asyncio.timeout(total):
+                return await request.read()
+        except TimeoutError:
+            raise InvalidRequest(
+                f"request body not received within {total:g} s",
+                status=408,
+                code="body_timeout",
+            ) from None
+        except web.RequestPayloadError as exc:  # undecodable gzip/deflate/br, broken chunks
+            detail = getattr(exc.__cause__, "message", None) or str(exc)
+            raise InvalidRequest(f"request body could not be read: {detail}") from None
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.config.gateway.max_body_bytes
+            raise InvalidRequest(
+                f"request body exceeds {limit} bytes", status=413, code="body_too_large"
+            ) from None
+
+
+def _usage(data: dict[str, Any]) -> bool:
+    options = data.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
