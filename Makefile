@@ -54,10 +54,10 @@ format: $(TEST_STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 bench: $(TEST_STAMP)
-	$(PY) -m loadtest.bench_overhead --out bench-out
+	$(PY) -m loadtest.bench.overhead --out bench-out
 
 bench-vllm: $(VLLM_STAMP)
-	$(VPY) -m loadtest.bench_vllm --out bench-out
+	$(VPY) -m loadtest.bench.vllm --out bench-out
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache bench-out

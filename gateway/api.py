@@ -1,22 +1,26 @@
-"""The gateway's public entry points, for code outside the gateway package (`unitgate up`).
+"""The gateway's public entry points, for code outside the gateway package (`unitgate up`,
+the load tester).
 
 Everything else in `gateway/` is internal and may move between modules; what is named here
 keeps its meaning. Config: `load_config`, `config_from_dict`, `Config`, `UnitConfig`,
 `ConfigError`. Running: `running(config)` yields a started `Gateway` (its `public_url`,
 `metrics_url`, `draining`) and stops it on exit; `is_routable` reads its routing verdict.
 Around it: `read_tokens` (the admin tokens a config's environment provides), `is_loopback`
-and `raise_fd_limit`, which a process hosting the gateway calls once before it starts.
+and `raise_fd_limit`, which a process hosting the gateway calls once before it starts, and
+`LISTEN_BACKLOG`, the listen backlog the gateway's servers use (a server that must take the
+same bursts of connections, such as the load tester's simulated units, uses it too).
 """
 
 from __future__ import annotations
 
 from gateway.admin.auth import read_tokens
 from gateway.config import Config, ConfigError, UnitConfig, config_from_dict, load_config
-from gateway.net import is_loopback
+from gateway.net import LISTEN_BACKLOG, is_loopback
 from gateway.oslimits import raise_fd_limit
 from gateway.server import Gateway, running
 
 __all__ = [
+    "LISTEN_BACKLOG",
     "Config",
     "ConfigError",
     "Gateway",

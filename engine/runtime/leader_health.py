@@ -2,7 +2,7 @@
 
 The API's event loop writes every token of every stream; when the leader is saturated a
 /health request waits its turn behind those writes and misses the gateway's probe timeout
-although the node is fine (`python -m loadtest.bench_leader_health` measures it). The
+although the node is fine (`python -m loadtest.bench.leader_health` measures it). The
 followers' threaded server answers whatever the loop is doing, so the leader runs one too when
 it is given a health port. The API port keeps answering /health, for callers that probe it.
 """

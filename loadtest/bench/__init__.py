@@ -1,10 +1,15 @@
-"""What the gateway costs: the same simulated units hit directly, through a floor relay and
-through the gateway.
+"""The benchmarks, one scheme: each is `python -m loadtest.bench.<name>` (`--help` says more).
 
-All three modes run in one invocation, against one simulator under one pinning, so that the
-differences between them are the relays and not machine drift between runs. The floor relay
-(loadtest/floor_relay.py) forwards bytes verbatim: the least any Python relay on this machine
-pays per request, and so the yardstick for the gateway's own work.
+    overhead       what the gateway costs per request: direct, floor relay, gateway (`make bench`)
+    engine         the builtin engine's step broadcast, per-step runtime and decode throughput
+    scheduler      the scheduler's per-step bookkeeping against output length (in process)
+    health         the gateway's prober at 1,000 units, and fault detection time
+    leader_health  the leader's /health on its event loop and on its thread, idle and saturated
+    burst          thousands of open streams arriving in full waves
+    vllm           the builtin engine and vLLM side by side (`make bench-vllm`, in .venv-vllm)
 
-    python -m loadtest.bench_overhead --out DIR [--quick]
+A benchmark that is one module is `<name>.py`; one with more is a package `<name>/` whose
+`__init__` says what it measures, `__main__` runs `cli.main`, and the rest are its own parts.
+Shared by all of them: processes.py (start children pinned, read their CPU, stop them, the
+benchmark gateway's config) and machine.py (the facts every report records).
 """

@@ -1,7 +1,9 @@
-"""The processes under test: simulator, gateway and floor relay, each pinned, and their CPU.
+"""What every benchmark does with its processes: start them pinned, read their CPU, stop them.
 
-Every process is a `python -m` child that reports its address through a ready file, so the
-OS picks free ports and the harness never races a process that is still binding.
+Shared by the benchmarks in loadtest/bench/. A simulator, gateway or relay is a `python -m`
+child that reports its address through a ready file (`child`), so the OS picks free ports and
+the harness never races a process that is still binding; `gateway_toml` is the benchmark
+gateway's config over simulated units.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench.params import MODEL, TOKENS
 from loadtest.readyfile import wait_http_ok, wait_ready_file
 
+MODEL = "unitgate-sim"  # the model id the simulated units serve (loadtest.simunits)
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -69,20 +71,6 @@ class Pins:
     relay: int
 
 
-@dataclass(frozen=True)
-class Relay:
-    url: str
-    pid: int
-
-
-@dataclass(frozen=True)
-class Cluster:
-    control: str
-    unit_ids: tuple[str, ...]
-    leaders: tuple[str, ...]
-    relays: dict[str, Relay]  # by mode: "floor", "gateway"
-
-
 def free_port() -> int:
     """A port free now on 127.0.0.1, for a child that must be told its port in advance."""
     with socket.socket() as sock:
@@ -128,10 +116,11 @@ def stop_child(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def _child(
+def child(
     argv: list[str], ready: Path, cpu: int | None, what: str, routes: bool = False
 ) -> Iterator[dict[str, Any]]:
-    """Stdout is dropped (ready banners would break the table); stderr stays visible.
+    """`python -m *argv` pinned to `cpu`, yielding its ready file's entries; stopped on exit.
+    Stdout is dropped (ready banners would break the table); stderr stays visible.
     `routes`: a gateway, ready once its /readyz says it can route, not merely listening."""
     with pinned(cpu):
         proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
@@ -142,46 +131,3 @@ def _child(
         yield info
     finally:
         stop_child(proc)
-
-
-@contextlib.contextmanager
-def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
-    """The relays run for the whole benchmark and idle while another is measured."""
-    toml, plain_toml = tmp / "gw.toml", tmp / "gw-plain.toml"
-    sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
-    sim_argv += ["--itl-ms", "0", "--tokens", str(TOKENS), "--ready-file", str(tmp / "sim.json")]
-    floor_argv = ["loadtest.floor_relay", "--config", str(toml)]
-    floor_argv += ["--ready-file", str(tmp / "floor.json")]
-    relay_cpu = None if pins is None else pins.relay
-    with _child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
-        toml.write_text(gateway_toml(sim["units"]))
-        plain_toml.write_text(gateway_toml(sim["units"], resume=False))
-        with (
-            _child(
-                _gateway_argv(toml, tmp / "gw.json"), tmp / "gw.json", relay_cpu, "gateway", True
-            ) as gw,
-            _child(
-                _gateway_argv(plain_toml, tmp / "plain.json"),
-                tmp / "plain.json",
-                relay_cpu,
-                "gateway (resume off)",
-                True,
-            ) as plain,
-            _child(floor_argv, tmp / "floor.json", relay_cpu, "floor relay") as floor,
-        ):
-            units = sim["units"]
-            yield Cluster(
-                control=sim["control"],
-                unit_ids=tuple(u["id"] for u in units),
-                leaders=tuple(u["leader"] for u in units),
-                relays={
-                    "floor": Relay(floor["public"], int(floor["pid"])),
-                    "gateway-plain": Relay(plain["public"], int(plain["pid"])),
-                    "gateway": Relay(gw["public"], int(gw["pid"])),
-                },
-            )
-
-
-def _gateway_argv(toml: Path, ready: Path) -> list[str]:
-    argv = ["gateway", "gateway", "--config", str(toml), "--log-level", "warning"]
-    return [*argv, "--ready-file", str(ready)]

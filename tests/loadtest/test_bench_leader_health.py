@@ -17,7 +17,7 @@ def test_the_benchmark_probes_both_endpoints_idle_and_saturated(tmp_path: Path) 
     argv = ["--out", str(tmp_path), "--idle", "1", "--window", "2", "--rate", "10"]
     argv += ["--concurrency", "6", "--num-slots", "2", "--max-tokens", "8"]
     proc = subprocess.run(
-        [sys.executable, "-m", "loadtest.bench_leader_health", *argv],
+        [sys.executable, "-m", "loadtest.bench.leader_health", *argv],
         capture_output=True,
         text=True,
         timeout=150,

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from loadtest import bench_scheduler
+from loadtest.bench import scheduler
 
-REAL_DECODE = bench_scheduler.TOKENIZER.decode
+REAL_DECODE = scheduler.TOKENIZER.decode
 
 
 def decoded_lengths(monkeypatch: pytest.MonkeyPatch, baseline: bool) -> list[int]:
@@ -23,8 +23,8 @@ def decoded_lengths(monkeypatch: pytest.MonkeyPatch, baseline: bool) -> list[int
         seen.append(len(ids))
         return real(ids)
 
-    monkeypatch.setattr(bench_scheduler.TOKENIZER, "decode", counting)
-    bench_scheduler._run((64, 1500), steps=3, baseline=baseline)
+    monkeypatch.setattr(scheduler.TOKENIZER, "decode", counting)
+    scheduler._run((64, 1500), steps=3, baseline=baseline)
     return seen
 
 
@@ -35,10 +35,10 @@ def test_only_the_baseline_decodes_whole_outputs(monkeypatch: pytest.MonkeyPatch
     # every sequence's whole output (1,500 tokens and more) at every timed step.
     assert incremental and max(incremental) < 64
     whole = [n for n in baseline if n >= 1500]
-    assert len(whole) >= bench_scheduler.BATCH * 3
+    assert len(whole) >= scheduler.BATCH * 3
 
 
 def test_main_prints_one_row_per_length(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_scheduler.main(["--steps", "3"]) == 0
+    assert scheduler.main(["--steps", "3"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if "output tokens" in line]
-    assert len(rows) == len(bench_scheduler.LENGTHS)
+    assert len(rows) == len(scheduler.LENGTHS)

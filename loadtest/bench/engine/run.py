@@ -48,7 +48,7 @@ def run_group(name: str, argvs: Sequence[Sequence[str]], logs: Path) -> list[int
 
 
 def worker(job: str, result: Path, *extra: str) -> list[str]:
-    return ["loadtest.benchengine.worker", job, "--result", str(result), *extra]
+    return ["loadtest.bench.engine.worker", job, "--result", str(result), *extra]
 
 
 def read(path: Path) -> dict[str, Any]:

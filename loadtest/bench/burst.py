@@ -1,4 +1,4 @@
-"""`python -m loadtest.bench_burst`: thousands of open streams arriving in full waves.
+"""`python -m loadtest.bench.burst`: thousands of open streams arriving in full waves.
 
 Issue 18's setup, measured: simulated units streaming one token a second, one gateway with
 probes and breakers on (the defaults: 0.25 s rounds, 0.2 s probe timeout, 5 consecutive
@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench.params import MODEL
 from loadtest.bench.processes import (
     CLK_TCK,
+    MODEL,
     READY_TIMEOUT_S,
     cpu_ticks,
     gateway_toml,
@@ -94,7 +94,7 @@ class Point:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_burst", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.burst", description=__doc__)
     p.add_argument("--streams", default="5000,10000", help="comma-separated wave sizes")
     p.add_argument("--units", type=int, default=4)
     p.add_argument("--tokens", type=int, default=20, help="tokens per answer")

@@ -5,6 +5,10 @@ kernel accepting connections that are never answered (probes time out). Faults l
 random phase of the probe rounds, so the spread covers the lucky and the unlucky timing.
 Times are upper bounds: the scrape that first shows the change returned after it happened;
 `lower_s` is when the scrape before it was sent, so the change happened in between.
+
+This part reaches inside the gateway on purpose, past gateway.api: what it measures is the
+health detector at its default settings, so it reads those defaults (interval, timeout, fall,
+rise) from gateway.config.HealthConfig itself, and the report cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ from random import Random
 from typing import Any
 
 from gateway.config import HealthConfig
-from loadtest.bench.processes import CLK_TCK, Pins, _child, cpu_ticks, free_port
-from loadtest.benchhealth.observe import (
+from loadtest.bench.health.observe import (
     CoreTicks,
     Group,
     by_unit,
@@ -35,7 +38,8 @@ from loadtest.benchhealth.observe import (
     total,
     wait_for,
 )
-from loadtest.benchhealth.scale import unit_table
+from loadtest.bench.health.scale import unit_table
+from loadtest.bench.processes import CLK_TCK, Pins, child, cpu_ticks, free_port
 
 POLL_S = 0.01
 FAULT_WITHIN_S = 5.0  # well past both targets: a miss is measured, not timed out
@@ -89,7 +93,7 @@ class Trials:
 
 
 class Follower:
-    """u0's follower; each incarnation is a `_child` of its own, since a kill ends one."""
+    """u0's follower; each incarnation is a `child` of its own, since a kill ends one."""
 
     def __init__(self, tmp: Path, config: Path, cpu: int | None) -> None:
         self.tmp, self.config, self.cpu = tmp, config, cpu
@@ -104,7 +108,7 @@ class Follower:
         argv = ["loadtest.simunits", "--from-config", str(self.config), "--nodes", "u0:1"]
         argv += ["--ready-file", str(ready)]
         stack = contextlib.ExitStack()
-        info = stack.enter_context(_child(argv, ready, self.cpu, "u0 follower"))
+        info = stack.enter_context(child(argv, ready, self.cpu, "u0 follower"))
         self._stack, self.pid = stack, int(info["pid"])
 
     def stop(self) -> None:
@@ -158,13 +162,13 @@ def run(tmp: Path, pins: Pins | None, trials: int, seed: int) -> Trials:
             ready = tmp / f"sim-{nodes.replace(':', '-')}.json"
             argv = ["loadtest.simunits", "--from-config", str(config), "--nodes", nodes]
             argv += ["--ready-file", str(ready)]
-            pids.append(int(stack.enter_context(_child(argv, ready, sim_cpu, nodes))["pid"]))
+            pids.append(int(stack.enter_context(child(argv, ready, sim_cpu, nodes))["pid"]))
         follower = Follower(tmp, config, sim_cpu)
         stack.callback(follower.stop)
         follower.start()
         ready = tmp / "gw-detect.json"
         argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
-        gw = stack.enter_context(_child([*argv, "--ready-file", str(ready)], ready, gw_cpu, "gw"))
+        gw = stack.enter_context(child([*argv, "--ready-file", str(ready)], ready, gw_cpu, "gw"))
         watch = Watch(gw["metrics"], [*pids, int(gw["pid"])])
         return _trials(watch, follower, trials, seed, pins)
     raise AssertionError("unreachable: ExitStack does not swallow exceptions")

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import uvloop
 
-import loadtest.bench
-from loadtest.bench import report
-from loadtest.bench.load import Run, run_all
-from loadtest.bench.processes import Pins, cluster, pin_cpus
+import loadtest.bench.overhead
+from loadtest.bench.overhead import report
+from loadtest.bench.overhead.cluster import cluster
+from loadtest.bench.overhead.load import Run, run_all
+from loadtest.bench.processes import Pins, pin_cpus
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_overhead",
-        description=loadtest.bench.__doc__,
+        prog="python -m loadtest.bench.overhead",
+        description=loadtest.bench.overhead.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, help="write DIR/overhead.json with all raw numbers")
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs, machine = _bench(counts, pins, args.lockstep)
     except RuntimeError as exc:
-        print(f"bench_overhead: {exc}", file=sys.stderr)
+        print(f"bench overhead: {exc}", file=sys.stderr)
         return 1
     summary = report.rows(runs)
     report.print_table(summary)

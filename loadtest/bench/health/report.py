@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
+from loadtest.bench.health.detect import POLL_S, Trials
+from loadtest.bench.health.scale import SCRAPE_EFFECT_S, Scale
+from loadtest.bench.machine import machine_facts
 from loadtest.bench.processes import CLK_TCK, Pins
-from loadtest.bench.report import machine_facts
-from loadtest.benchhealth.detect import POLL_S, Trials
-from loadtest.benchhealth.scale import SCRAPE_EFFECT_S, Scale
 
 # "Well under one core": the probers of 1,000 units may use at most half of one.
 TARGET_PROBER_CORES = 0.5

@@ -7,7 +7,7 @@ side closes. What it spends per streamed request is therefore the lower bound of
 Python relay on this machine pays in syscalls and event-loop work; the gateway's CPU per
 request divided by this relay's is what the gateway's own work costs.
 
-    python -m loadtest.floor_relay --config GW_TOML --ready-file F
+    python -m loadtest.bench.overhead.floor_relay --config GW_TOML --ready-file F
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def _write_ready(path: Path, public: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.floor_relay",
+        prog="python -m loadtest.bench.overhead.floor_relay",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

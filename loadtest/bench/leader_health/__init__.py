@@ -12,5 +12,5 @@ On a machine with 2+ CPUs the leader runs alone on one CPU; the follower, the lo
 and this prober share another (the affinity `taskset -c` would set), so what the leader's
 /health pays is the leader's own contention.
 
-    python -m loadtest.bench_leader_health --out DIR
+    python -m loadtest.bench.leader_health --out DIR
 """

@@ -1,7 +1,4 @@
-"""`python -m loadtest.bench_health`: prober scale and fault detection time, in one run.
-
-The code is in loadtest/benchhealth; this module is the command line and the top level.
-"""
+"""The command line and the top level: pin, run the scale and the detection parts, report."""
 
 from __future__ import annotations
 
@@ -14,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import loadtest.benchhealth
+import loadtest.bench.health
+from loadtest.bench.health import detect, report, scale
+from loadtest.bench.health.observe import wait_quiet
 from loadtest.bench.processes import Pins, pin_cpus
-from loadtest.benchhealth import detect, report, scale
-from loadtest.benchhealth.observe import wait_quiet
 
 T = TypeVar("T")
 QUIET_BELOW_CORES = 0.15  # the whole machine, this harness included
@@ -25,8 +22,8 @@ QUIET_BELOW_CORES = 0.15  # the whole machine, this harness included
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_health",
-        description=loadtest.benchhealth.__doc__,
+        prog="python -m loadtest.bench.health",
+        description=loadtest.bench.health.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="write DIR/health.json")

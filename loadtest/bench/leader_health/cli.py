@@ -1,9 +1,4 @@
-"""`python -m loadtest.bench_leader_health`: the leader's /health on the API port (its event
-loop) and on its thread listener, side by side, idle and saturated, in one run.
-
-The pieces are in loadtest/benchleaderhealth; this module is the command line and the order
-of the phases.
-"""
+"""The command line and the order of the phases: the unit up, probed idle, then saturated."""
 
 from __future__ import annotations
 
@@ -19,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import loadtest.benchleaderhealth
+import loadtest.bench.leader_health
+from loadtest.bench.leader_health import report
+from loadtest.bench.leader_health.probe import DEADLINE_S, Probe, Prober
+from loadtest.bench.leader_health.unit import MODEL, Pins, Unit, pins, running_unit
 from loadtest.bench.processes import pinned
-from loadtest.benchleaderhealth import report
-from loadtest.benchleaderhealth.probe import DEADLINE_S, Probe, Prober
-from loadtest.benchleaderhealth.unit import MODEL, Pins, Unit, pins, running_unit
 
 SATURATE_WITHIN_S = 30.0
 REQUEST_TIMEOUT_S = 60.0  # a queued request waits behind (concurrency / slots) answers
@@ -31,8 +26,8 @@ REQUEST_TIMEOUT_S = 60.0  # a queued request waits behind (concurrency / slots) 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_leader_health",
-        description=loadtest.benchleaderhealth.__doc__,
+        prog="python -m loadtest.bench.leader_health",
+        description=loadtest.bench.leader_health.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="DIR/leader_health.json, DIR/logs/")

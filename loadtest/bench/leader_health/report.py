@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from loadtest.bench.report import machine_facts
-from loadtest.benchleaderhealth.probe import DEADLINE_S, Probe
-from loadtest.benchleaderhealth.unit import Pins
+from loadtest.bench.leader_health.probe import DEADLINE_S, Probe
+from loadtest.bench.leader_health.unit import Pins
+from loadtest.bench.machine import machine_facts
 from loadtest.gen.stats import percentile
 
 PROBE_TIMEOUT_S = 0.2  # the gateway's default [health].timeout

@@ -1,4 +1,4 @@
-"""`python -m loadtest.bench_vllm --out DIR`: the builtin engine and vLLM, side by side.
+"""`python -m loadtest.bench.vllm --out DIR`: the builtin engine and vLLM, side by side.
 
 Both backends serve the same tiny Llama checkpoint (`engine.backends.vllm.tinymodel`, float32)
 as a unit of two nodes (TP=2 over Gloo on 127.0.0.1), started together by `unitgate up` from
@@ -30,8 +30,8 @@ from pathlib import Path
 import aiohttp
 
 from engine.backends.vllm.tinymodel import write_tiny_model
-from engine.up.supervisor import free_port
-from loadtest.bench.report import machine_facts
+from loadtest.bench.machine import machine_facts
+from loadtest.bench.processes import free_port
 
 BACKENDS = ("builtin", "vllm")
 READY_S = 600.0
@@ -52,7 +52,7 @@ class Result:
 def write_config(path: Path, model: Path) -> None:
     units = []
     for backend in BACKENDS:
-        ports = (free_port("127.0.0.1"), free_port("127.0.0.1"))
+        ports = (free_port(), free_port())
         nodes = ", ".join(f'"http://127.0.0.1:{p}"' for p in ports)
         extra = 'engine_args = { dtype = "float32" }\n' if backend == "vllm" else ""
         units.append(
@@ -172,7 +172,7 @@ def print_table(results: list[Result]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_vllm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.vllm", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench-out/vllm"))
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--requests", type=int, default=8, help="requests per concurrent slot")
@@ -194,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(results)
     report = {"machine": facts, "tokens_per_request": args.tokens}
     report["results"] = [asdict(r) for r in results]
-    (out / "bench_vllm.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out / 'bench_vllm.json'}")
+    (out / "vllm.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out / 'vllm.json'}")
     return 0
 
 

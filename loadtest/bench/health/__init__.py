@@ -16,5 +16,5 @@ Both parts run in one invocation under one pinning: simulators and this harness 
 the gateways on the other. The machine may be shared: each part first waits for it to be
 quiet, and the CPU time of other processes on each core is reported beside the numbers.
 
-    python -m loadtest.bench_health --out DIR [--quick]
+    python -m loadtest.bench.health --out DIR [--quick]
 """

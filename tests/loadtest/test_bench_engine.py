@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.benchengine import analyze
+from loadtest.bench.engine import analyze
 
 US = 1_000  # stamps are nanoseconds
 
@@ -70,7 +70,7 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     section and the greedy outputs agree across TP=1 and TP=2."""
     argv = ["--out", str(tmp_path), "--iters", "20", "--rounds", "1", "--max-tokens", "6"]
     proc = subprocess.run(
-        [sys.executable, "-m", "loadtest.bench_engine", *argv],
+        [sys.executable, "-m", "loadtest.bench.engine", *argv],
         capture_output=True,
         text=True,
         timeout=300,

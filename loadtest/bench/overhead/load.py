@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from loadtest.bench.params import CONCURRENCIES, ITLS_MS, MODEL, MODES, TOKENS
-from loadtest.bench.processes import CLK_TCK, Cluster, cpu_ticks
+from loadtest.bench.overhead.cluster import Cluster
+from loadtest.bench.overhead.params import CONCURRENCIES, ITLS_MS, MODES, TOKENS
+from loadtest.bench.processes import CLK_TCK, MODEL, cpu_ticks
 from loadtest.gen.client import RequestRecord, open_session
 from loadtest.gen.shapes import RunConfig, Runner
 from loadtest.gen.stats import Slo, aggregate

@@ -1,4 +1,4 @@
-"""The measuring processes: `python -m loadtest.benchengine.worker JOB --rank R ...`.
+"""The measuring processes: `python -m loadtest.bench.engine.worker JOB --rank R ...`.
 
 Each job runs in its own process so it owns its torch thread count and its Gloo world, and
 writes one JSON result file (`--result`). Jobs:
@@ -271,7 +271,7 @@ def _follower(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadtest.benchengine.worker")
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.engine.worker")
     p.add_argument("job", choices=("bcast", "forward", "bare", "engine", "follower"))
     p.add_argument("--result", type=Path, required=True)
     p.add_argument("--rank", type=int, default=0)

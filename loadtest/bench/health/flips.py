@@ -47,7 +47,7 @@ class Flip:
 def logged_child(
     argv: list[str], ready: Path, cpu: int | None, what: str, log: Path
 ) -> Iterator[dict[str, Any]]:
-    """processes._child with stderr kept in `log` (thousands of flip lines must not reach the
+    """processes.child with stderr kept in `log` (thousands of flip lines must not reach the
     terminal); the same pinning, readiness and stopping."""
     with log.open("wb") as err, pinned(cpu):
         proc = subprocess.Popen(

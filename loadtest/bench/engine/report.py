@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.benchengine.analyze import AIM_RATIO
+from loadtest.bench.engine.analyze import AIM_RATIO
 
 
 def _p(d: dict[str, float]) -> str:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import platform
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 import orjson
 
-from loadtest.bench.load import Run
-from loadtest.bench.params import CONCURRENCIES, ITLS_MS, MODES
-from loadtest.bench.processes import CLK_TCK, Cluster, Pins
+from loadtest.bench.machine import machine_facts
+from loadtest.bench.overhead.cluster import Cluster
+from loadtest.bench.overhead.load import Run
+from loadtest.bench.overhead.params import CONCURRENCIES, ITLS_MS, MODES
+from loadtest.bench.processes import Pins
 from loadtest.gen.stats import percentile
 
 # Targets for a 64-token stream at c=128, keyed by inter-token delay (ms).
@@ -97,21 +97,11 @@ def print_table(table_rows: list[dict[str, float]]) -> None:
         f"TTFT in ms. Targets for 64-token streams at c=128: gateway CPU <= {TARGET_CPU_US[0.0]:g}"
         f" us/request at 0 ms ITL and <= {TARGET_CPU_US[20.0]:g} us at 20 ms ITL;"
         f" added TTFT p50 <= {TARGET_ADDED_TTFT_P50_MS:g} ms. Added TTFT = relay minus direct"
-        " percentile. floor = verbatim byte relay (loadtest/floor_relay.py) pinned like the"
-        " gateway: the least a Python relay pays per request, so gw/floor CPU is what the"
+        " percentile. floor = verbatim byte relay (loadtest.bench.overhead.floor_relay) pinned"
+        " like the gateway: the least a Python relay pays per request, so gw/floor CPU is what the"
         " gateway's own work costs. Load: loadtest.gen closed loop, one worker per stream in"
         " flight, workers start spread over one stream's duration (--lockstep: all at once)."
     )
-
-
-def _gateway_digest() -> str:
-    """The gateway is edited while benchmarks run; this ties numbers to the code measured."""
-    import gateway
-
-    digest = hashlib.sha256()
-    for path in sorted(Path(gateway.__file__).parent.rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def machine(pins: Pins | None, cluster: Cluster) -> dict[str, object]:
@@ -124,18 +114,6 @@ def machine(pins: Pins | None, cluster: Cluster) -> dict[str, object]:
         "load_cpu": None if pins is None else pins.load,
         "relay_cpu": None if pins is None else pins.relay,
         **affinity,
-    }
-
-
-def machine_facts() -> dict[str, object]:
-    """What every benchmark records about the machine and the code it measured."""
-    return {
-        "gateway_source_sha256": _gateway_digest(),
-        "nproc": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "clk_tck": CLK_TCK,
-        "loadavg_at_start": os.getloadavg(),  # others' load on 2 cores skews everything
     }
 
 

@@ -1,8 +1,7 @@
-"""The workload shape, shared by the processes that serve it, the load and the report."""
+"""The overhead benchmark's workload shape, shared by its processes, its load and its report."""
 
 from __future__ import annotations
 
-MODEL = "unitgate-sim"
 TOKENS = 64
 CONCURRENCIES = (32, 128)
 ITLS_MS = (0.0, 20.0)

@@ -1,4 +1,4 @@
-"""`python -m loadtest.bench_scheduler`: the scheduler's per-step bookkeeping vs output length.
+"""`python -m loadtest.bench.scheduler`: the scheduler's per-step bookkeeping vs output length.
 
 One decode step of 8 sequences (schedule + update with one token each, a stop string set, the
 byte tokenizer), timed at output lengths 64, 512 and 2,000 tokens. Side by side in one run:
@@ -61,7 +61,7 @@ def _run(lengths: Sequence[int], steps: int, baseline: bool) -> dict[int, float]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_scheduler", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.scheduler", description=__doc__)
     p.add_argument("--steps", type=int, default=200, help="timed steps per length (200)")
     args = p.parse_args(argv)
     now = _run(LENGTHS, args.steps, baseline=False)

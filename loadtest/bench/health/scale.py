@@ -10,6 +10,11 @@ probing gateway before or during the window: readiness is read from /proc (probe
 both ways at the full rate), flips from the gateway's log (flips.py), and the one scrape
 after the window checks that every node was probed and is healthy. What one scrape does is
 then measured on its own, after the window.
+
+This part reaches inside the gateway on purpose, past gateway.api: what it measures is the
+prober, and the probe rate is derived from the bytes the gateway wrote divided by the length
+of one probe's request head, so it builds that head with the prober's own
+gateway.health.probe.Target rather than a copy that could drift.
 """
 
 from __future__ import annotations
@@ -24,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.health.probe import Target
-from loadtest.bench.processes import CLK_TCK, Pins, _child, cpu_ticks
-from loadtest.benchhealth import flips
-from loadtest.benchhealth.flips import logged_child
-from loadtest.benchhealth.observe import (
+from loadtest.bench.health import flips
+from loadtest.bench.health.flips import logged_child
+from loadtest.bench.health.observe import (
     CoreTicks,
     Sample,
     by_unit,
@@ -39,6 +43,7 @@ from loadtest.benchhealth.observe import (
     scrape,
     total,
 )
+from loadtest.bench.processes import CLK_TCK, Pins, child, cpu_ticks
 
 INTERVAL_S = 1.0
 READY_WITHIN_S = 60.0  # 4,000 first connections on a shared core
@@ -149,7 +154,7 @@ def run(tmp: Path, pins: Pins | None, units: int, followers: int, window: float)
     sim_argv = ["loadtest.simunits", "--units", str(units), "--followers", str(followers)]
     sim_argv += ["--ready-file", str(tmp / "sim.json")]
     with contextlib.ExitStack() as stack:
-        sim = stack.enter_context(_child(sim_argv, tmp / "sim.json", sim_cpu, "simulator"))
+        sim = stack.enter_context(child(sim_argv, tmp / "sim.json", sim_cpu, "simulator"))
         gws: dict[str, dict[str, Any]] = {}
         for name, enabled in (("probing", True), ("idle", False)):
             toml = tmp / f"gw-{name}.toml"
@@ -159,8 +164,8 @@ def run(tmp: Path, pins: Pins | None, units: int, followers: int, window: float)
             # info: flip events are logged (steady state logs nothing); see flips.py
             level = ["--log-level", "info" if enabled else "warning"]
             log = tmp / f"gw-{name}.log"
-            child = logged_child([*argv, *level], ready, gw_cpu, f"{name} gateway", log)
-            gws[name] = stack.enter_context(child)
+            gateway = logged_child([*argv, *level], ready, gw_cpu, f"{name} gateway", log)
+            gws[name] = stack.enter_context(gateway)
         pids = {"sim": int(sim["pid"]), **{k: int(v["pid"]) for k, v in gws.items()}}
         pids["harness"] = os.getpid()
         metrics = gws["probing"]["metrics"]

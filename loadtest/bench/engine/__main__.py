@@ -1,0 +1,7 @@
+"""`python -m loadtest.bench.engine`: runs the command line in cli.py."""
+
+import sys
+
+from loadtest.bench.engine.cli import main
+
+sys.exit(main())

@@ -1,1 +1,0 @@
-"""Helpers of `python -m loadtest.bench_engine` (see that module's docstring)."""
