@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
-
-from gateway.observability.looplag import LoopLag
 
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
@@ -167,6 +166,14 @@ class Endpoint:
         self.host_header = parts.netloc.encode()
 
 
+class LagTotal(Protocol):
+    """The event loop's lateness summed since start (observability/looplag.LoopLag keeps it;
+    the request path reads only this number, not the metrics around it)."""
+
+    @property
+    def total(self) -> float: ...
+
+
 # A connect timeout stretched for the gateway's own lag ends at most this many timeouts in.
 MAX_STRETCH = 4.0
 
@@ -179,7 +186,7 @@ class ConnectionPool:
         connect_timeout: float,
         keepalive_timeout: float,
         limit: int,
-        lag: LoopLag | None = None,
+        lag: LagTotal | None = None,
     ) -> None:
         """With `lag`, a connect timeout is measured in the loop's responsive time: what the
         loop spent behind schedule while the connect was out is added to its deadline (a
@@ -265,7 +272,7 @@ class _Stretch:
     __slots__ = ("deadline", "handle", "lag", "limit", "loop", "seen")
 
     def __init__(
-        self, lag: LoopLag, deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop
+        self, lag: LagTotal, deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop
     ) -> None:
         when = deadline.when()
         assert when is not None

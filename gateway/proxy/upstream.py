@@ -14,9 +14,14 @@ from dataclasses import dataclass
 
 from gateway.config import Config
 from gateway.errors import UpstreamError
-from gateway.observability.looplag import LoopLag
 from gateway.outcomes import Failure
-from gateway.proxy.connection import ConnectionBroken, ConnectionPool, Endpoint, UpstreamConnection
+from gateway.proxy.connection import (
+    ConnectionBroken,
+    ConnectionPool,
+    Endpoint,
+    LagTotal,
+    UpstreamConnection,
+)
 
 _SSE = b"text/event-stream"
 
@@ -38,7 +43,7 @@ class Answer:
 
 
 class UpstreamClient:
-    def __init__(self, config: Config, lag: LoopLag | None = None) -> None:
+    def __init__(self, config: Config, lag: LagTotal | None = None) -> None:
         u = config.upstream
         self.pool = ConnectionPool(
             config.timeouts.connect, u.keepalive_timeout, u.max_connections, lag

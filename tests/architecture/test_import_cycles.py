@@ -8,44 +8,7 @@ closes a cycle is still a cycle in the design; it only moves the failure to run 
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterator
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "engine", "loadtest")
-
-
-def modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
-    return found
-
-
-def imported(path: Path, name: str, known: dict[str, Path]) -> Iterator[str]:
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
-        for dotted in targets:
-            # `from pkg import mod` names a module; `from mod import thing` names mod.
-            target = dotted
-            while target and target not in known:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                yield target
+from tests.architecture.imports import imported, modules
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -1,0 +1,60 @@
+"""Package boundaries the design promises, checked on the import graph.
+
+The request path (gateway/proxy/) emits signals and its observers do the metrics and the
+tracing: if a proxy module reached prometheus_client or opentelemetry, even through another
+project module, observability would be back inside the path. `unitgate up` (engine/up/)
+hosts a gateway through its public entry points only (gateway/api.py), so the gateway's
+internals can move without breaking it.
+"""
+
+from __future__ import annotations
+
+from tests.architecture.imports import external, imported, modules
+
+OBSERVABILITY_LIBRARIES = {"prometheus_client", "opentelemetry"}
+
+
+def reachable(start: str, graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    known = modules()
+    edges = {name: set(imported(path, name, known)) for name, path in known.items()}
+    outside = {name: external(path) for name, path in known.items()}
+    return edges, outside
+
+
+def test_the_request_path_reaches_no_metrics_or_tracing_library() -> None:
+    edges, outside = graph()
+    offenders = {}
+    for name in edges:
+        if name.startswith("gateway.proxy."):
+            for module in reachable(name, edges):
+                hit = outside[module] & OBSERVABILITY_LIBRARIES
+                if hit:
+                    offenders[name] = (module, sorted(hit))
+    assert offenders == {}
+
+
+def test_the_checker_sees_a_transitive_import() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": set(), "d": set()}
+    assert reachable("a", edges) == {"a", "b", "c"}
+
+
+def test_unitgate_up_uses_only_the_gateways_public_api() -> None:
+    edges, _ = graph()
+    used = {
+        target
+        for name, targets in edges.items()
+        if name.startswith("engine.up")
+        for target in targets
+        if target.startswith("gateway")
+    }
+    assert used <= {"gateway.api"}, used
