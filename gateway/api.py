@@ -7,8 +7,12 @@ keeps its meaning. Config: `load_config`, `config_from_dict`, `Config`, `UnitCon
 `metrics_url`, `draining`) and stops it on exit; `is_routable` reads its routing verdict.
 Around it: `read_tokens` (the admin tokens a config's environment provides), `is_loopback`
 and `raise_fd_limit`, which a process hosting the gateway calls once before it starts, and
-`LISTEN_BACKLOG`, the listen backlog the gateway's servers use (a server that must take the
-same bursts of connections, such as the load tester's simulated units, uses it too).
+`LISTEN_BACKLOG`, the listen backlog the gateway's servers use.
+
+Two leaf modules are public on their own, since importing this module imports the whole
+gateway: `gateway.oslimits` (`raise_fd_limit`) and `gateway.net` (`LISTEN_BACKLOG`,
+`is_loopback`) depend on nothing but the standard library, so the load generator and the
+simulated units, which must run in front of any OpenAI server, use them without it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,10 +69,13 @@ class LeaderEngine:
         heartbeat_s: float = 2.5,
         teardown: Callable[[], None] | None = None,
         send_step: Send = send,
+        on_step: Callable[[int, int], None] | None = None,
     ) -> None:
         """`heartbeat_s` must stay well under the collective timeout: an idle leader sends a
         HEARTBEAT that often so followers blocked in a broadcast do not time out.
-        `send_step` is the broadcast every step message goes through (a benchmark wraps it)."""
+        `send_step` is the broadcast every step message goes through, and `on_step` hears
+        each step's (start, end) in monotonic ns on the engine thread: a benchmark times the
+        engine through these two, without reaching into it."""
         slots = model.cache.num_slots
         self._config = SchedulerConfig(
             max_num_seqs=slots,
@@ -83,6 +87,7 @@ class LeaderEngine:
         self.stats = NodeStats("leader", unit, model.tp.rank, slots)
         self._model, self._tokenizer, self._name = model, tokenizer, model_name
         self._heartbeat_s, self._teardown, self._send = heartbeat_s, teardown, send_step
+        self._on_step = on_step
         self._inbox: queue.Queue[object] = queue.Queue()
         self._gate = threading.Lock()  # orders "stop accepting" against "accept"
         self._refusal: str | None = None  # why new requests are refused; engine thread writes
@@ -163,8 +168,14 @@ class LeaderEngine:
     def _run(self) -> None:
         try:
             while self._drain_inbox(block=not self.scheduler.has_work):
-                if self.scheduler.has_work:
+                if not self.scheduler.has_work:
+                    continue
+                if self._on_step is None:
                     self._step()
+                else:
+                    start = time.monotonic_ns()
+                    self._step()
+                    self._on_step(start, time.monotonic_ns())
             with self._gate:
                 self._refusal = "engine shut down"
                 self._close(self._refusal)

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
-from gateway.api import raise_fd_limit
+from gateway.oslimits import raise_fd_limit
 from loadtest.gen import compare, plots, sweep
 from loadtest.gen.actions import ActionRunner, add_timeseries
 from loadtest.gen.lengths import LengthDist, LengthSpecError, parse_length

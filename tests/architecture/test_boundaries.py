@@ -58,3 +58,19 @@ def test_unitgate_up_uses_only_the_gateways_public_api() -> None:
         if target.startswith("gateway")
     }
     assert used <= {"gateway.api"}, used
+
+
+def test_the_load_tools_stand_apart_from_the_gateway() -> None:
+    """The load generator and the simulated units run in front of any OpenAI server: from the
+    gateway they take only its two stdlib-only leaf modules (gateway/api.py says so)."""
+    edges, _ = graph()
+    used = {
+        target
+        for name, targets in edges.items()
+        if name.startswith(("loadtest.gen", "loadtest.simunits"))
+        for target in targets
+        if target.startswith("gateway")
+    }
+    assert used <= {"gateway.oslimits", "gateway.net"}, used
+    for leaf in ("gateway.oslimits", "gateway.net"):
+        assert not {t for t in edges[leaf] if t.startswith("gateway")}, leaf

@@ -6,7 +6,7 @@ writes one JSON result file (`--result`). Jobs:
   bcast    both ranks: the step message alone, ping-ponged (see `_bcast`).
   forward  both ranks: the tiny model's forward in lockstep, no runtime (see `_forward`).
   bare     both ranks: the same, with the step message sent before each forward.
-  engine   rank 0 only: a LeaderEngine (instrumented subclass) driven through `generate`.
+  engine   rank 0 only: a LeaderEngine driven through `generate`, timed through its hooks.
   follower rank 1..: the real follower loop (`engine.runtime.follower.run_follower`) on a
            model whose forwards are stamped, so each step's forward start on every rank is
            known and the step can be split into model time and runtime time (see analyze).
@@ -170,35 +170,44 @@ class Stamped:
         return out
 
 
-class TimedEngine(LeaderEngine):
-    """LeaderEngine with `_step` stamped: the schedule, the broadcast, the forward, sampling,
-    the scheduler update and the token events, i.e. one whole engine step."""
+class StepLog:
+    """Each engine step's stamps, heard through LeaderEngine's `on_step`: the schedule, the
+    broadcast, the forward, sampling, the scheduler update and the token events, i.e. one
+    whole step, split by the forward and send stamps taken during it.
 
-    def __init__(self, model: TimedTransformer, *, teardown: Any) -> None:
-        sends = Stamped(send)
-        super().__init__(
-            model,
-            ByteTokenizer(),
-            model_name="tiny",
-            heartbeat_s=2.5,
-            teardown=teardown,
-            send_step=sends,
-        )
-        self.timed_model = model
-        self.sends = sends
-        # (entries, tokens, step start, step end, forward start, forward end, send start,
-        # send end), monotonic ns; the send stamps are 0 at world size 1 (nothing is sent)
+    Rows: (entries, tokens, step start, step end, forward start, forward end, send start,
+    send end), monotonic ns; the send stamps are 0 at world size 1 (nothing is sent)."""
+
+    def __init__(self, model: TimedTransformer, sends: Stamped) -> None:
+        self.model, self.sends = model, sends
         self.steps: list[tuple[int, ...]] = []
+        self._forwards = self._sent = 0  # how many of each the previous step had seen
 
-    def _step(self) -> None:
-        calls, sends = len(self.timed_model.calls), len(self.sends.calls)
-        t0 = time.monotonic_ns()
-        super()._step()
-        t1 = time.monotonic_ns()
-        if len(self.timed_model.calls) > calls:
-            entries, tokens, f0, f1 = self.timed_model.calls[-1]
-            s0, s1 = self.sends.calls[-1] if len(self.sends.calls) > sends else (0, 0)
-            self.steps.append((entries, tokens, t0, t1, f0, f1, s0, s1))
+    def __call__(self, start: int, end: int) -> None:
+        forwards, sent = len(self.model.calls), len(self.sends.calls)
+        if forwards > self._forwards:
+            entries, tokens, f0, f1 = self.model.calls[-1]
+            s0, s1 = self.sends.calls[-1] if sent > self._sent else (0, 0)
+            self.steps.append((entries, tokens, start, end, f0, f1, s0, s1))
+        self._forwards, self._sent = forwards, sent
+
+
+def timed_engine(
+    model: TimedTransformer, teardown: Callable[[], None] | None
+) -> tuple[LeaderEngine, StepLog]:
+    """A real LeaderEngine whose step channel and steps are stamped (its public hooks)."""
+    sends = Stamped(send)
+    log = StepLog(model, sends)
+    engine = LeaderEngine(
+        model,
+        ByteTokenizer(),
+        model_name="tiny",
+        heartbeat_s=2.5,
+        teardown=teardown,
+        send_step=sends,
+        on_step=log,
+    )
+    return engine, log
 
 
 async def _one(engine: LeaderEngine, rid: str, params: SamplingParams) -> dict[str, Any]:
@@ -217,17 +226,17 @@ async def _one(engine: LeaderEngine, rid: str, params: SamplingParams) -> dict[s
     return {"submit_ns": t_submit, "token_ns": stamps, "tokens": tokens}
 
 
-async def _rounds(engine: TimedEngine, args: argparse.Namespace) -> dict[str, Any]:
+async def _rounds(engine: LeaderEngine, log: StepLog, args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     out: dict[str, Any] = {}
     for batch in args.batches:
         rounds = []
         for rnd in range(WARMUP_ROUNDS + args.rounds):
-            first_step = len(engine.steps)
+            first_step = len(log.steps)
             jobs = [_one(engine, f"b{batch}-r{rnd}-{i}", params) for i in range(batch)]
             results = await asyncio.gather(*jobs)
             if rnd >= WARMUP_ROUNDS:
-                steps = engine.steps[first_step:]
+                steps = log.steps[first_step:]
                 rounds.append({"requests": results, "first_step": first_step, "steps": steps})
         out[str(batch)] = rounds
     return out
@@ -236,14 +245,14 @@ async def _rounds(engine: TimedEngine, args: argparse.Namespace) -> dict[str, An
 def _engine(args: argparse.Namespace) -> dict[str, Any]:
     if args.world_size == 1:
         model = TimedTransformer(TPContext())
-        engine = TimedEngine(model, teardown=None)
+        engine, log = timed_engine(model, teardown=None)
     else:
         model = TimedTransformer(TPContext(rank=0, world_size=args.world_size))
         init_unit_group(0, args.world_size, args.master, args.timeout, args.timeout)
-        engine = TimedEngine(model, teardown=destroy_unit_group)
+        engine, log = timed_engine(model, teardown=destroy_unit_group)
     engine.start()
     try:
-        out = uvloop.run(_rounds(engine, args))  # the loop the leader server runs on
+        out = uvloop.run(_rounds(engine, log, args))  # the loop the leader server runs on
     finally:
         engine.shutdown(timeout=args.timeout)
     health = engine.health()
