@@ -188,7 +188,9 @@ class StreamRelay:
                     conn.transport.resume_reading()
         except UnitEjected:
             return End.UNIT_EJECTED
-        except ConnectionBroken:  # also what aborting after the unit's error event leads to
+        except ConnectionBroken:  # also what the pump's own aborts lead to (see push)
+            if pump.gone:
+                return End.CLIENT_GONE  # aborted because the client left, not reset by the unit
             return End.UNIT_ERROR if pump.failed else End.RESET
         except IdleTimeout:
             return End.IDLE_TIMEOUT
