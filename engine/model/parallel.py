@@ -4,6 +4,11 @@ Column-parallel layers split output features (each rank computes some heads or M
 row-parallel layers split input features and all-reduce their partial sums. Each layer reads
 only its own shard from a `WeightSource`, so a rank never materialises another rank's weights.
 
+Attention splits by KV-head groups (a KV head and the query heads that share it stay on one
+rank), unevenly when the count does not divide: 3 KV heads over 2 ranks are 2 + 1 groups. The
+MLP splits evenly. Either way a shard is a contiguous slice, so the all-reduce sums the same
+terms in the same places as TP=1.
+
 Vocabulary: the embedding and the LM head are REPLICATED on every rank. Every rank then holds
 complete logits without a gather, the vocab size needs no divisibility by the world size, and
 TP adds exactly two all-reduces per layer. The price is vocab x hidden memory per rank (about
@@ -66,6 +71,19 @@ class TPContext:
         part = size // self.world_size
         return slice(self.rank * part, (self.rank + 1) * part)
 
+    def split(self, count: int, what: str) -> slice:
+        """This rank's contiguous share of `count` items that need not divide evenly: the
+        first `count % world_size` ranks take one more. Every rank must get at least one
+        (a rank with no KV head would have nothing to attend with)."""
+        if count < self.world_size:
+            raise ValueError(
+                f"{what}: {count} cannot be split over tensor-parallel "
+                f"world_size={self.world_size} (each rank needs at least one)"
+            )
+        base, extra = divmod(count, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (self.rank < extra))
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum partial results across ranks in place (a no-op at world size 1)."""
         if self.world_size > 1:
@@ -77,12 +95,20 @@ def _empty(rows: int, cols: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(rows, cols), requires_grad=False)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y[:, shard] = x @ W[shard].T: the rank keeps the rows (output features) of its shard."""
+def _scaled(items: slice, size: int) -> slice:
+    """A slice of items (heads, say) as a slice of the features they own."""
+    return slice(items.start * size, items.stop * size)
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, what: str) -> None:
+
+class ColumnParallelLinear(nn.Module):
+    """y[:, shard] = x @ W[shard].T: the rank keeps the rows (output features) of its shard.
+
+    `rows` is the shard in items of `item_size` features each (heads of head_dim, or single
+    MLP features), as `TPContext.shard` or `TPContext.split` gave it."""
+
+    def __init__(self, in_features: int, rows: slice, item_size: int = 1) -> None:
         super().__init__()
-        self.rows = tp.shard(out_features, what)
+        self.rows = _scaled(rows, item_size)
         self.weight = _empty(self.rows.stop - self.rows.start, in_features)
 
     def load(self, source: WeightSource, name: str) -> None:
@@ -95,10 +121,10 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = sum over ranks of x[:, shard] @ W[:, shard].T: inputs split, outputs all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, what: str) -> None:
+    def __init__(self, cols: slice, out_features: int, tp: TPContext, item_size: int = 1) -> None:
         super().__init__()
         self.tp = tp
-        self.cols = tp.shard(in_features, what)
+        self.cols = _scaled(cols, item_size)
         self.weight = _empty(out_features, self.cols.stop - self.cols.start)
 
     def load(self, source: WeightSource, name: str) -> None:

@@ -82,20 +82,25 @@ def _role(message: Message) -> str:
     return role
 
 
-class HFTokenizer:
-    """A Hugging Face folder's `tokenizer.json`, with its jinja chat template when one is
-    present and renders, else a minimal text template (`<|role|>\\ncontent\\n`)."""
+class TemplatedTokenizer:
+    """A `tokenizers.Tokenizer` with its jinja chat template when one is given and renders
+    (in a sandbox: the template comes with the model), else a minimal text template
+    (`<|role|>\\ncontent\\n`). Where the tokenizer came from (a folder's `tokenizer.json`,
+    a GGUF's metadata) is the caller's business."""
 
-    def __init__(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        self.tok = _HFTokenizer.from_file(str(folder / "tokenizer.json"))
-        settings = _read_json(folder / "tokenizer_config.json")
+    def __init__(
+        self,
+        tok: _HFTokenizer,
+        bos_token: str | None,
+        eos_token: str | None,
+        template: str | None,
+    ) -> None:
+        self.tok = tok
         self.vocab_size: int = self.tok.get_vocab_size(with_added_tokens=True)
-        self.bos_token = _token_text(settings.get("bos_token"))
-        self.eos_token = _token_text(settings.get("eos_token"))
+        self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_id = self._id(self.bos_token)
         self.eos_id = self._id(self.eos_token)
-        self.template: str | None = settings.get("chat_template")
+        self.template = template
         stops = {self.eos_id, self._id("<|eot_id|>"), self._id("<|im_end|>")}
         self.stop_ids = frozenset(i for i in stops if i is not None)
 
@@ -140,6 +145,22 @@ class HFTokenizer:
         except Exception:
             return None
         return rendered
+
+
+class HFTokenizer(TemplatedTokenizer):
+    """A Hugging Face folder's `tokenizer.json`, with `tokenizer_config.json`'s special tokens
+    and chat template."""
+
+    def __init__(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        settings = _read_json(folder / "tokenizer_config.json")
+        template = settings.get("chat_template")
+        super().__init__(
+            _HFTokenizer.from_file(str(folder / "tokenizer.json")),
+            _token_text(settings.get("bos_token")),
+            _token_text(settings.get("eos_token")),
+            template if isinstance(template, str) else None,
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

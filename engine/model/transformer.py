@@ -66,6 +66,15 @@ class Rotary(nn.Module):
         return x * cos + rotated * sin
 
 
+def head_shards(config: ModelConfig, tp: TPContext) -> tuple[slice, slice]:
+    """This rank's (KV heads, query heads): whole KV groups, so no query head is separated
+    from the KV head it reads, split unevenly where the count does not divide (9 query and
+    3 KV heads at TP=2: rank 0 has KV heads 0-1 and query heads 0-5, rank 1 the rest)."""
+    kv = tp.split(config.num_kv_heads, "num_kv_heads")
+    group = config.num_heads // config.num_kv_heads
+    return kv, slice(kv.start * group, kv.stop * group)
+
+
 class Attention(nn.Module):
     """Grouped-query attention over this rank's heads; o_proj all-reduces the partial sums."""
 
@@ -74,12 +83,13 @@ class Attention(nn.Module):
         hd, hidden = config.head_dim, config.hidden_size
         self.layer, self.head_dim = layer, hd
         # Local heads: a contiguous block, so local q head h uses local kv head h // group.
-        self.num_heads = config.num_heads // tp.world_size
-        self.num_kv_heads = config.num_kv_heads // tp.world_size
-        self.q_proj = ColumnParallelLinear(hidden, config.num_heads * hd, tp, "num_heads")
-        self.k_proj = ColumnParallelLinear(hidden, config.num_kv_heads * hd, tp, "num_kv_heads")
-        self.v_proj = ColumnParallelLinear(hidden, config.num_kv_heads * hd, tp, "num_kv_heads")
-        self.o_proj = RowParallelLinear(config.num_heads * hd, hidden, tp, "num_heads")
+        kv, heads = head_shards(config, tp)
+        self.num_heads = heads.stop - heads.start
+        self.num_kv_heads = kv.stop - kv.start
+        self.q_proj = ColumnParallelLinear(hidden, heads, hd)
+        self.k_proj = ColumnParallelLinear(hidden, kv, hd)
+        self.v_proj = ColumnParallelLinear(hidden, kv, hd)
+        self.o_proj = RowParallelLinear(heads, hidden, tp, hd)
 
     def forward(
         self,
@@ -123,10 +133,11 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig, tp: TPContext) -> None:
         super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_proj = ColumnParallelLinear(hidden, inter, tp, "intermediate_size")
-        self.up_proj = ColumnParallelLinear(hidden, inter, tp, "intermediate_size")
-        self.down_proj = RowParallelLinear(inter, hidden, tp, "intermediate_size")
+        hidden = config.hidden_size
+        features = tp.shard(config.intermediate_size, "intermediate_size")
+        self.gate_proj = ColumnParallelLinear(hidden, features)
+        self.up_proj = ColumnParallelLinear(hidden, features)
+        self.down_proj = RowParallelLinear(features, hidden, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -179,8 +190,9 @@ class Transformer(nn.Module):
         super().__init__()
         tp = tp or TPContext()
         self.config, self.tp = config, tp
-        for field in ("num_heads", "num_kv_heads", "intermediate_size"):
-            tp.shard(getattr(config, field), field)  # fail with the field's name up front
+        # Fail with the field's name up front, before any allocation.
+        kv, _ = head_shards(config, tp)
+        tp.shard(config.intermediate_size, "intermediate_size")
         device = device or torch.device("cpu")
         self.embed_tokens = ReplicatedEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, tp, i) for i in range(config.num_layers))
@@ -189,12 +201,11 @@ class Transformer(nn.Module):
         self.to(device=device, dtype=dtype)
         # Built after the cast: the rotary tables stay float32, as in transformers.
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.max_seq_len).to(device)
-        local_kv = config.num_kv_heads // tp.world_size
         self.cache = KVCache(
             config.num_layers,
             num_slots,
             config.max_seq_len,
-            local_kv,
+            kv.stop - kv.start,
             config.head_dim,
             device,
             dtype,
@@ -212,8 +223,11 @@ class Transformer(nn.Module):
             assert isinstance(block, Block)
             block.load(source, f"model.layers.{i}")
         self.norm.weight.copy_(source.get("model.norm.weight"))
-        tied = self.config.tie_embeddings or not source.has("lm_head.weight")
-        self.lm_head.load(source, "model.embed_tokens.weight" if tied else "lm_head.weight")
+        if self.config.tie_embeddings or not source.has("lm_head.weight"):
+            # Tied: the head is the embedding's own tensor, not a second vocab x hidden copy.
+            self.lm_head.weight = self.embed_tokens.weight
+        else:
+            self.lm_head.load(source, "lm_head.weight")
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[Entry]) -> torch.Tensor:

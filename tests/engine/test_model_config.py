@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -38,14 +39,44 @@ def test_bad_config_names_the_field(change: dict[str, object], field: str) -> No
 @pytest.mark.parametrize(
     ("config", "world", "field"),
     [
-        (ModelConfig.tiny(), 3, "num_heads"),
+        (ModelConfig.tiny(), 5, "num_kv_heads"),
         (replace(ModelConfig.tiny(), num_kv_heads=2), 4, "num_kv_heads"),
         (replace(ModelConfig.tiny(), intermediate_size=690), 4, "intermediate_size"),
     ],
 )
-def test_heads_must_divide_by_world_size(config: ModelConfig, world: int, field: str) -> None:
+def test_shapes_that_cannot_split_name_the_field(
+    config: ModelConfig, world: int, field: str
+) -> None:
+    """Fewer KV heads than ranks, or an MLP that does not divide, fails before allocating."""
     with pytest.raises(ValueError, match=f"{field}.*world_size={world}"):
         Transformer(config, TPContext(rank=0, world_size=world))
+
+
+@pytest.mark.parametrize(
+    ("world", "kv_heads"),
+    [(1, [3]), (2, [2, 1]), (3, [1, 1, 1])],
+)
+def test_kv_groups_split_unevenly(world: int, kv_heads: list[int]) -> None:
+    """SmolLM2's 9 query / 3 KV heads: whole KV groups per rank, the first ranks take more,
+    and the shards tile the heads and the MLP exactly."""
+    config = ModelConfig(
+        vocab_size=64,
+        hidden_size=576,
+        num_layers=1,
+        num_heads=9,
+        num_kv_heads=3,
+        intermediate_size=1536,
+        max_seq_len=8,
+    )
+    ranks = [Transformer(config, TPContext(rank=r, world_size=world)) for r in range(world)]
+    attention = [m.layers[0].self_attn for m in ranks]
+    assert [a.num_kv_heads for a in attention] == kv_heads
+    assert [a.num_heads for a in attention] == [3 * k for k in kv_heads]
+    assert [m.cache.k.shape[3] for m in ranks] == kv_heads
+    q_rows = [(a.q_proj.rows.start, a.q_proj.rows.stop) for a in attention]
+    assert q_rows[0][0] == 0 and q_rows[-1][1] == 576
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(q_rows))
+    assert sum(m.layers[0].mlp.down_proj.weight.shape[1] for m in ranks) == 1536
 
 
 def test_tp_context_rejects_bad_rank() -> None:

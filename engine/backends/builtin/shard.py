@@ -18,12 +18,14 @@ from engine.model import (
     init_from_seed,
     load_hf_folder,
 )
+from engine.model.gguf import PACKAGED, GGUFFile, gguf_tokenizer, load_gguf, packaged_file
 from engine.runtime.group import init_unit_group
 from engine.settings import NodeSettings
 
 
 def build_model(settings: NodeSettings, tp: TPContext) -> tuple[Transformer, Tokenizer, str]:
-    """The rank's shard, the tokenizer and the served model name."""
+    """The rank's shard, the tokenizer and the served model name, for `--model`: 'tiny'
+    (seeded), a packaged model ('smollm2'), a Llama `.gguf` file or a Hugging Face folder."""
     device, dtype = select_device(settings.device, settings.dtype)
     if settings.model == "tiny":
         config = ModelConfig.tiny()
@@ -31,11 +33,26 @@ def build_model(settings: NodeSettings, tp: TPContext) -> tuple[Transformer, Tok
             config = replace(config, max_seq_len=settings.max_seq_len)
         model = init_from_seed(config, settings.seed, tp, settings.num_slots, device, dtype)
         return model, ByteTokenizer(), "tiny"
+    if settings.model in PACKAGED or settings.model.endswith(".gguf"):
+        return _build_gguf(settings, tp, device, dtype)
     folder = Path(settings.model)
     if not folder.is_dir():
-        raise ValueError(f"model: {settings.model!r} is neither 'tiny' nor a folder")
+        choices = ", ".join(repr(name) for name in ("tiny", *PACKAGED))
+        raise ValueError(
+            f"model: {settings.model!r} is none of {choices}, a .gguf file or a Hugging Face folder"
+        )
     model = load_hf_folder(folder, tp, settings.num_slots, device, dtype, settings.max_seq_len)
     return model, HFTokenizer(folder), folder.name
+
+
+def _build_gguf(
+    settings: NodeSettings, tp: TPContext, device: torch.device, dtype: torch.dtype
+) -> tuple[Transformer, Tokenizer, str]:
+    packaged = PACKAGED.get(settings.model)
+    path = packaged_file(settings.model) if packaged else Path(settings.model)
+    file = GGUFFile(path)
+    model = load_gguf(file, tp, settings.num_slots, device, dtype, settings.max_seq_len)
+    return model, gguf_tokenizer(file), packaged.name if packaged else path.stem
 
 
 def build_then_join(settings: NodeSettings) -> tuple[Transformer, Tokenizer, str]:
