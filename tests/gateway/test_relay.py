@@ -22,7 +22,7 @@ from gateway.outcomes import End
 from gateway.proxy.relay import HIGH_WATER, StreamRelay
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer, UpstreamClient
-from tests.gateway.servers import Peer, RawServer, until
+from tests.gateway.servers import Peer, RawServer, serve_app, until
 
 PATH = "/v1/chat/completions"
 FIRST = b'data: {"n": 1}\n\n'
@@ -125,26 +125,13 @@ async def upstream() -> AsyncIterator[UpstreamClient]:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: web.Application, handler_cancellation: bool) -> AsyncIterator[str]:
-    """`app` on a real socket (as servers.serve_app, the handler's cancellation chosen)."""
-    runner = web.AppRunner(app, handler_cancellation=handler_cancellation, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
 async def stream_of(
     relayed: Relayed, handler_cancellation: bool = True, **session: Any
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """The client's response to a request the relay serves (its head is in)."""
     timeout = aiohttp.ClientTimeout(total=10)
     async with (
-        serve(relayed.app, handler_cancellation) as url,
+        serve_app(relayed.app, handler_cancellation) as url,
         aiohttp.ClientSession(timeout=timeout, **session) as http,
         http.post(url + PATH, data=b"{}") as resp,
     ):
