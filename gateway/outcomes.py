@@ -54,3 +54,12 @@ _MESSAGES = {
     End.UNIT_EJECTED: "the unit was ejected by its health checks mid-stream",
     End.SHUTDOWN: "the gateway is shutting down",
 }
+
+
+class Resumption(StrEnum):
+    """What became of a stream that broke after its first byte (the resume phase's verdict;
+    the `outcome` label of unitgate_resumptions_total, the events log's resume_<value>)."""
+
+    OK = "ok"  # continued on another unit
+    GAVE_UP = "gave_up"  # could have been, but the limit, the budget or the units said no
+    UNSUPPORTED = "unsupported"  # its unit returns no token ids: it cannot be continued

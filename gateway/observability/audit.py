@@ -11,7 +11,7 @@ import logging
 
 from gateway.errors import UpstreamError
 from gateway.observability.events import EventLog
-from gateway.outcomes import End
+from gateway.outcomes import End, Resumption
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
@@ -32,7 +32,7 @@ class AuditObserver(Observer):
         if end is not End.COMPLETE and end is not End.CLIENT_GONE:
             log.warning("stream from unit %s broke after the first byte: %s", unit.id, end)
 
-    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         what, reason = f"resume_{outcome}", f"request {call.rid}: {detail}"
         if self.events is not None:
             self.events.record(broken.id, what, reason, "gateway")

@@ -7,7 +7,7 @@ import asyncio
 from gateway.errors import UpstreamError
 from gateway.observability.histogram import Histogram
 from gateway.observability.metrics import Metrics
-from gateway.outcomes import End, Failure
+from gateway.outcomes import End, Failure, Resumption
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
@@ -40,7 +40,7 @@ class MetricsObserver(Observer):
         elif end is not End.COMPLETE:
             self.m.upstream_failures.labels(unit.id, end).inc()
 
-    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         self.m.resumptions.labels(broken.id, outcome).inc()
 
     def ended(self, call: Call) -> None:

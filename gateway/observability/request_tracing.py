@@ -13,6 +13,7 @@ import asyncio
 
 from gateway.errors import UpstreamError
 from gateway.observability.tracing import Span, Tracing, end_span
+from gateway.outcomes import Resumption
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
@@ -64,7 +65,7 @@ class TracingObserver(Observer):
             end_span(trace.attempt, error.kind, error=True)
             trace.attempt = None
 
-    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         _of(call).request.add_event("resume", {"unitgate.unit": broken.id, "outcome": outcome})
 
     def ended(self, call: Call) -> None:

@@ -13,7 +13,7 @@ a resumed stream never holds two slots.
 from __future__ import annotations
 
 from gateway.errors import GatewayError
-from gateway.outcomes import End
+from gateway.outcomes import End, Resumption
 from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.continuation import continuation, max_new_tokens
@@ -55,20 +55,20 @@ async def resume(
         cause = None if end is End.UNIT_EJECTED else (broken.id, end.value)
         unit, answer = await proxy.dispatcher.resume(call, cause)
     except GatewayError as exc:
-        _resumed(proxy, call, broken, "gave_up", f"{end}: no continuation ({exc.message})")
+        _resumed(proxy, call, broken, Resumption.GAVE_UP, f"{end}: no continuation ({exc.message})")
         await relay.fail(end, exc.message)
         return None
     if not answer.streaming or answer.status != 200:  # refused: a 4xx, or not a stream
         call.lease.drop()
         proxy.upstream.finish(answer)  # a streamed refusal's connection is not left open
         detail = f"unit {unit.id} answered HTTP {answer.status}: {_excerpt(answer.first)}"
-        _resumed(proxy, call, broken, "gave_up", f"{end}: {detail}")
+        _resumed(proxy, call, broken, Resumption.GAVE_UP, f"{end}: {detail}")
         await relay.fail(end, detail)
         return None
     tracker.begin_continuation()
     call.unit = unit
     detail = f"{end}: continued on {unit.id} after {tracker.committed} tokens"
-    _resumed(proxy, call, broken, "ok", detail)
+    _resumed(proxy, call, broken, Resumption.OK, detail)
     return unit, answer
 
 
@@ -76,16 +76,18 @@ def _refusal(
     proxy: ProxyContext, call: Call, tracker: StreamTracker, broken: UnitState
 ) -> str | None:
     if not tracker.capable:
-        _resumed(proxy, call, broken, "unsupported", "the unit returned no token ids")
+        _resumed(proxy, call, broken, Resumption.UNSUPPORTED, "the unit returned no token ids")
         return f"unit {broken.id} returns no token ids"
     limit = proxy.config.resume.max_resumes
     if tracker.resumes >= limit:
-        _resumed(proxy, call, broken, "gave_up", f"resume limit ({limit}) reached")
+        _resumed(proxy, call, broken, Resumption.GAVE_UP, f"resume limit ({limit}) reached")
         return f"the stream was already resumed {tracker.resumes} time(s)"
     return None
 
 
-def _resumed(proxy: ProxyContext, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+def _resumed(
+    proxy: ProxyContext, call: Call, broken: UnitState, outcome: Resumption, detail: str
+) -> None:
     proxy.signals.resumed(call, broken, outcome, detail)
 
 

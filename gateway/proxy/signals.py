@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.errors import UpstreamError
-from gateway.outcomes import End, Failure
+from gateway.outcomes import End, Failure, Resumption
 from gateway.proxy.call import Call
 from gateway.units import UnitState
 
@@ -75,7 +75,7 @@ class Observer:
         """One answer from `unit` ended (a request's, or a continuation's): `gap` is the
         stream's own gap estimate (None for a non-streamed answer)."""
 
-    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         """A stream broken on `broken` was continued elsewhere (`ok`) or ended
         (`gave_up`, `unsupported`)."""
 
@@ -141,7 +141,7 @@ class Signals(Observer):
         for o in self._observers:
             o.answer_ended(call, unit, end, gap)
 
-    def resumed(self, call: Call, broken: UnitState, outcome: str, detail: str) -> None:
+    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         for o in self._observers:
             o.resumed(call, broken, outcome, detail)
 
