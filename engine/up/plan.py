@@ -43,6 +43,7 @@ class NodeSpec:
     model: str = ""  # "" = EngineOptions.model
     engine_args: str = "{}"  # vllm: the unit's engine_args as JSON
     health_port: int | None = None  # leader: /health from a thread; None: on the API port
+    max_seq_len: int | None = None  # builtin: KV positions per sequence; None: the model's
 
     @property
     def role(self) -> str:
@@ -74,6 +75,8 @@ class NodeSpec:
             args += ["--served-model-name", self.served_model]
         if self.rank == 0 and self.health_port is not None:
             args += ["--health-host", self.host, "--health-port", str(self.health_port)]
+        if self.max_seq_len is not None:
+            args += ["--max-seq-len", str(self.max_seq_len)]
         if self.backend != "builtin":
             args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
@@ -127,6 +130,7 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             unit.model,
             engine_args,
             _leader_health_port(unit) if rank == 0 else None,
+            unit.max_seq_len,
         )
         for rank, url in enumerate(unit.nodes)
     )

