@@ -18,7 +18,7 @@ from engine.model import (
     init_from_seed,
     load_hf_folder,
 )
-from engine.model.gguf import PACKAGED, GGUFFile, gguf_tokenizer, load_gguf, packaged_file
+from engine.model.gguf import PACKAGED, GGUFFile, gguf_path, gguf_tokenizer, load_gguf
 from engine.runtime.group import init_unit_group
 from engine.settings import NodeSettings
 
@@ -49,7 +49,7 @@ def _build_gguf(
     settings: NodeSettings, tp: TPContext, device: torch.device, dtype: torch.dtype
 ) -> tuple[Transformer, Tokenizer, str]:
     packaged = PACKAGED.get(settings.model)
-    path = packaged_file(settings.model) if packaged else Path(settings.model)
+    path = gguf_path(settings.model)
     file = GGUFFile(path)
     model = load_gguf(file, tp, settings.num_slots, device, dtype, settings.max_seq_len)
     return model, gguf_tokenizer(file), packaged.name if packaged else path.stem

@@ -53,3 +53,8 @@ def packaged_file(model: str) -> Path:
             f"reinstall it with: {entry.install} --force-reinstall"
         )
     return path
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file a `--model` value names: a packaged model's installed file, or the path."""
+    return packaged_file(model) if model in PACKAGED else Path(model)
