@@ -1,8 +1,10 @@
 """Token-exact mid-stream resumption with real builtin-engine units.
 
-Two single-node units of the same seeded model sit behind the gateway. A greedy stream is
-started, its leader is SIGKILLed mid-answer, and the client's stream must be the same answer
-an uninterrupted run gives: same text, one id, one role delta, one finish, usage counted once.
+Two single-node units of the same model sit behind the gateway: the seeded tiny model, and
+the real SmolLM2-135M-Instruct (a real answer that ends where the model ends it, no
+`ignore_eos`). A greedy stream is started, its leader is SIGKILLed mid-answer, and the
+client's stream must be the same answer an uninterrupted run gives: same text word for word,
+one id, one role delta, one finish, usage counted once.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ MAX_TOKENS = 320  # long enough that the kill lands mid-answer even on a fast ma
 KILL_AFTER = 8  # content chunks the client has before its unit dies
 
 
-@pytest.fixture
-def units(tmp_path: Path) -> Iterator[dict[str, tuple[Proc, str]]]:
+SMOLLM = "SmolLM2-135M-Instruct"
+
+
+def start_units(tmp_path: Path, served: str, *flags: str) -> Iterator[dict[str, tuple[Proc, str]]]:
     procs: dict[str, tuple[Proc, str]] = {}
     try:
         for unit in ("u0", "u1"):
@@ -35,7 +39,7 @@ def units(tmp_path: Path) -> Iterator[dict[str, tuple[Proc, str]]]:
             proc = unitgate(
                 tmp_path, unit, "node", "--role", "leader", "--world-size", "1",
                 "--master", f"127.0.0.1:{free_port()}", "--port", str(port), "--threads", "1",
-                "--unit", unit, "--served-model-name", MODEL,
+                "--unit", unit, "--served-model-name", served, *flags,
             )  # fmt: skip
             procs[unit] = (proc, f"http://127.0.0.1:{port}")
         for proc, _ in procs.values():
@@ -46,9 +50,20 @@ def units(tmp_path: Path) -> Iterator[dict[str, tuple[Proc, str]]]:
             proc.stop()
 
 
-def config(units: dict[str, tuple[Proc, str]]) -> Any:
+@pytest.fixture
+def units(tmp_path: Path) -> Iterator[dict[str, tuple[Proc, str]]]:
+    yield from start_units(tmp_path, MODEL)
+
+
+@pytest.fixture
+def smollm_units(tmp_path: Path) -> Iterator[dict[str, tuple[Proc, str]]]:
+    flags = ("--model", "smollm2", "--max-seq-len", "512", "--num-slots", "2")
+    yield from start_units(tmp_path, SMOLLM, *flags)
+
+
+def config(units: dict[str, tuple[Proc, str]], model: str = MODEL) -> Any:
     specs = [{"id": u, "leader": url, "nodes": [url]} for u, (_, url) in units.items()]
-    return gateway_config(specs, retry={"budget_min_per_second": 10.0})
+    return gateway_config(specs, gateway={"models": [model]}, retry={"budget_min_per_second": 10.0})
 
 
 def text_of(chunks: list[Any], chat: bool) -> str:
@@ -141,3 +156,36 @@ async def test_a_completion_stream_survives_its_leader_being_killed(
     ]
     assert ids == expected_ids  # no id shown twice, none missing
     assert got[-1] == "[DONE]"
+
+
+async def test_a_real_models_answer_survives_its_leader_being_killed_word_for_word(
+    smollm_units: dict[str, tuple[Proc, str]],
+) -> None:
+    """Real text, ended by the model itself: the continuation must pick up the very token
+    sequence (the chat template's prompt ids plus the answer so far) and end where it ends."""
+    body = {
+        "model": SMOLLM,
+        "messages": [{"role": "user", "content": "Which running shoes suit flat feet?"}],
+        "stream": True,
+        "max_tokens": 90,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
+    async with running(config(smollm_units, SMOLLM)) as gw:
+        expected = await reference(gw, "/v1/chat/completions", body)
+        victim, got = await killed_mid_stream(gw, smollm_units, "/v1/chat/completions", body)
+        metrics = gw.metrics.render().decode()
+    want = text_of(expected, chat=True)
+    assert " shoe" in want.lower() and want.isascii()  # a real answer, not random weights
+    assert text_of(got, chat=True) == want
+    chunks = [c for c in got if isinstance(c, dict)]
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == [
+        ch["finish_reason"]
+        for c in expected
+        if isinstance(c, dict)
+        for ch in c["choices"]
+        if ch["finish_reason"]
+    ]
+    assert chunks[-1]["usage"] == expected[-2]["usage"]
+    assert f'unitgate_resumptions_total{{outcome="ok",unit="{victim}"}} 1.0' in metrics
