@@ -1,7 +1,9 @@
 """What a person sees: a live progress line, a summary table and result.json.
 
 The progress line is a plain stderr line rewritten with \\r, so it needs no terminal library
-and stays out of stdout, which carries only the final table.
+and stays out of stdout, which carries only the final table. When stderr is not a terminal (a
+log file, CI) a \\r does not rewrite anything, so a whole line is written every `log_every`
+seconds instead of one per half second run together.
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ def progress_text(state: RunState) -> str:
     )
 
 
-async def show_progress(state: RunState, stream: TextIO, every: float = 0.5) -> None:
+async def show_progress(
+    state: RunState, stream: TextIO, every: float = 0.5, log_every: float = 10.0
+) -> None:
     """Runs until cancelled; the line is padded so a shorter one fully covers a longer one."""
+    if not stream.isatty():
+        await _log_progress(state, stream, log_every)
+        return
     width = 0
     try:
         while True:
@@ -39,6 +46,17 @@ async def show_progress(state: RunState, stream: TextIO, every: float = 0.5) -> 
             await asyncio.sleep(every)
     finally:
         stream.write("\r" + progress_text(state).ljust(width) + "\n")
+        stream.flush()
+
+
+async def _log_progress(state: RunState, stream: TextIO, every: float) -> None:
+    try:
+        while True:
+            await asyncio.sleep(every)
+            stream.write(progress_text(state) + "\n")
+            stream.flush()
+    finally:
+        stream.write(progress_text(state) + "\n")
         stream.flush()
 
 
