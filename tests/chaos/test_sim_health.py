@@ -100,8 +100,10 @@ async def test_9_every_node_answers_probes_slowly(sim: SimProcess, gateway: Gate
 
 
 class Readyz:
-    """/readyz polled every 10 ms from before the gateway listens: (wall time, status), with
-    None for a refused connection."""
+    """/readyz polled every 10 ms from before the gateway listens: (wall time the answer came,
+    status), with None for a refused connection. The time is taken after the answer: one taken
+    before the request would date a 200 that a verdict made while it was in flight to before
+    that verdict."""
 
     def __init__(self, url: str) -> None:
         self.url = url + "/readyz"
@@ -110,7 +112,8 @@ class Readyz:
 
     async def _poll(self) -> None:
         while True:
-            self.seen.append((time.time(), await asyncio.to_thread(self._status)))
+            status = await asyncio.to_thread(self._status)
+            self.seen.append((time.time(), status))
             await asyncio.sleep(0.01)
 
     def _status(self) -> int | None:
