@@ -58,6 +58,19 @@ def _peak_rss_mb() -> float:
 
 # -- jobs (each in its own process) --
 
+Generate = Callable[[list[int], int, int], float]  # (prompt ids, batch, new tokens) -> seconds
+
+
+def _timed(generate: Generate, question: list[int], long: list[int], steps: int) -> dict[str, Any]:
+    """TTFT as a one-token generation of the long prompt; decode as the difference between
+    `steps + 1` new tokens and one, so the prefill drops out (engines with a generate call)."""
+    out: dict[str, Any] = {"ttft_200_ms": generate(long, 1, 1) * 1e3}
+    for batch in BATCHES:
+        first = generate(question, batch, 1)
+        whole = generate(question, batch, steps + 1)
+        out[f"decode_b{batch}_tok_s"] = batch * steps / (whole - first)
+    return out | {"rss_mb": _peak_rss_mb()}
+
 
 def _builtin(args: argparse.Namespace) -> dict[str, Any]:
     import torch
@@ -121,13 +134,7 @@ def _transformers(args: argparse.Namespace) -> dict[str, Any]:
             )
         return time.perf_counter() - start
 
-    out["ttft_200_ms"] = generate(long_prompt, 1, 1) * 1e3
-    for batch in BATCHES:
-        first = generate(question, batch, 1)
-        whole = generate(question, batch, args.steps + 1)
-        out[f"decode_b{batch}_tok_s"] = batch * args.steps / (whole - first)
-    out["rss_mb"] = _peak_rss_mb()
-    return out
+    return out | _timed(generate, question, long_prompt, args.steps)
 
 
 def _vllm(args: argparse.Namespace) -> dict[str, Any]:
@@ -152,13 +159,7 @@ def _vllm(args: argparse.Namespace) -> dict[str, Any]:
         return time.perf_counter() - start
 
     generate(question, 1, 2)  # the first call compiles and warms up
-    out["ttft_200_ms"] = generate(long_prompt, 1, 1) * 1e3
-    for batch in BATCHES:
-        first = generate(question, batch, 1)
-        whole = generate(question, batch, args.steps + 1)
-        out[f"decode_b{batch}_tok_s"] = batch * args.steps / (whole - first)
-    out["rss_mb"] = _peak_rss_mb()
-    return out
+    return out | _timed(generate, question, long_prompt, args.steps)
 
 
 JOBS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

@@ -28,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=None, help="broadcast iterations (2000/300)")
     p.add_argument("--rounds", type=int, default=None, help="generate rounds (10/3)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--model",
+        default="tiny",
+        choices=("tiny", "smollm2"),
+        help="the seeded tiny model, or the real SmolLM2 (a step is ~100x longer: use --quick"
+        " and a small --max-tokens)",
+    )
     return p
 
 
@@ -42,13 +49,13 @@ def _pair(name: str, job: str, out: Path, logs: Path, extra: list[str]) -> tuple
     return read(files[0]), read(files[1])
 
 
-def _tp2_engine(out: Path, logs: Path, extra: list[str]) -> tuple[Any, Any]:
+def _tp2_engine(out: Path, logs: Path, extra: list[str], model: str) -> tuple[Any, Any]:
     """The instrumented leader and the real follower loop; (leader result, follower result)."""
     master = f"127.0.0.1:{free_port()}"
     files = [out / f"engine-tp2-rank{r}.json" for r in (0, 1)]
     common = ["--master", master, "--threads", "1", "--world-size", "2"]
     leader = worker("engine", files[0], *common, *extra)
-    follower = worker("follower", files[1], *common, "--rank", "1")
+    follower = worker("follower", files[1], *common, "--rank", "1", "--model", model)
     run_group("engine-tp2", [leader, follower], logs)
     return read(files[0]), read(files[1])
 
@@ -62,8 +69,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds = args.rounds or (3 if args.quick else 10)
     settings = {"iters": iters, "warmup_iters": 50, "rounds": rounds}
     settings |= {"max_tokens": args.max_tokens, "batches": [1, 8], "prompt_tokens": 16}
+    settings["model"] = args.model
     res: dict[str, Any] = {"machine": machine(), "settings": settings}
-    gen = ["--rounds", str(rounds), "--max-tokens", str(args.max_tokens)]
+    gen = ["--rounds", str(rounds), "--max-tokens", str(args.max_tokens), "--model", args.model]
     t0 = time.monotonic()
 
     b0, b1 = _pair("bcast", "bcast", raw, logs, ["--iters", str(iters)])
@@ -72,7 +80,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     fwd = {"tp2_t1": analyze.forward(f0["data"])}
     l0, l1 = _pair("bare-tp2", "bare", raw, logs, gen)
     res["bare_loop"] = analyze.broadcast(l0["data"], l1["data"])
-    lead, follow = _tp2_engine(raw, logs, gen)
+    lead, follow = _tp2_engine(raw, logs, gen, args.model)
     engines = {"tp2_t1": lead}
     calls = follow["data"]["calls"]
     res["runtime"] = analyze.runtime(lead["data"], calls, res["broadcast"], res["bare_loop"])

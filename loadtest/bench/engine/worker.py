@@ -33,6 +33,8 @@ import uvloop
 
 from engine.api import GenerationRequest, TokenEvent
 from engine.model import ByteTokenizer, ModelConfig, SeedSource, TPContext, Transformer
+from engine.model.gguf import GGUFFile, GGUFSource, gguf_config, gguf_tokenizer, packaged_file
+from engine.model.tokenizer import Tokenizer
 from engine.model.transformer import Entry
 from engine.runtime.follower import run_follower
 from engine.runtime.group import destroy_unit_group, init_unit_group
@@ -46,6 +48,7 @@ NUM_SLOTS = 8
 PROMPT = tuple(range(1, 17))  # 16 prompt tokens, ids inside the byte tokenizer's range
 DECODE_TOKEN = 65
 WARMUP_ROUNDS = 1
+REAL_MAX_SEQ_LEN = 256  # KV positions for the real model: PROMPT plus --max-tokens fit
 
 
 def decode_entries(batch: int, pos: int) -> list[tuple[int, tuple[int, ...], int]]:
@@ -96,11 +99,18 @@ def _bcast(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class TimedTransformer(Transformer):
-    """The model with each forward stamped; `init_from_seed` in two lines, on this subclass."""
+    """The model with each forward stamped: the seeded tiny model, or the real SmolLM2 from
+    its packaged GGUF (this rank's shard)."""
 
-    def __init__(self, tp: TPContext) -> None:
-        super().__init__(ModelConfig.tiny(), tp, num_slots=NUM_SLOTS)
-        self.load(SeedSource(self.config, SEED))
+    def __init__(self, tp: TPContext, model: str = "tiny") -> None:
+        if model == "tiny":
+            super().__init__(ModelConfig.tiny(), tp, num_slots=NUM_SLOTS)
+            self.load(SeedSource(self.config, SEED))
+        else:
+            file = GGUFFile(packaged_file(model))
+            config = gguf_config(file, max_seq_len=REAL_MAX_SEQ_LEN)
+            super().__init__(config, tp, num_slots=NUM_SLOTS)
+            self.load(GGUFSource(file, config.head_dim))
         self.calls: list[tuple[int, int, int, int]] = []  # (entries, tokens, start, end) ns
 
     def forward(self, batch: Sequence[Entry]) -> torch.Tensor:
@@ -123,7 +133,7 @@ def _forward(args: argparse.Namespace, tp: TPContext, bare_loop: bool) -> dict[s
     forward, instead of in a tight ping-pong. Its one-way latency is the floor a runtime
     cannot go below (measured here: about 1.5x the ping-pong's, since each side has just
     spent milliseconds computing)."""
-    model = TimedTransformer(tp)
+    model = TimedTransformer(tp, args.model)
     out: dict[str, Any] = {}
     for batch in args.batches:
         times: list[int] = []
@@ -192,16 +202,23 @@ class StepLog:
         self._forwards, self._sent = forwards, sent
 
 
+def _tokenizer(model: str) -> Tokenizer:
+    """The real model's ids reach past the byte tokenizer: its own decodes them."""
+    if model == "tiny":
+        return ByteTokenizer()
+    return gguf_tokenizer(GGUFFile(packaged_file(model)))
+
+
 def timed_engine(
-    model: TimedTransformer, teardown: Callable[[], None] | None
+    model: TimedTransformer, tokenizer: Tokenizer, teardown: Callable[[], None] | None
 ) -> tuple[LeaderEngine, StepLog]:
     """A real LeaderEngine whose step channel and steps are stamped (its public hooks)."""
     sends = Stamped(send)
     log = StepLog(model, sends)
     engine = LeaderEngine(
         model,
-        ByteTokenizer(),
-        model_name="tiny",
+        tokenizer,
+        model_name="bench",
         heartbeat_s=2.5,
         teardown=teardown,
         send_step=sends,
@@ -244,12 +261,12 @@ async def _rounds(engine: LeaderEngine, log: StepLog, args: argparse.Namespace) 
 
 def _engine(args: argparse.Namespace) -> dict[str, Any]:
     if args.world_size == 1:
-        model = TimedTransformer(TPContext())
-        engine, log = timed_engine(model, teardown=None)
+        model = TimedTransformer(TPContext(), args.model)
+        engine, log = timed_engine(model, _tokenizer(args.model), teardown=None)
     else:
-        model = TimedTransformer(TPContext(rank=0, world_size=args.world_size))
+        model = TimedTransformer(TPContext(rank=0, world_size=args.world_size), args.model)
         init_unit_group(0, args.world_size, args.master, args.timeout, args.timeout)
-        engine, log = timed_engine(model, teardown=destroy_unit_group)
+        engine, log = timed_engine(model, _tokenizer(args.model), teardown=destroy_unit_group)
     engine.start()
     try:
         out = uvloop.run(_rounds(engine, log, args))  # the loop the leader server runs on
@@ -263,7 +280,7 @@ def _engine(args: argparse.Namespace) -> dict[str, Any]:
 
 def _follower(args: argparse.Namespace) -> dict[str, Any]:
     """The real follower loop until the leader's STOP; every forward it ran, stamped."""
-    model = TimedTransformer(TPContext(rank=args.rank, world_size=args.world_size))
+    model = TimedTransformer(TPContext(rank=args.rank, world_size=args.world_size), args.model)
     init_unit_group(args.rank, args.world_size, args.master, args.timeout, args.timeout)
     stats = NodeStats("follower", "bench", args.rank, NUM_SLOTS)
     receives = Stamped(receive)
@@ -293,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--model", default="tiny", choices=("tiny", "smollm2"))
     return p
 
 
