@@ -55,20 +55,22 @@ async def resume(
         cause = None if end is End.UNIT_EJECTED else (broken.id, end.value)
         unit, answer = await proxy.dispatcher.resume(call, cause)
     except GatewayError as exc:
-        _resumed(proxy, call, broken, Resumption.GAVE_UP, f"{end}: no continuation ({exc.message})")
+        proxy.signals.resumed(
+            call, broken, Resumption.GAVE_UP, f"{end}: no continuation ({exc.message})"
+        )
         await relay.fail(end, exc.message)
         return None
     if not answer.streaming or answer.status != 200:  # refused: a 4xx, or not a stream
         call.lease.drop()
         proxy.upstream.finish(answer)  # a streamed refusal's connection is not left open
         detail = f"unit {unit.id} answered HTTP {answer.status}: {_excerpt(answer.first)}"
-        _resumed(proxy, call, broken, Resumption.GAVE_UP, f"{end}: {detail}")
+        proxy.signals.resumed(call, broken, Resumption.GAVE_UP, f"{end}: {detail}")
         await relay.fail(end, detail)
         return None
     tracker.begin_continuation()
     call.unit = unit
     detail = f"{end}: continued on {unit.id} after {tracker.committed} tokens"
-    _resumed(proxy, call, broken, Resumption.OK, detail)
+    proxy.signals.resumed(call, broken, Resumption.OK, detail)
     return unit, answer
 
 
@@ -76,19 +78,15 @@ def _refusal(
     proxy: ProxyContext, call: Call, tracker: StreamTracker, broken: UnitState
 ) -> str | None:
     if not tracker.capable:
-        _resumed(proxy, call, broken, Resumption.UNSUPPORTED, "the unit returned no token ids")
+        proxy.signals.resumed(
+            call, broken, Resumption.UNSUPPORTED, "the unit returned no token ids"
+        )
         return f"unit {broken.id} returns no token ids"
     limit = proxy.config.resume.max_resumes
     if tracker.resumes >= limit:
-        _resumed(proxy, call, broken, Resumption.GAVE_UP, f"resume limit ({limit}) reached")
+        proxy.signals.resumed(call, broken, Resumption.GAVE_UP, f"resume limit ({limit}) reached")
         return f"the stream was already resumed {tracker.resumes} time(s)"
     return None
-
-
-def _resumed(
-    proxy: ProxyContext, call: Call, broken: UnitState, outcome: Resumption, detail: str
-) -> None:
-    proxy.signals.resumed(call, broken, outcome, detail)
 
 
 async def _close(relay: StreamRelay, tail: bytes) -> None:
