@@ -30,3 +30,12 @@ def select_device(name: str = "cpu", dtype: str | None = None) -> tuple[torch.de
             f"dtype: unsupported dtype {dtype_name!r} (expected one of {list(_DTYPES)})"
         )
     return torch.device(name), _DTYPES[dtype_name]
+
+
+def weight_dtype(name: str | None, dtype: torch.dtype) -> torch.dtype:
+    """How the matrices are stored: `name`, or the arithmetic's `dtype` when unset."""
+    if name is None:
+        return dtype
+    if name not in _DTYPES:
+        raise ValueError(f"weight_dtype: unsupported {name!r} (expected one of {list(_DTYPES)})")
+    return _DTYPES[name]

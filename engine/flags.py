@@ -60,7 +60,12 @@ def build_parser(
     add("--connect-timeout", type=float, help="seconds")
     add("--threads", type=int, help="torch intra-op threads (0: default)")
     add("--device")
-    add("--dtype")
+    add("--dtype", help="the arithmetic's: float32 (CPU default), float16 or bfloat16")
+    add(
+        "--weight-dtype",
+        help="builtin: the stored matrices' (default: --dtype); float16 halves what a decode "
+        "step reads from memory",
+    )
     add_vllm_flags(p)
     return p
 

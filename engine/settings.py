@@ -39,6 +39,8 @@ class NodeSettings:
     threads: int = 0
     device: str = "cpu"
     dtype: str | None = None
+    # builtin: how the matrices are stored (see engine.model.narrow); None: as --dtype
+    weight_dtype: str | None = None
     collective_timeout: float = 10.0
     connect_timeout: float = 300.0
     # the vllm backend (checked by it, once it knows vLLM is installed)
@@ -99,7 +101,18 @@ def _check_ports(s: NodeSettings) -> None:
             raise ValueError(f"{flag}: must be 0..65535, got {value}")
 
 
+DTYPES = ("float32", "float16", "bfloat16")
+
+
 def _check_engine(s: NodeSettings) -> None:
+    for flag, dtype in (("--dtype", s.dtype), ("--weight-dtype", s.weight_dtype)):
+        if dtype is not None and dtype not in DTYPES:
+            raise ValueError(f"{flag}: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if s.weight_dtype is not None and s.backend != "builtin":
+        raise ValueError(
+            f"--weight-dtype: only applies to --backend builtin (vLLM: --vllm-args dtype), "
+            f"got {s.weight_dtype!r} with --backend {s.backend}"
+        )
     if s.num_slots < 1:
         raise ValueError(f"--num-slots: must be >= 1, got {s.num_slots}")
     for flag, seconds in (

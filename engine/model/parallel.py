@@ -18,12 +18,15 @@ a change to `ReplicatedLinear`'s one caller.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from engine.model import narrow
 
 
 class WeightSource(Protocol):
@@ -103,19 +106,27 @@ def _scaled(items: slice, size: int) -> slice:
 class ColumnParallelLinear(nn.Module):
     """y[:, shard] = x @ W[shard].T: the rank keeps the rows (output features) of its shard.
 
-    `rows` is the shard in items of `item_size` features each (heads of head_dim, or single
+    One layer stacks the matrices that read the same input (q, k and v; gate and up), so a
+    step runs one matmul where it would run three, and returns their outputs apart. `parts`
+    maps each matrix's HF name to its shard in items of a size (heads of head_dim, or single
     MLP features), as `TPContext.shard` or `TPContext.split` gave it."""
 
-    def __init__(self, in_features: int, rows: slice, item_size: int = 1) -> None:
+    def __init__(self, in_features: int, parts: Mapping[str, tuple[slice, int]]) -> None:
         super().__init__()
-        self.rows = _scaled(rows, item_size)
-        self.weight = _empty(self.rows.stop - self.rows.start, in_features)
+        self.rows = {name: _scaled(items, size) for name, (items, size) in parts.items()}
+        self.sizes = [rows.stop - rows.start for rows in self.rows.values()]
+        self.weight = _empty(sum(self.sizes), in_features)
 
-    def load(self, source: WeightSource, name: str) -> None:
-        self.weight.copy_(source.get(name, rows=self.rows))
+    def load(self, source: WeightSource, prefix: str) -> None:
+        """Each part from `{prefix}.{name}.weight`, stacked in order."""
+        offset = 0
+        for (name, rows), size in zip(self.rows.items(), self.sizes, strict=True):
+            part = source.get(f"{prefix}.{name}.weight", rows=rows)
+            self.weight[offset : offset + size].copy_(part)
+            offset += size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight)
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.split(narrow.linear(x, self.weight), self.sizes, dim=-1)
 
 
 class RowParallelLinear(nn.Module):
@@ -131,7 +142,7 @@ class RowParallelLinear(nn.Module):
         self.weight.copy_(source.get(name, cols=self.cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(nn.functional.linear(x, self.weight))
+        return self.tp.all_reduce(narrow.linear(x, self.weight))
 
 
 class ReplicatedLinear(nn.Module):
@@ -145,7 +156,7 @@ class ReplicatedLinear(nn.Module):
         self.weight.copy_(source.get(name))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight)
+        return narrow.linear(x, self.weight)
 
 
 class ReplicatedEmbedding(nn.Module):

@@ -9,10 +9,12 @@ which keeps causal masking and per-slot cache reads obviously correct.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from engine.model import narrow
 from engine.model.config import ModelConfig
 from engine.model.kvcache import KVCache
 from engine.model.parallel import (
@@ -25,6 +27,8 @@ from engine.model.parallel import (
 )
 
 Entry = tuple[int, Sequence[int], int]
+# The layers whose weights may be stored narrower than the arithmetic (see `narrow`).
+_WEIGHTS = (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear, ReplicatedEmbedding)
 
 
 class RMSNorm(nn.Module):
@@ -57,13 +61,24 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (tokens, heads, head_dim); positions: (tokens,)."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Angles:
+        """The tables at `positions` (tokens,), looked up once per forward for every layer."""
+        return Angles(
+            self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        )
+
+
+class Angles(NamedTuple):
+    """cos and sin at a batch's positions, shaped (tokens, 1, head_dim) to broadcast."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (tokens, heads, head_dim)."""
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return x * self.cos + rotated * self.sin
 
 
 def head_shards(config: ModelConfig, tp: TPContext) -> tuple[slice, slice]:
@@ -86,23 +101,22 @@ class Attention(nn.Module):
         kv, heads = head_shards(config, tp)
         self.num_heads = heads.stop - heads.start
         self.num_kv_heads = kv.stop - kv.start
-        self.q_proj = ColumnParallelLinear(hidden, heads, hd)
-        self.k_proj = ColumnParallelLinear(hidden, kv, hd)
-        self.v_proj = ColumnParallelLinear(hidden, kv, hd)
+        parts = {"q_proj": (heads, hd), "k_proj": (kv, hd), "v_proj": (kv, hd)}
+        self.qkv_proj = ColumnParallelLinear(hidden, parts)
         self.o_proj = RowParallelLinear(heads, hidden, tp, hd)
 
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
         entries: Sequence[Entry],
-        rotary: Rotary,
+        angles: Angles,
         cache: KVCache,
     ) -> torch.Tensor:
         """x: (all tokens of the batch, hidden), packed in entry order."""
-        q = rotary(self.q_proj(x).view(-1, self.num_heads, self.head_dim), positions)
-        k = rotary(self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim), positions)
-        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x)
+        q = angles.rotate(q.view(-1, self.num_heads, self.head_dim))
+        k = angles.rotate(k.view(-1, self.num_kv_heads, self.head_dim))
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
         outputs, offset = [], 0
         for slot, ids, start in entries:
             n = len(ids)
@@ -116,16 +130,27 @@ class Attention(nn.Module):
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     ) -> torch.Tensor:
-        """Causal attention of T new queries (at start..start+T) over all cached positions."""
-        group = self.num_heads // self.num_kv_heads
-        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)
-        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
-        q_pos = torch.arange(start, start + q.shape[0], device=q.device).unsqueeze(1)
-        mask = torch.arange(keys.shape[1], device=q.device).unsqueeze(0) <= q_pos
+        """Causal attention of T new queries (at start..start+T) over all cached positions.
+
+        The KV heads are not repeated for their query groups (`enable_gqa`), and the common
+        cases need no mask, which keeps SDPA off its slow masked path: one decode token
+        attends to everything cached, and a prefill from position 0 is plain causal. Only a
+        multi-token entry that continues a sequence builds the offset mask."""
+        t = q.shape[0]
+        mask = None
+        if t > 1 and start > 0:
+            q_pos = torch.arange(start, start + t, device=q.device).unsqueeze(1)
+            mask = torch.arange(keys.shape[0], device=q.device).unsqueeze(0) <= q_pos
+        # 4-D (a batch of one): with 3-D inputs SDPA takes its slow math path on CPU.
         out = nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), keys, values, attn_mask=mask
+            q.transpose(0, 1)[None],
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
+            attn_mask=mask,
+            is_causal=t > 1 and start == 0,
+            enable_gqa=True,
         )
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
 
 
 class MLP(nn.Module):
@@ -135,12 +160,14 @@ class MLP(nn.Module):
         super().__init__()
         hidden = config.hidden_size
         features = tp.shard(config.intermediate_size, "intermediate_size")
-        self.gate_proj = ColumnParallelLinear(hidden, features)
-        self.up_proj = ColumnParallelLinear(hidden, features)
+        self.gate_up_proj = ColumnParallelLinear(
+            hidden, {"gate_proj": (features, 1), "up_proj": (features, 1)}
+        )
         self.down_proj = RowParallelLinear(features, hidden, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x)
+        out: torch.Tensor = self.down_proj(nn.functional.silu(gate) * up)
         return out
 
 
@@ -155,25 +182,23 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
         entries: Sequence[Entry],
-        rotary: Rotary,
+        angles: Angles,
         cache: KVCache,
     ) -> torch.Tensor:
-        h: torch.Tensor = x + self.self_attn(
-            self.input_layernorm(x), positions, entries, rotary, cache
-        )
+        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), entries, angles, cache)
         out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
 
     def load(self, source: WeightSource, prefix: str) -> None:
-        """Module attribute names follow the HF checkpoint, so names map one to one."""
+        """Module attribute names follow the HF checkpoint, so names map one to one (the
+        stacked layers name their parts)."""
         for name in ("input_layernorm", "post_attention_layernorm"):
             getattr(self, name).weight.copy_(source.get(f"{prefix}.{name}.weight"))
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(self.self_attn, name).load(source, f"{prefix}.self_attn.{name}.weight")
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(self.mlp, name).load(source, f"{prefix}.mlp.{name}.weight")
+        self.self_attn.qkv_proj.load(source, f"{prefix}.self_attn")
+        self.self_attn.o_proj.load(source, f"{prefix}.self_attn.o_proj.weight")
+        self.mlp.gate_up_proj.load(source, f"{prefix}.mlp")
+        self.mlp.down_proj.load(source, f"{prefix}.mlp.down_proj.weight")
 
 
 class Transformer(nn.Module):
@@ -186,7 +211,10 @@ class Transformer(nn.Module):
         num_slots: int = 8,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
+        weight_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype` is the arithmetic's (activations, norms, KV cache); `weight_dtype` the
+        stored matrices' and embedding's (None: the same), see `narrow`."""
         super().__init__()
         tp = tp or TPContext()
         self.config, self.tp = config, tp
@@ -198,7 +226,9 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(config, tp, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = ReplicatedLinear(config.hidden_size, config.vocab_size)
-        self.to(device=device, dtype=dtype)
+        self.dtype = dtype
+        self.narrow = (weight_dtype or dtype) != dtype
+        self._allocate(device, dtype, weight_dtype or dtype)
         # Built after the cast: the rotary tables stay float32, as in transformers.
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.max_seq_len).to(device)
         self.cache = KVCache(
@@ -214,6 +244,19 @@ class Transformer(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
+
+    def _allocate(self, device: torch.device, dtype: torch.dtype, weights: torch.dtype) -> None:
+        """Give every parameter its device and dtype before anything is loaded. The big
+        ones (matrices, embedding) are allocated anew rather than converted, so a rank never
+        holds its weights twice on the way; the norms keep their initial ones."""
+        for module in self.modules():
+            big = isinstance(module, _WEIGHTS)
+            for name, param in module.named_parameters(recurse=False):
+                if big:
+                    fresh = torch.empty(param.shape, dtype=weights, device=device)
+                else:
+                    fresh = param.detach().to(device=device, dtype=dtype)
+                setattr(module, name, nn.Parameter(fresh, requires_grad=False))
 
     @torch.inference_mode()
     def load(self, source: WeightSource) -> None:
@@ -235,9 +278,21 @@ class Transformer(nn.Module):
         values into their slots at start_pos onwards. Every rank must call this with the same
         batch, since the row-parallel layers all-reduce inside."""
         ids, positions = self._pack(batch)
-        x = self.embed_tokens(ids)
+        logits = self._logits(batch, ids, positions)
+        if self.narrow and not bool(torch.isfinite(logits.sum())):
+            # A float16 activation overflowed (see `narrow`). Every rank sees the same
+            # logits, so all of them run the step again, rewriting the same cache positions.
+            with narrow.widened():
+                logits = self._logits(batch, ids, positions)
+        return logits
+
+    def _logits(
+        self, batch: Sequence[Entry], ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.embed_tokens(ids).to(self.dtype)
+        angles = self.rotary.at(positions, x.dtype)
         for block in self.layers:
-            x = block(x, positions, batch, self.rotary, self.cache)
+            x = block(x, batch, angles, self.cache)
         last = torch.tensor([len(e[1]) for e in batch], device=self.device).cumsum(0) - 1
         logits: torch.Tensor = self.lm_head(self.norm(x[last]))
         return logits.float()

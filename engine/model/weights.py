@@ -123,9 +123,10 @@ def init_from_seed(
     num_slots: int = 8,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    weight_dtype: torch.dtype | None = None,
 ) -> Transformer:
     """A model with random weights that is the same function at every world size."""
-    model = Transformer(config, tp, num_slots=num_slots, device=device, dtype=dtype)
+    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype)
     model.load(SeedSource(config, seed))
     return model
 
@@ -137,6 +138,7 @@ def load_hf_folder(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     max_seq_len: int | None = None,
+    weight_dtype: torch.dtype | None = None,
 ) -> Transformer:
     """A local Hugging Face Llama folder, each rank reading only its shard of each tensor.
 
@@ -146,6 +148,6 @@ def load_hf_folder(
     config = ModelConfig.from_hf(folder)
     if max_seq_len is not None:
         config = replace(config, max_seq_len=max_seq_len)
-    model = Transformer(config, tp, num_slots=num_slots, device=device, dtype=dtype)
+    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype)
     model.load(SafetensorsSource(folder))
     return model

@@ -44,6 +44,7 @@ class NodeSpec:
     engine_args: str = "{}"  # vllm: the unit's engine_args as JSON
     health_port: int | None = None  # leader: /health from a thread; None: on the API port
     max_seq_len: int | None = None  # builtin: KV positions per sequence; None: the model's
+    weight_dtype: str | None = None  # builtin: how the matrices are stored; None: float32
 
     @property
     def role(self) -> str:
@@ -77,6 +78,8 @@ class NodeSpec:
             args += ["--health-host", self.host, "--health-port", str(self.health_port)]
         if self.max_seq_len is not None:
             args += ["--max-seq-len", str(self.max_seq_len)]
+        if self.weight_dtype is not None:
+            args += ["--weight-dtype", self.weight_dtype]
         if self.backend != "builtin":
             args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
@@ -131,6 +134,7 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             engine_args,
             _leader_health_port(unit) if rank == 0 else None,
             unit.max_seq_len,
+            unit.weight_dtype,
         )
         for rank, url in enumerate(unit.nodes)
     )

@@ -40,3 +40,31 @@ def test_settings_are_frozen_and_their_defaults_are_the_flags() -> None:
 def test_settings_built_directly_are_checked_too() -> None:
     with pytest.raises(ValueError, match="--num-slots: must be >= 1, got 0"):
         NodeSettings(role="leader", num_slots=0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--dtype", "fp16"], "--dtype: expected one of float32, float16, bfloat16, got 'fp16'"),
+        (["--weight-dtype", "int8"], "--weight-dtype: expected one of float32, float16"),
+        (
+            ["--weight-dtype", "float16", "--backend", "vllm", "--model", "/m"],
+            "--weight-dtype: only applies to --backend builtin",
+        ),
+    ],
+)
+def test_dtypes_are_checked_by_flag_before_any_load(flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(["--role", "leader", *flags])
+
+
+def test_weight_dtype_reaches_the_built_model() -> None:
+    import torch
+
+    from engine.backends.builtin.shard import build_model
+    from engine.model import TPContext
+
+    settings = parse(["--role", "leader", "--weight-dtype", "float16"])
+    model, _, _ = build_model(settings, TPContext())
+    assert model.layers[0].mlp.down_proj.weight.dtype == torch.float16
+    assert model.dtype == torch.float32

@@ -16,7 +16,7 @@ import torch
 from gguf import GGUFReader
 
 from engine.backends.builtin.shard import build_model
-from engine.model import TPContext, Transformer
+from engine.model import ColumnParallelLinear, TPContext, Transformer
 from engine.model.gguf import GGUFFile, GGUFSource, gguf_config, load_gguf, packaged_file
 from engine.model.gguf import weights as gguf_weights
 from engine.settings import NodeSettings
@@ -36,7 +36,15 @@ def path(weights: dict[str, np.ndarray], tmp_path_factory: pytest.TempPathFactor
 
 
 def params(model: Transformer) -> dict[str, np.ndarray]:
-    return {name: p.numpy() for name, p in model.named_parameters()}
+    """Every weight under its HF name: stacked layers (q, k and v; gate and up) apart."""
+    out = {name: p.numpy() for name, p in model.named_parameters()}
+    for name, module in model.named_modules():
+        if isinstance(module, ColumnParallelLinear):
+            del out[f"{name}.weight"]
+            prefix = name.rpartition(".")[0]
+            for part, weight in zip(module.rows, module.weight.split(module.sizes), strict=True):
+                out[f"{prefix}.{part}.weight"] = weight.numpy()
+    return out
 
 
 def test_header_matches_the_gguf_reader(path: Path) -> None:
@@ -79,11 +87,11 @@ def test_rank_shards_are_slices_of_the_whole(path: Path, world: int) -> None:
     for rank in range(world):
         model = load_gguf(GGUFFile(path), TPContext(rank, world), num_slots=1)
         shard, attention = params(model), model.layers[1].self_attn
-        q, o = attention.q_proj.rows, attention.o_proj.cols
+        q, o = attention.qkv_proj.rows["q_proj"], attention.o_proj.cols
         assert (q.start, o.start) == (q_rows, q_rows)
         for name in ("q_proj", "k_proj", "v_proj"):
             key = f"layers.1.self_attn.{name}.weight"
-            rows = getattr(attention, name).rows
+            rows = attention.qkv_proj.rows[name]
             assert np.array_equal(shard[key], whole[key][rows]), (rank, name)
         key = "layers.1.self_attn.o_proj.weight"
         assert np.array_equal(shard[key], whole[key][:, o])

@@ -63,8 +63,9 @@ def test_rank_reads_only_its_shard(hf_model: tuple[Path, torch.Tensor]) -> None:
     """Rank 1 of 2 holds the second half of q's rows and of o's columns."""
     full = load_hf_folder(hf_model[0])
     half = load_hf_folder(hf_model[0], tp=TPContext(rank=1, world_size=2))
-    q, o = full.layers[0].self_attn.q_proj.weight, full.layers[0].self_attn.o_proj.weight
-    assert torch.equal(half.layers[0].self_attn.q_proj.weight, q[32:])
+    q = full.layers[0].self_attn.qkv_proj.weight[:64]  # q's rows come first, then k's and v's
+    o = full.layers[0].self_attn.o_proj.weight
+    assert torch.equal(half.layers[0].self_attn.qkv_proj.weight[:32], q[32:])
     assert torch.equal(half.layers[0].self_attn.o_proj.weight, o[:, 32:])
     assert half.cache.k.shape[3] == 1
 

@@ -143,16 +143,17 @@ def test_argv_leader_serves_the_api_followers_serve_health() -> None:
 
 
 def test_a_units_model_and_context_reach_every_node() -> None:
-    plan = plan_units(config(unit("u0", 8101, 8102, model="smollm2", max_seq_len=2048)))
+    smollm2 = unit("u0", 8101, 8102, model="smollm2", max_seq_len=2048, weight_dtype="float16")
+    plan = plan_units(config(smollm2))
     for node in plan.units[0].nodes:
         ns = build_parser().parse_args(node.argv("127.0.0.1:5000", EngineOptions())[1:])
-        assert (ns.model, ns.max_seq_len) == ("smollm2", 2048)
+        assert (ns.model, ns.max_seq_len, ns.weight_dtype) == ("smollm2", 2048, "float16")
         assert NodeSettings.from_flags(ns).max_seq_len == 2048
     plain = plan_units(config(unit("u0", 8101)))
     ns = build_parser().parse_args(
         plain.units[0].leader.argv("127.0.0.1:5000", EngineOptions())[1:]
     )
-    assert (ns.model, ns.max_seq_len) == ("tiny", None)
+    assert (ns.model, ns.max_seq_len, ns.weight_dtype) == ("tiny", None, None)
 
 
 @pytest.mark.parametrize(
@@ -160,9 +161,11 @@ def test_a_units_model_and_context_reach_every_node() -> None:
     [
         ({"max_seq_len": 1}, "max_seq_len"),
         ({"backend": "vllm", "model": "/m", "max_seq_len": 512}, "max_model_len"),
+        ({"weight_dtype": "int4"}, "weight_dtype.*must be one of"),
+        ({"backend": "vllm", "model": "/m", "weight_dtype": "float16"}, "engine_args.dtype"),
     ],
 )
-def test_a_bad_context_length_is_refused_by_key(extra: dict[str, Any], message: str) -> None:
+def test_bad_engine_settings_are_refused_by_key(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         config(unit("u0", 8101, **extra))
 

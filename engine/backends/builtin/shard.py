@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine.device import select_device
+from engine.device import select_device, weight_dtype
 from engine.model import (
     ByteTokenizer,
     HFTokenizer,
@@ -27,31 +27,42 @@ def build_model(settings: NodeSettings, tp: TPContext) -> tuple[Transformer, Tok
     """The rank's shard, the tokenizer and the served model name, for `--model`: 'tiny'
     (seeded), a packaged model ('smollm2'), a Llama `.gguf` file or a Hugging Face folder."""
     device, dtype = select_device(settings.device, settings.dtype)
+    weights = weight_dtype(settings.weight_dtype, dtype)
     if settings.model == "tiny":
         config = ModelConfig.tiny()
         if settings.max_seq_len is not None:
             config = replace(config, max_seq_len=settings.max_seq_len)
-        model = init_from_seed(config, settings.seed, tp, settings.num_slots, device, dtype)
+        model = init_from_seed(
+            config, settings.seed, tp, settings.num_slots, device, dtype, weight_dtype=weights
+        )
         return model, ByteTokenizer(), "tiny"
     if settings.model in PACKAGED or settings.model.endswith(".gguf"):
-        return _build_gguf(settings, tp, device, dtype)
+        return _build_gguf(settings, tp, device, dtype, weights)
     folder = Path(settings.model)
     if not folder.is_dir():
         choices = ", ".join(repr(name) for name in ("tiny", *PACKAGED))
         raise ValueError(
             f"model: {settings.model!r} is none of {choices}, a .gguf file or a Hugging Face folder"
         )
-    model = load_hf_folder(folder, tp, settings.num_slots, device, dtype, settings.max_seq_len)
+    model = load_hf_folder(
+        folder, tp, settings.num_slots, device, dtype, settings.max_seq_len, weight_dtype=weights
+    )
     return model, HFTokenizer(folder), folder.name
 
 
 def _build_gguf(
-    settings: NodeSettings, tp: TPContext, device: torch.device, dtype: torch.dtype
+    settings: NodeSettings,
+    tp: TPContext,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: torch.dtype,
 ) -> tuple[Transformer, Tokenizer, str]:
     packaged = PACKAGED.get(settings.model)
     path = gguf_path(settings.model)
     file = GGUFFile(path)
-    model = load_gguf(file, tp, settings.num_slots, device, dtype, settings.max_seq_len)
+    model = load_gguf(
+        file, tp, settings.num_slots, device, dtype, settings.max_seq_len, weight_dtype=weights
+    )
     return model, gguf_tokenizer(file), packaged.name if packaged else path.stem
 
 

@@ -19,10 +19,11 @@ def load_gguf(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     max_seq_len: int | None = None,
+    weight_dtype: torch.dtype | None = None,
 ) -> Transformer:
     """`max_seq_len` caps the KV cache rows (SmolLM2's 8192 positions are 377 MB per slot at
     TP=1 in float32)."""
     config = gguf_config(file, max_seq_len)
-    model = Transformer(config, tp, num_slots=num_slots, device=device, dtype=dtype)
+    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype)
     model.load(GGUFSource(file, config.head_dim))
     return model
