@@ -22,6 +22,7 @@ _DELEGATED = {
     "loadtest": "loadtest.gen.cli",
     "node": "engine.cli",
     "admin": "gateway.admin.cli",
+    "worker": "gateway.workers.cli",  # started by the control plane, not by hand
 }
 
 
@@ -82,7 +83,11 @@ def _run_gateway(config: Config, ready_file: Path | None) -> int:
     import uvloop
 
     from gateway.oslimits import raise_fd_limit
-    from gateway.server import serve
+
+    if config.gateway.worker_count > 1:
+        from gateway.workers.control import serve
+    else:
+        from gateway.server import serve
 
     raise_fd_limit()
     try:

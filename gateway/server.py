@@ -11,7 +11,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -19,9 +20,10 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.admin.runtime import Admin
+from gateway.admin.view import WorkersView
 from gateway.app import ops_app, public_app
 from gateway.config import Config
-from gateway.health.feed import BreakerFeed
+from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
 from gateway.health.supervisor import HealthSupervisor
 from gateway.net import LISTEN_BACKLOG
@@ -44,14 +46,39 @@ from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
 log = logging.getLogger("unitgate")
 
 
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What this process runs. One process runs both halves (`ALL`); with workers, the
+    control plane runs the control half and each worker the public one (gateway/workers/).
+
+    `record` takes the breaker evidence the request path classifies (default: this process's
+    breakers); `traffic` tells the probers whether a unit's streams flow (default: this
+    process's streams); `limit` is the in-flight limit over all units (default: the config's,
+    or what the open-files limit allows)."""
+
+    public: bool = True  # the OpenAI API on [gateway].port and the request path
+    control: bool = True  # probers, breakers, admin API, operator listener
+    reuse_port: bool = False  # the public port is shared with other workers
+    record: Record | None = None
+    traffic: Callable[[str, float], bool] | None = None
+    limit: int | None = None
+    workers: WorkersView | None = None  # the admin API's /admin/workers
+
+
+ALL = Role()
+
+
 class Gateway:
-    def __init__(self, config: Config, tracer_provider: TracerProvider | None = None) -> None:
+    def __init__(
+        self, config: Config, tracer_provider: TracerProvider | None = None, role: Role = ALL
+    ) -> None:
         self.config = config
+        self.role = role
         self.tracing = Tracing(config.tracing, tracer_provider)
         self.units = UnitRegistry(config)
         a = config.admission
         nodes = sum(len(u.nodes) for u in config.units)
-        limit = a.max_inflight or stream_budget(nodes)
+        limit = role.limit or a.max_inflight or stream_budget(nodes)
         self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after, limit)
         self.units.on_change(lambda *_: self.admission.wake_all())
         # The loop's own lag: exported, and consulted by connect deadlines (looplag.py).
@@ -64,14 +91,15 @@ class Gateway:
         self.units.on_membership(self._membership)
         self.units.on_panic(lambda change: _log_panic(self.events, change))
         self.health = HealthSupervisor(
-            config, self.units, self.events, self.metrics, traffic=self.live.flowing
+            config, self.units, self.events, self.metrics, traffic=role.traffic or self.live.flowing
         )
         # The request path's observers: it emits signals, these subscribe (proxy/signals.py).
         self.signals = Signals()
         self.signals.subscribe(MetricsObserver(self.metrics))
         self.signals.subscribe(AuditObserver(self.events))
         t, h = config.timeouts, config.health
-        feed = BreakerFeed(self.breakers.record, self.live.flowing, t.idle, h.pace_factor)
+        record = role.record or self.breakers.record
+        feed = BreakerFeed(record, self.live.flowing, t.idle, h.pace_factor)
         self.signals.subscribe(feed)
         self.signals.subscribe(self.live)  # an answer that opened: its unit serves
         if self.tracing.enabled:
@@ -79,8 +107,8 @@ class Gateway:
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
         self.admin = (
-            Admin(config, self.units, self.events, self.breakers.view)
-            if config.admin.enabled
+            Admin(config, self.units, self.events, self.breakers.view, role.workers)
+            if config.admin.enabled and role.control
             else None
         )
         self.draining = False
@@ -96,30 +124,50 @@ class Gateway:
 
     async def start(self) -> None:
         self.lag.start()
-        self._upstream = UpstreamClient(self.config, self.lag)
-        dispatcher = Dispatcher(
-            self.config, self.units, self.admission, self._upstream, self.signals
-        )
-        self.breakers.start()
-        await self.health.start()
-        self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.live)
-        self.units.on_change(lambda change: _eject_streams(proxy, change))
         g, m = self.config.gateway, self.config.metrics
+        if self.role.control:
+            self.breakers.start()
+            await self.health.start()
         try:
-            ops = ops_app(self.metrics, self.admin.app() if self.admin is not None else None)
-            self.metrics_url = await self._listen(ops, m.host, m.port, 5.0)
-            app = public_app(self.config, proxy, self.units, lambda: self.draining)
-            self.public_url = await self._listen(app, g.host, g.port, g.shutdown_timeout)
+            if self.role.control:
+                ops = ops_app(self.metrics, self.admin.app() if self.admin is not None else None)
+                self.metrics_url = await self._listen(ops, m.host, m.port, 5.0)
+            if self.role.public:
+                self._upstream = UpstreamClient(self.config, self.lag)
+                dispatcher = Dispatcher(
+                    self.config, self.units, self.admission, self._upstream, self.signals
+                )
+                self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.live)
+                self.units.on_change(lambda change: _eject_streams(proxy, change))
+                app = public_app(self.config, proxy, self.units, lambda: self.draining)
+                self.public_url = await self._listen(
+                    app, g.host, g.port, g.shutdown_timeout, self.role.reuse_port
+                )
         except BaseException:
             await self.stop()
             raise
-        log.info(
-            "gateway listening on %s (metrics %s/metrics), %d units, at most %d requests in flight",
-            self.public_url,
-            self.metrics_url,
-            len(self.units.units),
-            self.admission.limit,
-        )
+        if self.role.control and self.role.public:
+            log.info(
+                "gateway listening on %s (metrics %s/metrics), %d units, at most %d requests"
+                " in flight",
+                self.public_url,
+                self.metrics_url,
+                len(self.units.units),
+                self.admission.limit,
+            )
+        elif self.role.public:
+            log.info(
+                "worker %d listening on %s, at most %d requests in flight",
+                os.getpid(),
+                self.public_url,
+                self.admission.limit,
+            )
+        else:
+            log.info(
+                "control plane: metrics and admin on %s, %d units",
+                self.metrics_url,
+                len(self.units.units),
+            )
 
     async def stop(self) -> None:
         self.draining = True
@@ -134,7 +182,9 @@ class Gateway:
         self.lag.stop()
         self.tracing.shutdown()
 
-    async def _listen(self, app: web.Application, host: str, port: int, drain: float) -> str:
+    async def _listen(
+        self, app: web.Application, host: str, port: int, drain: float, reuse_port: bool = False
+    ) -> str:
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -144,7 +194,7 @@ class Gateway:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
+        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port)
         await site.start()
         host, port = runner.addresses[-1][:2]
         return f"http://{host}:{port}"
@@ -152,10 +202,10 @@ class Gateway:
 
 @contextlib.asynccontextmanager
 async def running(
-    config: Config, tracer_provider: TracerProvider | None = None
+    config: Config, tracer_provider: TracerProvider | None = None, role: Role = ALL
 ) -> AsyncIterator[Gateway]:
     """A started gateway for the duration of the block (tests, embedding)."""
-    gateway = Gateway(config, tracer_provider)
+    gateway = Gateway(config, tracer_provider, role)
     await gateway.start()
     try:
         yield gateway
@@ -171,14 +221,14 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with running(config) as gateway:
         if ready_file is not None:
-            _write_ready(ready_file, gateway)
+            write_ready(ready_file, gateway)
         await stop.wait()
         log.info("signal received: draining for up to %g s", config.gateway.shutdown_timeout)
         gateway.draining = True
     log.info("gateway stopped")
 
 
-def _write_ready(path: Path, gateway: Gateway) -> None:
+def write_ready(path: Path, gateway: Gateway) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(
         orjson.dumps(

@@ -42,6 +42,13 @@ def run_up(config: Config, log_dir: Path | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if config.gateway.worker_count > 1:
+        print(
+            f"unitgate up: [gateway].workers = {config.gateway.workers!r}: `up` runs the gateway "
+            "inside its own process, so with one worker; `unitgate gateway` runs more",
+            file=sys.stderr,
+        )
+        return 2
     try:
         plan = _local_plan(config)
         _check_vllm_units(plan)

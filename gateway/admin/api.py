@@ -55,7 +55,7 @@ from gateway.admin.errors import AdminError, bad_request
 from gateway.admin.service import AdminService
 from gateway.admin.state import State
 from gateway.admin.store import StoreError
-from gateway.admin.view import BreakerView, unit_view
+from gateway.admin.view import BreakerView, WorkersView, unit_view
 from gateway.errors import GatewayError
 from gateway.units import UnitState
 
@@ -70,10 +70,12 @@ class AdminApi:
         service: AdminService,
         auth: Callable[[], Authenticator],
         breaker_view: BreakerView | None = None,
+        workers: WorkersView | None = None,
     ) -> None:
         self.service = service
         self._auth = auth  # known once the admin has started
         self._breaker_view = breaker_view
+        self._workers = workers
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard])
@@ -87,6 +89,7 @@ class AdminApi:
                 web.post("/units/{id}/drain", self.drain),
                 web.post("/units/{id}/enable", self.enable),
                 web.get("/events", self.events),
+                web.get("/workers", self.workers),
             ]
         )
         return app
@@ -95,6 +98,11 @@ class AdminApi:
         registry = self.service.units
         views = [self._view(u) for u in registry.units.values()]
         return _json(200, {"units": views, "panic": dict(registry.panic)})
+
+    async def workers(self, request: web.Request) -> web.Response:
+        """The worker processes ([gateway].workers > 1): pid, uptime, restarts, requests
+        served, the state version applied and its propagation time. Empty in one process."""
+        return _json(200, {"workers": self._workers() if self._workers is not None else []})
 
     async def get_unit(self, request: web.Request) -> web.Response:
         return _json(200, self._view(self.service.unit(request.match_info["id"])))

@@ -17,7 +17,7 @@ from gateway.admin.api import AdminApi
 from gateway.admin.auth import Authenticator, authenticator
 from gateway.admin.service import AdminService
 from gateway.admin.store import Store
-from gateway.admin.view import BreakerView
+from gateway.admin.view import BreakerView, WorkersView
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.units import UnitRegistry
@@ -30,11 +30,12 @@ class Admin:
         units: UnitRegistry,
         events: EventLog,
         breaker_view: BreakerView | None = None,
+        workers: WorkersView | None = None,
     ) -> None:
         self._config = config
         self.service = AdminService(config, units, events)
         self._auth: Authenticator | None = None
-        self.api = AdminApi(self.service, self._authenticator, breaker_view)
+        self.api = AdminApi(self.service, self._authenticator, breaker_view, workers)
 
     def app(self) -> web.Application:
         """The routes (to mount at /admin/), owning the token check and the state file."""

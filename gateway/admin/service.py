@@ -9,17 +9,15 @@ operators acting at once cannot interleave half-done changes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gateway.admin.errors import AdminError, AdminStartError, bad_request, conflict, unknown_unit
 from gateway.admin.state import BITS, AddedUnit, Mark, Removal, Saved, State
 from gateway.admin.store import Store
 from gateway.config import Config, ConfigError, UnitConfig
-from gateway.config.builder import build
+from gateway.config.builder import build, table
 from gateway.observability.events import EventLog
 from gateway.units import Bit, UnitRegistry, UnitState
 
@@ -70,7 +68,7 @@ class AdminService:
         async with self._lock:
             if config.id in self.units.units:
                 raise conflict(f"unit {config.id!r} already exists")
-            added = AddedUnit(_config_json(config), who, self._clock())
+            added = AddedUnit(table(config), who, self._clock())
             if self._store is not None:
                 await self._store.add(config.id, added)
             unit = self._add(config, added)
@@ -174,7 +172,3 @@ def _initial(config: UnitConfig, since: float, who: str = "config") -> Mark:
 def _is_default(unit: UnitState, mark: Mark) -> bool:
     """A mark equal to the unit's configured state need not be saved."""
     return mark.state == ("enabled" if unit.config.enabled else "disabled")
-
-
-def _config_json(config: UnitConfig) -> dict[str, Any]:
-    return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}

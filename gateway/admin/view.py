@@ -15,6 +15,7 @@ from gateway.admin.state import Mark, drained, public_state
 from gateway.units import UnitState
 
 BreakerView = Callable[[str], dict[str, object]]
+WorkersView = Callable[[], list[dict[str, Any]]]  # the control plane's worker processes
 
 
 def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> dict[str, Any]:

@@ -40,11 +40,33 @@ def build(cls: type[Any], table: Any, where: str) -> Any:
         raise ConfigError(f"{_key(where, exc.name)} {exc.problem}, got {exc.value!r}") from None
 
 
+def table(value: Any) -> dict[str, Any]:
+    """A built dataclass as the table `build` reads back: None fields left out, tuples as
+    lists (what crosses a process boundary or a store as JSON)."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        raise TypeError(f"table: expected a dataclass instance, got {type(value).__name__}")
+    out: dict[str, Any] = _plain(dataclasses.asdict(value))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(options[0], value, key)
+        for option in options[:-1]:  # int | str: whichever type the value has
+            try:
+                return _convert(option, value, key)
+            except ConfigError:
+                continue
+        return _convert(options[-1], value, key)
     if origin is tuple:
         item = typing.get_args(hint)[0]
         if not isinstance(value, list):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,14 +30,31 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     # How long in-flight streams may run on after SIGTERM before they are cancelled.
     shutdown_timeout: float = 30.0
+    # Processes accepting on `port` (SO_REUSEPORT), or "auto": one per CPU this process may
+    # use. With more than one, a control-plane process runs the probers, breakers and admin
+    # API, and the workers route from its state (README: "The gateway on every core").
+    workers: int | str = 1
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "must be 0..65535 (0 = any free port)")
+        _check(
+            self.workers == "auto" or (isinstance(self.workers, int) and 1 <= self.workers <= 512),
+            "workers",
+            self.workers,
+            'must be 1..512 or "auto"',
+        )
         _check(len(self.models) > 0, "models", self.models, "must list at least one model id")
         _check(
             self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "must be >= 1024"
         )
         _positive("shutdown_timeout", self.shutdown_timeout)
+
+    @property
+    def worker_count(self) -> int:
+        """`workers` resolved: "auto" is the CPUs this process may run on."""
+        if isinstance(self.workers, int):
+            return self.workers
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,13 @@ class EventLog:
             listener(event)
         return event
 
+    def append(self, event: Event) -> None:
+        """An event recorded (and logged) in another process: a worker's, in the control
+        plane's log."""
+        self._events.append(event)
+        for listener in self._listeners:
+            listener(event)
+
     def on_event(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)
 

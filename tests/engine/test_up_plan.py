@@ -203,3 +203,14 @@ def test_backoff_doubles_to_the_cap_and_resets_after_a_long_run() -> None:
 def test_node_flag_errors_name_the_flag(flags: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         NodeSettings.from_flags(build_parser().parse_args(flags))
+
+
+def test_up_refuses_workers_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """`unitgate up` hosts the gateway in its own process: more workers would be ignored."""
+    from engine.up.main import run_up
+
+    two = config_from_dict(
+        {"gateway": {"models": ["m"], "workers": 2}, "units": [unit("u0", 8101)]}
+    )
+    assert run_up(two) == 2
+    assert "[gateway].workers = 2" in capsys.readouterr().err

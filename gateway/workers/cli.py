@@ -1,0 +1,29 @@
+"""`unitgate worker --link-fd N`: one worker, started by the control plane (not by hand)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="unitgate worker", description=__doc__)
+    p.add_argument("--link-fd", type=int, required=True, help="the control plane's socket")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ns = p.parse_args(argv)
+    logging.basicConfig(
+        level=ns.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[worker]: %(message)s",
+    )
+    import uvloop
+
+    from gateway.oslimits import raise_fd_limit
+    from gateway.workers.worker import run
+
+    raise_fd_limit()
+    return uvloop.run(run(ns.link_fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

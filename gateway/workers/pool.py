@@ -1,0 +1,308 @@
+"""The control plane's side: the worker processes, their links, and what their reports say.
+
+Each worker runs under a supervising task that starts it, serves its link, and starts it
+again when it exits, after a backoff (0.1 s doubling to 10 s, back to 0.1 s once a worker has
+stayed up 30 s), logging each exit once. The others keep serving throughout.
+
+Every change to the routing state (a bit, a unit added or removed, a cap, any event) marks the
+state dirty; one broadcast per loop iteration sends the whole state, numbered, to every
+worker, which acknowledges the number it applied: the time from send to acknowledgement is
+the propagation time, kept per worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import Config
+from gateway.config.builder import table
+from gateway.observability.events import Event
+from gateway.server import Gateway
+from gateway.workers import frames, state
+
+log = logging.getLogger("unitgate")
+
+READY_WITHIN = 30.0  # seconds for a started worker to listen
+STALE_AFTER = 0.5  # seconds: a worker's "flowing" older than this no longer vouches
+BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER = 0.1, 10.0, 30.0
+
+
+class Reports:
+    """The workers' latest reports, merged: the probers' `traffic` and the units' in-flight
+    counts, as one process would know them."""
+
+    def __init__(self) -> None:
+        self._flowing: dict[int, tuple[float, frozenset[str]]] = {}
+        self._inflight: dict[int, dict[str, int]] = {}
+        self.requests: dict[int, int] = {}  # answered by each worker's current process
+
+    def update(self, index: int, now: float, message: dict[str, Any]) -> None:
+        self._flowing[index] = (now, frozenset(message["flowing"]))
+        self._inflight[index] = {str(k): int(v) for k, v in message["inflight"].items()}
+        self.requests[index] = int(message["requests"])
+
+    def forget(self, index: int) -> None:
+        """The worker exited: its streams are gone with it."""
+        self._flowing.pop(index, None)
+        self._inflight.pop(index, None)
+        self.requests.pop(index, None)
+
+    def flowing(self, unit_id: str, now: float) -> bool:
+        return any(
+            unit_id in units and now - at <= STALE_AFTER for at, units in self._flowing.values()
+        )
+
+    def inflight(self, unit_id: str) -> int:
+        return sum(counts.get(unit_id, 0) for counts in self._inflight.values())
+
+
+@dataclass
+class Worker:
+    index: int
+    pid: int | None = None
+    started: float = 0.0
+    restarts: int = 0
+    applied: int = -1
+    requests_before: int = 0  # served by the worker's earlier lives
+    writer: asyncio.StreamWriter | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    propagation: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
+    # version -> when it was sent (time.monotonic(): uvloop's clock ticks in milliseconds),
+    # for versions sent once the worker listened (earlier ones wait in its socket by design)
+    sent: dict[int, float] = field(default_factory=dict)
+
+
+class WorkerPool:
+    def __init__(self, config: Config, reports: Reports, count: int) -> None:
+        self.config, self.reports = config, reports
+        self._gateway: Gateway | None = None
+        self.workers = [Worker(i) for i in range(count)]
+        self.version = 0
+        self._dirty = False
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._port_holder: socket.socket | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.gateway.host}:{self.port}"
+
+    @property
+    def gateway(self) -> Gateway:
+        if self._gateway is None:
+            raise RuntimeError("the worker pool has not been started")
+        return self._gateway
+
+    async def start(self, gateway: Gateway) -> None:
+        """Reserve the public port, start every worker, return once all of them listen."""
+        self._gateway = gateway
+        self._port_holder = _reserve(self.config.gateway.host, self.config.gateway.port)
+        self.port = self._port_holder.getsockname()[1]
+        units = self.gateway.units
+        units.on_change(lambda _change: self._changed())
+        units.on_membership(lambda _unit, _added: self._changed())
+        units.on_panic(lambda _change: self._changed())
+        self.gateway.events.on_event(lambda _event: self._changed())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._supervise(w)) for w in self.workers]
+        waits = [w.ready.wait() for w in self.workers]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), READY_WITHIN)
+        except TimeoutError:
+            await self.stop()
+            raise RuntimeError(f"workers did not all listen within {READY_WITHIN:g} s") from None
+
+    async def stop(self) -> None:
+        """SIGTERM every worker (each drains as one process would), then wait for them."""
+        self._stopping = True
+        for worker in self.workers:
+            if worker.pid is not None:
+                _signal(worker.pid, signal.SIGTERM)
+        grace = self.config.gateway.shutdown_timeout + 5.0
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for worker in self.workers:
+                if pending and worker.pid is not None:
+                    _signal(worker.pid, signal.SIGKILL)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._port_holder is not None:
+            self._port_holder.close()
+            self._port_holder = None
+
+    def view(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [
+            {
+                "index": w.index,
+                "pid": w.pid,
+                "up_s": round(now - w.started, 3) if w.pid is not None else None,
+                "restarts": w.restarts,
+                "applied": w.applied,
+                "requests": self.reports.requests.get(w.index, 0) + w.requests_before,
+                "propagation_ms": _percentiles(w.propagation),
+            }
+            for w in self.workers
+        ]
+
+    # -- the state, out --
+
+    def _changed(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            asyncio.get_running_loop().call_soon(self._broadcast)
+
+    def _broadcast(self) -> None:
+        self._dirty = False
+        self.version += 1
+        frame = frames.encode(state.encode(self.gateway.units, self.version))
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.writer is not None and not worker.writer.is_closing():
+                worker.writer.write(frame)
+                if worker.ready.is_set():
+                    worker.sent[self.version] = now
+                    if len(worker.sent) > 1000:  # acknowledgements lost with a dead worker
+                        del worker.sent[min(worker.sent)]
+
+    # -- one worker's life --
+
+    async def _supervise(self, worker: Worker) -> None:
+        backoff = BACKOFF_FIRST
+        while True:  # until stop(): a worker that exits is started again
+            began = time.monotonic()
+            code = await self._run(worker)
+            if self._stopping:
+                break
+            if time.monotonic() - began >= STABLE_AFTER:
+                backoff = BACKOFF_FIRST
+            log.warning(
+                "worker %d (pid %s) exited with %s; starting it again in %.1f s",
+                worker.index,
+                worker.pid,
+                code,
+                backoff,
+            )
+            worker.restarts += 1
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _run(self, worker: Worker) -> int | None:
+        """Start the worker and serve its link until it exits; returns its exit code."""
+        ours, theirs = socket.socketpair()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway",
+                "worker",
+                "--link-fd",
+                str(theirs.fileno()),
+                "--log-level",
+                logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
+        worker.pid, worker.started = proc.pid, time.monotonic()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        worker.writer = writer
+        hello = {
+            "t": "hello",
+            "index": worker.index,
+            "count": len(self.workers),
+            "port": self.port,
+            "config": table(self.config),
+        }
+        writer.write(frames.encode(hello))
+        writer.write(frames.encode(state.encode(self.gateway.units, self.version)))
+        serving = asyncio.get_running_loop().create_task(self._serve(worker, reader))
+        try:
+            code = await proc.wait()
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+            worker.writer = None
+            worker.ready.clear()
+            worker.sent.clear()
+            writer.close()
+            worker.requests_before += self.reports.requests.get(worker.index, 0)
+            self.reports.forget(worker.index)
+            self._count_inflight()
+        return code
+
+    async def _serve(self, worker: Worker, reader: asyncio.StreamReader) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while (message := await frames.read(reader)) is not None:
+                self._handle(worker, message, loop.time())
+        except frames.FrameError as exc:
+            log.error("worker %d: bad message on its link (%s); stopping it", worker.index, exc)
+            if worker.pid is not None:
+                _signal(worker.pid, signal.SIGKILL)
+
+    def _handle(self, worker: Worker, message: dict[str, Any], now: float) -> None:
+        kind = message["t"]
+        if kind == "outcome":
+            unit = self.gateway.units.units.get(message["unit"])
+            if unit is not None:
+                self.gateway.breakers.record(unit, bool(message["ok"]), now - message["age"])
+        elif kind == "report":
+            self.reports.update(worker.index, now, message)
+            self._count_inflight()
+        elif kind == "event":
+            fields = {k: message[k] for k in ("time", "unit", "what", "reason", "who")}
+            self.gateway.events.append(Event(**fields))
+        elif kind == "applied":
+            version = int(message["v"])
+            worker.applied = max(worker.applied, version)
+            sent = worker.sent.pop(version, None)
+            if sent is not None:
+                worker.propagation.append(time.monotonic() - sent)
+        elif kind == "ready":
+            worker.applied = max(worker.applied, int(message["applied"]))
+            worker.ready.set()
+
+    def _count_inflight(self) -> None:
+        for unit in self.gateway.units.units.values():
+            unit.inflight = self.reports.inflight(unit.id)
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """Bind (not listen) the public port with SO_REUSEPORT: it picks the port when 0 and
+    holds it while workers restart; only listening sockets are given connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _percentiles(samples: deque[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1] * 1e3, 3)}

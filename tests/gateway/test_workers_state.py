@@ -1,0 +1,133 @@
+"""The control plane's state as a worker applies it, the frames it travels in, and the
+reports that come back (pure parts of gateway/workers/, no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from gateway.config import ConfigError, UnitConfig
+from gateway.config.builder import build, table
+from gateway.config.proxy import GatewayConfig
+from gateway.health.states import Health
+from gateway.units import BitChange, UnitRegistry
+from gateway.workers import frames, state
+from gateway.workers.pool import STALE_AFTER, Reports
+from tests.support import gateway_config
+
+UNITS = [{"id": f"u{i}", "leader": f"http://127.0.0.1:{9000 + i}", "nodes": []} for i in range(3)]
+
+
+def registries() -> tuple[UnitRegistry, UnitRegistry]:
+    config = gateway_config(UNITS, health={"enabled": True}, admission={"unit_max_inflight": 5})
+    return UnitRegistry(config), UnitRegistry(config)
+
+
+@pytest.mark.parametrize(("total", "count"), [(5, 2), (1, 3), (0, 2), (256, 7), (7, 1)])
+def test_shares_sum_to_the_cap_exactly(total: int, count: int) -> None:
+    shares = [state.share(total, count, i) for i in range(count)]
+    assert sum(shares) == total and max(shares) - min(shares) <= 1
+
+
+def test_a_worker_mirrors_every_bit_reason_and_its_cap_share() -> None:
+    control, worker = registries()
+    control.set_health("u0", Health.HEALTHY, "probes ok")
+    control.set_health("u1", Health.UNHEALTHY, "refused", hard=True)
+    control.set_health("u2", Health.SLOW, "probe timeouts, traffic flows")
+    control.set_bit("u0", "draining", True, "maintenance", "alice")
+    control.units["u2"].cap = 3  # a breaker's trial cap
+    changes: list[BitChange] = []
+    worker.on_change(changes.append)
+    state.apply(worker, state.encode(control, 1), count=2, index=1)
+    for unit_id, unit in control.units.items():
+        mirror = worker.units[unit_id]
+        assert (mirror.health, mirror.hard, mirror.draining) == (
+            unit.health,
+            unit.hard,
+            unit.draining,
+        )
+        assert mirror.reasons == unit.reasons
+    assert worker.units["u2"].weight == control.units["u2"].weight  # slow: lowered weight
+    assert [worker.units[u].cap for u in ("u0", "u1", "u2")] == [2, 2, 1]  # 5 -> 3+2, 3 -> 2+1
+    assert {c.unit.id for c in changes if c.bit == "healthy"} == {"u0", "u1", "u2"}
+    # u0 draining and u1 down are out; slow u2 routes, as in the control plane
+    assert [u.id for u in worker.routable("unitgate-sim")] == ["u2"]
+    assert [u.id for u in control.routable("unitgate-sim")] == ["u2"]
+    count = len(changes)
+    state.apply(worker, state.encode(control, 2), count=2, index=1)
+    assert len(changes) == count  # the same state again changes nothing
+
+
+def test_units_added_and_removed_at_run_time_reach_the_mirror() -> None:
+    control, worker = registries()
+    control.remove("u1")
+    added = build(UnitConfig, {"id": "u9", "leader": "http://127.0.0.1:9999"}, "unit")
+    control.add(added)
+    control.set_health("u9", Health.HEALTHY, "probes ok")
+    state.apply(worker, state.encode(control, 1), count=1, index=0)
+    assert sorted(worker.units) == ["u0", "u2", "u9"]
+    assert worker.units["u9"].config == added
+    assert worker.units["u9"].routable
+
+
+def test_state_survives_its_frame() -> None:
+    control, _ = registries()
+    message = state.encode(control, 7)
+
+    async def roundtrip() -> dict[str, object] | None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(frames.encode(message))
+        reader.feed_eof()
+        first = await frames.read(reader)
+        assert await frames.read(reader) is None  # then a clean EOF
+        return first
+
+    assert asyncio.run(roundtrip()) == message
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\x00\x00", "EOF inside a frame header"),
+        (b"\x00\x00\x00\x05ab", "EOF inside a frame"),
+        (b"\x00\x00\x00\x02{]", "not JSON"),
+        (b"\x00\x00\x00\x02[]", "not a message object"),
+        (b"\xff\xff\xff\xff", "over the"),
+    ],
+)
+def test_what_is_not_a_frame_is_refused(data: bytes, problem: str) -> None:
+    async def read() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        await frames.read(reader)
+
+    with pytest.raises(frames.FrameError, match=problem):
+        asyncio.run(read())
+
+
+def test_reports_merge_flowing_and_in_flight_over_workers() -> None:
+    reports = Reports()
+    reports.update(0, 10.0, {"flowing": ["u0"], "inflight": {"u0": 2}, "requests": 5})
+    reports.update(1, 10.2, {"flowing": [], "inflight": {"u0": 1, "u1": 4}, "requests": 7})
+    assert reports.flowing("u0", 10.2) and not reports.flowing("u1", 10.2)
+    assert not reports.flowing("u0", 10.0 + STALE_AFTER + 0.01)  # an old report vouches no more
+    assert (reports.inflight("u0"), reports.inflight("u1")) == (3, 4)
+    reports.forget(1)  # that worker exited: its streams went with it
+    assert (reports.inflight("u0"), reports.inflight("u1")) == (2, 0)
+
+
+def test_workers_config() -> None:
+    assert build(GatewayConfig, {"workers": "auto"}, "gateway").worker_count >= 1
+    assert build(GatewayConfig, {"workers": 3}, "gateway").worker_count == 3
+    for bad in ("many", 0, 1.5, True):
+        with pytest.raises(ConfigError, match=r"\[gateway\]\.workers"):
+            build(GatewayConfig, {"workers": bad}, "gateway")
+
+
+def test_the_config_crosses_to_a_worker_intact() -> None:
+    config = gateway_config(UNITS, gateway={"workers": 2, "port": 8123})
+    assert build(type(config), table(config), "") == config
+    assert dataclasses.replace(config.gateway, port=0).workers == 2
