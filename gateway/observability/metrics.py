@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.health.states import Health
+from gateway.observability.fleet import Fleet
 from gateway.observability.histogram import HistogramFamily
 from gateway.observability.looplag import LoopLag
 from gateway.units import UnitRegistry
@@ -103,10 +104,14 @@ class Metrics:
         r.register(_HealthCollector(units))
         if lag is not None:
             r.register(_LagCollector(lag))
+        # In a control plane: the workers' counters and histograms, summed in at render.
+        self.fleet: Fleet | None = None
 
     def render(self) -> bytes:
         """Call from a worker thread (see app.py): with a thousand units rendering takes ~0.5 s
         of Python, which on the event loop would stall probes past their timeout."""
+        if self.fleet is not None:
+            return generate_latest(self.fleet.merged(self.registry))
         return generate_latest(self.registry)
 
 

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from gateway.config import Config
+from gateway.observability.fleet import Fleet
 from gateway.server import Role, running, write_ready
 from gateway.workers.pool import Reports, WorkerPool
 
@@ -25,11 +26,12 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reports = Reports()
+    reports, fleet = Reports(), Fleet()
     count = config.gateway.worker_count
-    pool = WorkerPool(config, reports, count)
+    pool = WorkerPool(config, reports, fleet, count)
     role = Role(public=False, traffic=reports.flowing, workers=pool.view)
     async with running(config, role=role) as gateway:
+        gateway.metrics.fleet = fleet  # /metrics: the workers' request metrics summed in
         try:
             await pool.start(gateway)
             gateway.public_url = pool.url

@@ -11,10 +11,14 @@ control plane gone away is seen by the reader as EOF.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from gateway.observability import fleet
 from gateway.observability.events import Event
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
@@ -24,6 +28,7 @@ from gateway.workers import frames
 log = logging.getLogger("unitgate")
 
 REPORT_EVERY = 0.1  # seconds
+METRICS_EVERY = 10  # reports: the metrics' samples go once a second
 
 
 class Link(Observer):
@@ -34,11 +39,17 @@ class Link(Observer):
         self.requests = 0
         self.units: UnitRegistry | None = None
         self.flowing: Callable[[str, float], bool] = lambda _unit, _now: False
+        self.registry: CollectorRegistry | None = None
         self._reporter: asyncio.Task[None] | None = None
 
-    def attach(self, units: UnitRegistry, flowing: Callable[[str, float], bool]) -> None:
-        """What the reports read: the worker's units and its streams' pace."""
-        self.units, self.flowing = units, flowing
+    def attach(
+        self,
+        units: UnitRegistry,
+        flowing: Callable[[str, float], bool],
+        registry: CollectorRegistry,
+    ) -> None:
+        """What the reports read: the worker's units, its streams' pace, its metrics."""
+        self.units, self.flowing, self.registry = units, flowing, registry
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -59,10 +70,19 @@ class Link(Observer):
         self._reporter = asyncio.get_running_loop().create_task(self._report())
 
     async def stop(self) -> None:
+        """The last report and metrics, after the streams have drained."""
         if self._reporter is not None:
             self._reporter.cancel()
             await asyncio.gather(self._reporter, return_exceptions=True)
             self._reporter = None
+        self.report()
+        self.send_metrics()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.drain()
+
+    def send_metrics(self) -> None:
+        if self.registry is not None:
+            self.send({"t": "metrics", "samples": fleet.samples(self.registry)})
 
     def report(self) -> None:
         if self.units is None:
@@ -79,6 +99,10 @@ class Link(Observer):
         )
 
     async def _report(self) -> None:
+        count = 0
         while True:
             self.report()
+            count += 1
+            if count % METRICS_EVERY == 0:
+                self.send_metrics()
             await asyncio.sleep(REPORT_EVERY)

@@ -27,6 +27,7 @@ from typing import Any
 from gateway.config import Config
 from gateway.config.builder import table
 from gateway.observability.events import Event
+from gateway.observability.fleet import Fleet
 from gateway.server import Gateway
 from gateway.workers import frames, state
 
@@ -83,8 +84,8 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, config: Config, reports: Reports, count: int) -> None:
-        self.config, self.reports = config, reports
+    def __init__(self, config: Config, reports: Reports, fleet: Fleet, count: int) -> None:
+        self.config, self.reports, self.fleet = config, reports, fleet
         self._gateway: Gateway | None = None
         self.workers = [Worker(i) for i in range(count)]
         self.version = 0
@@ -241,6 +242,7 @@ class WorkerPool:
             writer.close()
             worker.requests_before += self.reports.requests.get(worker.index, 0)
             self.reports.forget(worker.index)
+            self.fleet.retire(worker.index)
             self._count_inflight()
         return code
 
@@ -263,6 +265,8 @@ class WorkerPool:
         elif kind == "report":
             self.reports.update(worker.index, now, message)
             self._count_inflight()
+        elif kind == "metrics":
+            self.fleet.update(worker.index, message["samples"])
         elif kind == "event":
             fields = {k: message[k] for k in ("time", "unit", "what", "reason", "who")}
             self.gateway.events.append(Event(**fields))

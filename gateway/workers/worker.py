@@ -45,7 +45,7 @@ async def run(link_fd: int) -> int:
     link = Link(writer)
     role = Role(control=False, reuse_port=True, record=link.outcome, limit=limit)
     gateway = Gateway(config, role=role)
-    link.attach(gateway.units, gateway.live.flowing)
+    link.attach(gateway.units, gateway.live.flowing, gateway.metrics.registry)
     gateway.events.on_event(link.event)
     gateway.signals.subscribe(link)
     first = await asyncio.wait_for(frames.read(reader), FIRST_STATE_WITHIN)
@@ -68,8 +68,8 @@ async def run(link_fd: int) -> int:
         task.cancel()
     await asyncio.gather(reading, stopping, return_exceptions=True)
     gateway.draining = True
-    await link.stop()
     await gateway.stop()
+    await link.stop()  # after the drain: the last report and metrics count every answer
     writer.close()
     return 0
 

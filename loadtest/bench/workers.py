@@ -29,7 +29,7 @@ ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopbac
 
 
 def _admin(url: str, token: str, path: str, method: str = "POST") -> Any:
-    data = b"{\"reason\": \"benchmark\"}" if method == "POST" else None
+    data = b'{"reason": "benchmark"}' if method == "POST" else None
     req = urllib.request.Request(url + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     req.add_header("Content-Type", "application/json")

@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from tests.chaos.clusters import GatewayProcess, pid_alive, start_gateway
-from tests.chaos.ops import until
+from tests.chaos.ops import samples, until
 from tests.support import MODEL, SimProcess, chat_body
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
@@ -80,6 +80,30 @@ async def test_an_admin_disable_reaches_every_worker(gateway: GatewayProcess) ->
 def _reported(gw: GatewayProcess, total: int) -> list[dict[str, Any]] | None:
     views = workers(gw)
     return views if sum(w["requests"] for w in views) >= total else None
+
+
+def requests_counted(gw: GatewayProcess) -> float:
+    return gw.ops.counter("unitgate_requests_total")
+
+
+async def test_one_metrics_endpoint_counts_every_workers_requests(
+    gateway: GatewayProcess,
+) -> None:
+    """/metrics sums the workers; a killed worker's counts stay counted after its restart."""
+    await served_by(gateway, 80, stream=True)
+    await until(lambda: requests_counted(gateway) == 80, 5.0, "80 requests in /metrics")
+    text = gateway.ops.metrics()
+    assert text.count("# TYPE unitgate_requests_total counter") == 1
+    ttft = sum(samples(text, "unitgate_time_to_first_token_seconds_count").values())
+    assert ttft == 80
+    victim = workers(gateway)[1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    await until(
+        lambda: workers(gateway)[1]["pid"] not in (None, victim["pid"]), 10.0, "a new worker 1"
+    )
+    assert requests_counted(gateway) == 80  # not backwards
+    await served_by(gateway, 20)
+    await until(lambda: requests_counted(gateway) == 100, 5.0, "100 requests in /metrics")
 
 
 async def test_a_killed_worker_is_started_again_and_the_other_serves_on(

@@ -1,0 +1,105 @@
+"""Many processes' counters and histograms as one /metrics: the workers' request metrics,
+summed into the control plane's own.
+
+Aggregated in the control plane rather than with prometheus_client's multiprocess mode: that
+mode covers only prometheus_client's own metric types (not this project's lock-free
+histograms or scrape-time collectors) and puts a memory-mapped file write on every counter
+increment of the request path. Here a worker sends its cumulative samples once a second and
+when it stops; the control plane keeps each worker's latest, and when a worker exits, folds
+them into a retired total, so a counter never goes backwards across a restart (a worker killed
+outright loses at most its last second).
+
+Only counters and histograms are summed: gauges describe state the control plane holds itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
+SUMMED = ("counter", "histogram")
+Key = tuple[str, str, tuple[tuple[str, str], ...]]  # (family, sample name, labels)
+# one sample on the wire: [family, type, documentation, sample name, labels, value]
+Wire = list[Any]
+
+
+def samples(registry: CollectorRegistry) -> list[Wire]:
+    """A worker's cumulative counter and histogram samples (not their `_created` stamps)."""
+    out: list[Wire] = []
+    for family in registry.collect():
+        if family.type not in SUMMED:
+            continue
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                wire = [family.name, family.type, family.documentation, s.name, s.labels]
+                out.append([*wire, s.value])
+    return out
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self._latest: dict[int, dict[Key, float]] = {}
+        self._retired: dict[Key, float] = {}
+        self._families: dict[str, tuple[str, str]] = {}  # name -> (type, documentation)
+
+    def family(self, name: str) -> tuple[str, str]:
+        """(type, documentation) of a family a worker reported."""
+        return self._families[name]
+
+    def update(self, worker: int, wire: Iterable[Wire]) -> None:
+        latest: dict[Key, float] = {}
+        for family, kind, doc, name, labels, value in wire:
+            self._families.setdefault(family, (kind, doc))
+            latest[(family, name, tuple(sorted(labels.items())))] = float(value)
+        self._latest[worker] = latest
+
+    def retire(self, worker: int) -> None:
+        """The worker exited: what it counted stays counted."""
+        for key, value in self._latest.pop(worker, {}).items():
+            self._retired[key] = self._retired.get(key, 0.0) + value
+
+    def totals(self) -> dict[Key, float]:
+        total = dict(self._retired)
+        for latest in list(self._latest.values()):
+            for key, value in latest.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    def merged(self, own: CollectorRegistry) -> _Merged:
+        return _Merged(own, self)
+
+
+class _Merged(CollectorRegistry):
+    """What generate_latest reads: the control plane's families with the workers' sums
+    added, and families only workers have appended."""
+
+    def __init__(self, own: CollectorRegistry, fleet: Fleet) -> None:
+        super().__init__(auto_describe=False)
+        self.own, self.fleet = own, fleet
+
+    def collect(self) -> Iterator[Metric]:
+        by_family: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+        for (family_name, name, labels), value in self.fleet.totals().items():
+            by_family.setdefault(family_name, {})[(name, labels)] = value
+        for family in self.own.collect():
+            extra = by_family.pop(family.name, None)
+            yield family if extra is None else _add(family, extra)
+        for name, extra in by_family.items():
+            kind, doc = self.fleet.family(name)
+            yield _add(Metric(name, doc, kind), extra)
+
+
+def _add(family: Metric, extra: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> Metric:
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for s in family.samples:
+        if not s.name.endswith("_created"):
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    for key, value in extra.items():
+        values[key] = values.get(key, 0.0) + value
+    merged = Metric(family.name, family.documentation, family.type)
+    for (name, labels), value in values.items():
+        merged.add_sample(name, dict(labels), value)
+    return merged
