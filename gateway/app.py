@@ -59,6 +59,8 @@ def ops_app(metrics: Metrics, admin: web.Application | None = None) -> web.Appli
     app = web.Application(middlewares=[_json_errors])
 
     async def render(_: web.Request) -> web.Response:
+        if metrics.refresh is not None:
+            await metrics.refresh()
         return web.Response(
             body=await asyncio.to_thread(metrics.render),
             headers={"Content-Type": "text/plain; version=0.0.4"},

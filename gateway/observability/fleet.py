@@ -4,8 +4,9 @@ summed into the control plane's own.
 Aggregated in the control plane rather than with prometheus_client's multiprocess mode: that
 mode covers only prometheus_client's own metric types (not this project's lock-free
 histograms or scrape-time collectors) and puts a memory-mapped file write on every counter
-increment of the request path. Here a worker sends its cumulative samples once a second and
-when it stops; the control plane keeps each worker's latest, and when a worker exits, folds
+increment of the request path. Here a worker sends its cumulative samples once a second,
+when a scrape asks (pool.refresh) and when it stops; the control plane keeps each worker's
+latest, and when a worker exits, folds
 them into a retired total, so a counter never goes backwards across a restart (a worker killed
 outright loses at most its last second).
 

@@ -6,7 +6,7 @@ routability) are read at scrape time by a collector instead of being updated on 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -104,8 +104,10 @@ class Metrics:
         r.register(_HealthCollector(units))
         if lag is not None:
             r.register(_LagCollector(lag))
-        # In a control plane: the workers' counters and histograms, summed in at render.
+        # In a control plane: the workers' counters and histograms, summed in at render,
+        # fresh from `refresh` (which asks them) before each scrape.
         self.fleet: Fleet | None = None
+        self.refresh: Callable[[], Awaitable[None]] | None = None
 
     def render(self) -> bytes:
         """Call from a worker thread (see app.py): with a thousand units rendering takes ~0.5 s

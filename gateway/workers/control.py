@@ -32,6 +32,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     role = Role(public=False, traffic=reports.flowing, workers=pool.view)
     async with running(config, role=role) as gateway:
         gateway.metrics.fleet = fleet  # /metrics: the workers' request metrics summed in
+        gateway.metrics.refresh = pool.refresh
         try:
             await pool.start(gateway)
             gateway.public_url = pool.url

@@ -4,8 +4,9 @@ Out go, as they happen: breaker evidence (`outcome`, with its age rather than a 
 the two processes' loop clocks are not one clock) and events recorded here (a resumption).
 Every `REPORT_EVERY` seconds goes a report: which units' streams flow (the probers' reason
 to call a unit slow rather than dead) and the in-flight count per unit (the fleet's
-"drained"). Writes never block the request path: they are buffered by the transport, and a
-control plane gone away is seen by the reader as EOF.
+"drained"); every second, and whenever a /metrics scrape asks, the metrics' samples. Writes
+never block the request path: they are buffered by the transport, and a control plane gone
+away is seen by the reader as EOF.
 """
 
 from __future__ import annotations
@@ -80,9 +81,11 @@ class Link(Observer):
         with contextlib.suppress(ConnectionError):
             await self.writer.drain()
 
-    def send_metrics(self) -> None:
+    def send_metrics(self, scrape: int | None = None) -> None:
+        """`scrape`: the number of the control plane's scrape this answers."""
         if self.registry is not None:
-            self.send({"t": "metrics", "samples": fleet.samples(self.registry)})
+            samples = fleet.samples(self.registry)
+            self.send({"t": "metrics", "samples": samples, "scrape": scrape})
 
     def report(self) -> None:
         if self.units is None:

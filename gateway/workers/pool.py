@@ -35,6 +35,7 @@ log = logging.getLogger("unitgate")
 
 READY_WITHIN = 30.0  # seconds for a started worker to listen
 STALE_AFTER = 0.5  # seconds: a worker's "flowing" older than this no longer vouches
+SCRAPE_WITHIN = 1.0  # seconds a /metrics scrape waits for the workers' fresh samples
 BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER = 0.1, 10.0, 30.0
 
 
@@ -75,6 +76,7 @@ class Worker:
     restarts: int = 0
     applied: int = -1
     requests_before: int = 0  # served by the worker's earlier lives
+    scraped: int = 0  # the newest scrape it has answered
     writer: asyncio.StreamWriter | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     propagation: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
@@ -89,6 +91,8 @@ class WorkerPool:
         self._gateway: Gateway | None = None
         self.workers = [Worker(i) for i in range(count)]
         self.version = 0
+        self._scrapes = 0
+        self._scraped = asyncio.Event()
         self._dirty = False
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -158,6 +162,25 @@ class WorkerPool:
             }
             for w in self.workers
         ]
+
+    async def refresh(self, within: float = SCRAPE_WITHIN) -> None:
+        """Before /metrics renders: fresh samples from every listening worker, so a scrape
+        counts every request answered before it (a worker that does not answer within
+        `within` is rendered from its last samples, at most a second old)."""
+        self._scrapes += 1
+        number = self._scrapes
+        asking = [w for w in self.workers if w.writer is not None and w.ready.is_set()]
+        for worker in asking:
+            assert worker.writer is not None
+            worker.writer.write(frames.encode({"t": "scrape", "n": number}))
+        deadline = asyncio.get_running_loop().time() + within
+        while any(w.scraped < number and w.ready.is_set() for w in asking):
+            self._scraped.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._scraped.wait(), left)
 
     # -- the state, out --
 
@@ -267,6 +290,9 @@ class WorkerPool:
             self._count_inflight()
         elif kind == "metrics":
             self.fleet.update(worker.index, message["samples"])
+            if message.get("scrape") is not None:
+                worker.scraped = max(worker.scraped, int(message["scrape"]))
+                self._scraped.set()
         elif kind == "event":
             fields = {k: message[k] for k in ("time", "unit", "what", "reason", "who")}
             self.gateway.events.append(Event(**fields))

@@ -82,3 +82,5 @@ async def _follow(
         if message["t"] == "state":
             state.apply(gateway.units, message, count, index)
             link.send({"t": "applied", "v": message["v"]})
+        elif message["t"] == "scrape":  # a /metrics scrape is waiting for fresh samples
+            link.send_metrics(message["n"])

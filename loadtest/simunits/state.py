@@ -64,7 +64,8 @@ class NodeHealth:
 
 @dataclass(slots=True)
 class Stats:
-    """Counters since the last reset, plus the gauges `in_flight` and `step`.
+    """Counters since the last reset, plus the gauges `in_flight` and `step` (and the most
+    in flight at once, `peak_in_flight`: what a gateway's cap must bound).
 
     `cancelled` counts requests whose client went away (including while hung or
     stalled); `failed` counts requests answered with an injected error or drop.
@@ -75,6 +76,7 @@ class Stats:
     cancelled: int = 0
     failed: int = 0
     in_flight: int = 0
+    peak_in_flight: int = 0  # the most in flight at once since the last reset
     last_cancel_time: float | None = None
     step: int = 0
 
@@ -103,6 +105,7 @@ class UnitState:
         """
         self.stats.requests += 1
         self.stats.in_flight += 1
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
         fault = self.fault
         if fault.count is not None:
             left = fault.count - 1
@@ -131,4 +134,5 @@ class UnitState:
         self.settings = self.defaults
         self.fault = NO_FAULT
         self.health = [NodeHealth()] * len(self.health)
-        self.stats = Stats(in_flight=self.stats.in_flight, step=self.stats.step)
+        live = self.stats.in_flight
+        self.stats = Stats(in_flight=live, peak_in_flight=live, step=self.stats.step)
