@@ -50,8 +50,13 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The simulated chaos scenarios run twice: one gateway process, then a control plane and two
+# workers ([gateway].workers = 2).
+CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/chaos/test_sim_burst.py
+
 test: lint $(VLLM_STAMP)
 	$(PY) -m pytest -q -m "not vllm"
+	UNITGATE_CHAOS_WORKERS=2 $(PY) -m pytest -q -m chaos $(CHAOS_SIM)
 	$(VPY) -m pytest -q -m vllm tests/vllm
 
 format: $(TEST_STAMP)

@@ -31,6 +31,11 @@ from tests.support import ROOT, SimProcess, start_sim, stop_process
 REAL_MODEL = "tiny"
 
 
+# UNITGATE_CHAOS_WORKERS=2 runs the simulated scenarios against a control plane and two
+# workers (`make test` runs them both ways), instead of one gateway process.
+WORKERS = int(os.environ.get("UNITGATE_CHAOS_WORKERS", "1"))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.clusters import GatewayProcess, start_gateway, start_simulator
+from tests.chaos.clusters import WORKERS, GatewayProcess, start_gateway, start_simulator
 from tests.chaos.harness import RESUME_ON
 from tests.chaos.report import HEADER, ROWS
 from tests.chaos.simulated import paced
@@ -37,7 +37,7 @@ def sim(simulator: SimProcess) -> SimProcess:
 @pytest.fixture
 def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
     """A fresh gateway process per scenario (metrics and events start at zero), routing."""
-    gw = start_gateway(tmp_path, sim, MODEL)
+    gw = start_gateway(tmp_path, sim, MODEL, gateway={"workers": WORKERS})
     try:
         yield gw
     finally:

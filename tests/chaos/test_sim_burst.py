@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from loadtest.gen.shapes import RunConfig
-from tests.chaos.clusters import GatewayProcess, start_gateway
+from tests.chaos.clusters import WORKERS, GatewayProcess, start_gateway
 from tests.chaos.harness import Fault, Trace, run_load, send_traced, workload
 from tests.chaos.ops import resumptions
 from tests.chaos.report import Report, conclude
@@ -50,6 +50,7 @@ def roomy(slow_sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
         MODEL,
         admission={"unit_max_inflight": room, "queue_size": room},
         health={"timeout": 0.2},
+        gateway={"workers": WORKERS},
     )
     try:
         yield gw
