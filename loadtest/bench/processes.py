@@ -90,6 +90,17 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def tree_ticks(pid: int) -> int:
+    """`cpu_ticks` of a process and of its live descendants (a control plane's workers)."""
+    total = cpu_ticks(pid)
+    with contextlib.suppress(FileNotFoundError):
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for child_pid in children:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += tree_ticks(int(child_pid))
+    return total
+
+
 @contextlib.contextmanager
 def pinned(cpu: int | None) -> Iterator[None]:
     """Children inherit affinity at fork, so pinning the parent around Popen pins every thread."""

@@ -1,17 +1,28 @@
-"""How fast a control-plane change reaches every worker (`[gateway].workers`).
+"""The gateway with `[gateway].workers`: how fast a control-plane change reaches every worker,
+and what workers cost and carry.
 
-    python -m loadtest.bench.workers [--workers 2 4] [--changes 200] [--out DIR]
+    python -m loadtest.bench.workers [--workers 2 4] [--changes 200] [--requests 3000] [--out DIR]
 
-Simulated units behind a gateway of N workers; an admin client disables and enables a unit
-`--changes` times (each one state broadcast), then reads `/admin/workers`: per worker, the
-time from the control plane sending a state version to that worker acknowledging it applied
-it (a worker acknowledges after applying, so this bounds "in effect" from above). Reported:
-p50, p99 and max over every worker's samples. The aim (issue 15): p99 within 50 ms.
+Propagation: simulated units behind a gateway of N workers; an admin client disables and
+enables a unit `--changes` times (each one state broadcast), then reads `/admin/workers`: per
+worker, the time from the control plane sending a state version to that worker acknowledging
+it applied it (a worker acknowledges after applying, so this bounds "in effect" from above).
+Reported: p50, p99 and max over every worker's samples. The aim (issue 15): p99 within 50 ms.
+
+Cost and capacity, for workers = 1 and 2 (64-token streams from simulated units with no
+delay, a closed loop of 32 streams, one run each after a warm-up):
+- pinned: the simulator and the load generator on CPU 0, the whole gateway (control plane and
+  workers) on CPU 1; reported: the gateway's CPU per request (every process of it, from
+  /proc). The aim: within 1.1x of one worker's.
+- unpinned: everything shares both CPUs; reported: requests/s at saturation. On 2 cores the
+  load generator and the simulator take what the second worker would use, so this shows
+  what the machine allows, not what N workers carry on a host of their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import secrets
@@ -23,8 +34,20 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from loadtest.bench.machine import machine_facts
-from loadtest.bench.processes import child, gateway_toml
+from loadtest.bench.overhead.load import closed_loop
+from loadtest.bench.processes import (
+    CLK_TCK,
+    Pins,
+    child,
+    gateway_toml,
+    pin_cpus,
+    pinned,
+    tree_ticks,
+)
+from loadtest.gen.client import open_session
 
+TOKENS = 64  # per answer, as in the overhead benchmark
+CONCURRENCY = 32
 ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
 
 
@@ -64,16 +87,57 @@ def measure(tmp: Path, workers: int, changes: int) -> dict[str, Any]:
     return {"workers": workers, "changes": changes, "per_worker": views}
 
 
+def capacity(tmp: Path, workers: int, requests: int, pins: Pins | None) -> dict[str, Any]:
+    """One closed-loop run against a gateway of `workers` (pinned as the docstring says, or
+    not at all when `pins` is None)."""
+    sim_ready = tmp / f"sim-load-{workers}-{pins is not None}.json"
+    sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
+    sim_argv += ["--itl-ms", "0", "--tokens", str(TOKENS), "--ready-file", str(sim_ready)]
+    load_cpu = None if pins is None else pins.load
+    relay_cpu = None if pins is None else pins.relay
+    with child(sim_argv, sim_ready, load_cpu, "simulator") as sim:
+        toml = gateway_toml(sim["units"])
+        config = tmp / f"gw-load-{workers}.toml"
+        config.write_text(toml.replace("[gateway]\n", f"[gateway]\nworkers = {workers}\n", 1))
+        ready = tmp / f"gw-load-{workers}-{pins is not None}.json"
+        argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
+        argv += ["--ready-file", str(ready)]
+        with child(argv, ready, relay_cpu, "gateway", True) as gw, pinned(load_cpu):
+            return asyncio.run(_load(gw["public"], int(gw["pid"]), requests))
+
+
+async def _load(url: str, pid: int, requests: int) -> dict[str, Any]:
+    async with open_session(CONCURRENCY) as session:
+        await closed_loop(session, [url], 2 * CONCURRENCY, CONCURRENCY, 0.0)
+        cpu0 = tree_ticks(pid)
+        loop = await closed_loop(session, [url], requests, CONCURRENCY, 0.0)
+        cpu = tree_ticks(pid) - cpu0
+    ok = sum(1 for r in loop.records if r.ok)
+    return {
+        "completed": ok,
+        "failed": len(loop.records) - ok + loop.unsent,
+        "rps": ok / loop.wall_s,
+        "cpu_us_per_request": cpu / CLK_TCK * 1e6 / max(ok, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.workers", description=__doc__)
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--changes", type=int, default=200)
+    p.add_argument("--requests", type=int, default=3000, help="per capacity run (0: none)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    results = []
+    results, loads = [], []
     with TemporaryDirectory(prefix="unitgate-workers-") as tmp:
         for n in args.workers:
             results.append(measure(Path(tmp), n, args.changes))
+        pins = pin_cpus()
+        if args.requests:
+            for placed in (pins, None) if pins is not None else (None,):
+                for n in (1, 2):
+                    run = capacity(Path(tmp), n, args.requests, placed)
+                    loads.append({"workers": n, "pinned": placed is not None, **run})
     print("| workers | changes | propagation p50 ms | p99 ms | max ms (worst worker) |")
     print("|---|---|---|---|---|")
     for r in results:
@@ -83,9 +147,17 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['workers']} | {r['changes']} | {worst['p50']:.2f} | {worst['p99']:.2f} "
             f"| {max(p['max'] for p in props):.2f} |"
         )
+    if loads:
+        print("\n| workers | pinned | completed | failed | requests/s | gateway CPU us/request |")
+        print("|---|---|---|---|---|---|")
+        for r in loads:
+            print(
+                f"| {r['workers']} | {'yes' if r['pinned'] else 'no'} | {r['completed']} "
+                f"| {r['failed']} | {r['rps']:.0f} | {r['cpu_us_per_request']:.0f} |"
+            )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        data = {"machine": machine_facts(), "results": results}
+        data = {"machine": machine_facts(), "results": results, "capacity": loads}
         (args.out / "workers.json").write_text(json.dumps(data, indent=2))
     return 0
 

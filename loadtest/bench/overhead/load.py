@@ -76,7 +76,7 @@ async def _worker(
     return state.records
 
 
-async def _closed_loop(
+async def closed_loop(
     session: aiohttp.ClientSession,
     bases: Sequence[str],
     count: int,
@@ -120,9 +120,9 @@ async def _measure(
     relay = cluster.relays.get(mode)
     bases = cluster.leaders if relay is None else (relay.url,)
     async with open_session(conc) as session:
-        warm = await _closed_loop(session, bases, 2 * conc, conc, spread)
+        warm = await closed_loop(session, bases, 2 * conc, conc, spread)
         cpu0 = cpu_ticks(relay.pid) if relay else 0
-        loop = await _closed_loop(session, bases, n, conc, spread)
+        loop = await closed_loop(session, bases, n, conc, spread)
         cpu = cpu_ticks(relay.pid) - cpu0 if relay else None
     errors = _errors(loop)
     for kind, count in _errors(warm).items():
