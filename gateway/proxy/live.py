@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from gateway.health.pace import is_quiet
+from gateway.health.pace import is_quiet, quiet_after
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
@@ -78,6 +78,21 @@ class LiveStreams(Observer):
             if pace is not None and not is_quiet(now, *pace, self.floor, self.factor):
                 return True
         return False
+
+    def flowing_for(self, unit_id: str, now: float) -> float:
+        """Seconds from `now` during which `flowing` stays true if no more data came: the
+        pace rule's own horizon, which a worker reports to its control plane (0: not
+        flowing now)."""
+        horizon = 0.0
+        began = self._began.get(unit_id)
+        if began is not None:
+            horizon = began + self.floor - now
+        for stream in self._by_unit.get(unit_id, ()):
+            pace = stream.pace()
+            if pace is not None:
+                last, gap = pace
+                horizon = max(horizon, last + quiet_after(gap, self.floor, self.factor) - now)
+        return max(horizon, 0.0)
 
     def eject(self, unit_id: str, reason: str) -> int:
         """Tell every stream on the unit; returns how many will break for resumption."""

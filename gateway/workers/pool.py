@@ -30,26 +30,37 @@ from gateway.observability.events import Event
 from gateway.observability.fleet import Fleet
 from gateway.server import Gateway
 from gateway.workers import frames, state
+from gateway.workers.link import REPORT_EVERY
 
 log = logging.getLogger("unitgate")
 
 READY_WITHIN = 30.0  # seconds for a started worker to listen
-STALE_AFTER = 0.5  # seconds: a worker's "flowing" older than this no longer vouches
+DUE_AFTER = 3 * REPORT_EVERY  # seconds after a report by which the next one is late
+SILENT_AFTER = 10.0  # seconds without a report after which a worker vouches for nothing
 SCRAPE_WITHIN = 1.0  # seconds a /metrics scrape waits for the workers' fresh samples
 BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER = 0.1, 10.0, 30.0
 
 
 class Reports:
     """The workers' latest reports, merged: the probers' `traffic` and the units' in-flight
-    counts, as one process would know them."""
+    counts, as one process would know them.
+
+    A worker reports, per unit, for how long its streams keep vouching by the pace rule if no
+    more data came (`horizon`). While its reports come on time the control plane counts that
+    down. When the next one is late, the worker's own loop is behind, and so are its reads of
+    the streams' data: in one process the prober would be behind with it, so here the count
+    stops where the report was due (a 10,000-stream wave lags a worker's loop by seconds,
+    while young streams vouch for only the 1 s floor). A worker silent for `SILENT_AFTER`
+    (hung: a dead one closes its link and is forgotten at once) vouches for nothing."""
 
     def __init__(self) -> None:
-        self._flowing: dict[int, tuple[float, frozenset[str]]] = {}
+        # worker -> (when its report came, unit -> horizon in seconds)
+        self._flowing: dict[int, tuple[float, dict[str, float]]] = {}
         self._inflight: dict[int, dict[str, int]] = {}
         self.requests: dict[int, int] = {}  # answered by each worker's current process
 
     def update(self, index: int, now: float, message: dict[str, Any]) -> None:
-        self._flowing[index] = (now, frozenset(message["flowing"]))
+        self._flowing[index] = (now, {str(u): float(f) for u, f in message["flowing"].items()})
         self._inflight[index] = {str(k): int(v) for k, v in message["inflight"].items()}
         self.requests[index] = int(message["requests"])
 
@@ -60,9 +71,11 @@ class Reports:
         self.requests.pop(index, None)
 
     def flowing(self, unit_id: str, now: float) -> bool:
-        return any(
-            unit_id in units and now - at <= STALE_AFTER for at, units in self._flowing.values()
-        )
+        for at, horizons in self._flowing.values():
+            silence = now - at
+            if silence < SILENT_AFTER and horizons.get(unit_id, 0.0) > min(silence, DUE_AFTER):
+                return True
+        return False
 
     def inflight(self, unit_id: str) -> int:
         return sum(counts.get(unit_id, 0) for counts in self._inflight.values())

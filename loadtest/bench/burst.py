@@ -36,11 +36,12 @@ from loadtest.bench.processes import (
     CLK_TCK,
     MODEL,
     READY_TIMEOUT_S,
-    cpu_ticks,
     gateway_toml,
     pin_cpus,
     pinned,
     stop_child,
+    tree,
+    tree_ticks,
 )
 from loadtest.readyfile import wait_http_ok, wait_ready_file
 
@@ -60,6 +61,7 @@ class Shape:
     tokens: int
     itl_ms: float
     waves: int
+    workers: int = 1  # [gateway].workers
 
     @property
     def duration(self) -> float:
@@ -84,6 +86,7 @@ class Point:
     max_loop_lag_s: float  # the gateway's own event loop, behind schedule at worst
     itl_p50_ms: float  # as the clients saw it: the units' 1 s plus whatever the load added
     e2e_p50_ms: float
+    ejection_reasons: list[str]
     idle_rss_mb: float
     peak_rss_mb: float
     rss_per_stream_kb: float
@@ -100,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=20, help="tokens per answer")
     p.add_argument("--itl-ms", type=float, default=1000.0, help="gap between tokens")
     p.add_argument("--waves", type=int, default=2, help="full waves per point")
+    p.add_argument("--workers", type=int, default=1, help="[gateway].workers")
     p.add_argument("--out", type=Path, help="directory for burst.json")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.streams.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or args.units < 1 or args.tokens < 1 or args.waves < 1:
         p.error("--streams, --units, --tokens and --waves must be positive")
-    points = [run_point(Shape(n, args.units, args.tokens, args.itl_ms, args.waves)) for n in sizes]
+    points = [
+        run_point(Shape(n, args.units, args.tokens, args.itl_ms, args.waves, args.workers))
+        for n in sizes
+    ]
     print(table(points))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +132,9 @@ def run_point(shape: Shape) -> Point:
         with _child(sim_argv, tmp / "sim.json", load_cpu) as (sim, _):
             config = tmp / "gw.toml"
             n = shape.streams
-            config.write_text(gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN))
+            toml = gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN)
+            workers = f"[gateway]\nworkers = {shape.workers}\n"
+            config.write_text(toml.replace("[gateway]\n", workers, 1))
             token = secrets.token_urlsafe(12)
             gw_argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
             ready = tmp / "gw.json"
@@ -140,8 +149,8 @@ def _measure(
     shape: Shape, gw: dict[str, Any], token: str, tmp: Path, load_cpu: int | None
 ) -> Point:
     pid, streams = int(gw["pid"]), shape.streams
-    idle_rss = _status_kb(pid, "VmRSS")
-    cpu_before, started = cpu_ticks(pid), time.monotonic()
+    idle_rss = _tree_kb(pid, "VmRSS")
+    cpu_before, started = tree_ticks(pid), time.monotonic()
     out = tmp / "load"
     argv = [sys.executable, "-m", "loadtest", "--url", gw["public"], "--model", MODEL]
     argv += ["--concurrency", str(streams), "--duration", f"{shape.duration:.1f}"]
@@ -154,8 +163,8 @@ def _measure(
     finally:
         stop_child(load)
     wall = time.monotonic() - started
-    cpu_s = (cpu_ticks(pid) - cpu_before) / CLK_TCK
-    peak_rss = _status_kb(pid, "VmHWM")
+    cpu_s = (tree_ticks(pid) - cpu_before) / CLK_TCK
+    peak_rss = _tree_kb(pid, "VmHWM")
     summary = json.loads((out / "result.json").read_text())["summary"]
     events = _get(gw["metrics"] + "/admin/events?limit=100000", token)["events"]
     whats = [e["what"] for e in events]
@@ -181,6 +190,7 @@ def _measure(
         failed=int(summary["failed"]),
         errors=dict(summary["errors"]),
         ejections=whats.count("unhealthy"),
+        ejection_reasons=[e["reason"] for e in events if e["what"] == "unhealthy"],
         breaker_trips=whats.count("breaker ejected"),
         slow_marks=whats.count("slow"),
         resumptions=resumed,
@@ -211,6 +221,12 @@ def _child(
         yield wait_ready_file(ready, proc, READY_TIMEOUT_S, argv[0]), proc
     finally:
         stop_child(proc)
+
+
+def _tree_kb(pid: int, field: str) -> float:
+    """`field` summed over the gateway's processes (with workers, each one's own peak: an
+    upper bound on their peak together)."""
+    return sum(_status_kb(each, field) for each in tree(pid))
 
 
 def _status_kb(pid: int, field: str) -> float:

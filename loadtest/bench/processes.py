@@ -90,14 +90,21 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def tree_ticks(pid: int) -> int:
-    """`cpu_ticks` of a process and of its live descendants (a control plane's workers)."""
-    total = cpu_ticks(pid)
+def tree(pid: int) -> list[int]:
+    """A process and its live descendants (a control plane and its workers)."""
+    pids = [pid]
     with contextlib.suppress(FileNotFoundError):
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        for child_pid in children:
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += tree_ticks(int(child_pid))
+        for child_pid in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            pids += tree(int(child_pid))
+    return pids
+
+
+def tree_ticks(pid: int) -> int:
+    """`cpu_ticks` of a process and of its live descendants."""
+    total = 0
+    for each in tree(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += cpu_ticks(each)
     return total
 
 

@@ -192,3 +192,20 @@ def test_the_gateway_judges_traffic_by_its_traffic_window_not_the_ejection_floor
     assert (live.floor, live.factor) == (7.5, 3.0)
     live.began("u0", 100.0)
     assert live.flowing("u0", 107.0)  # within 7.5 s: an ejected_idle window would say no
+
+
+def test_flowing_for_is_the_horizon_of_flowing() -> None:
+    """What a worker reports: flowing holds exactly until now + flowing_for, absent new data
+    (the same pace rule, evaluated ahead for a control plane in another process)."""
+    live = LiveStreams(0.5, 2.0)
+    live.add("u0", Stream(last=3.0, gap=1.0))  # quiet after 2 x 1 s
+    live.add("u0", Stream(last=3.5, gap=0.1))  # quiet after the 0.5 s floor
+    for now in (3.2, 3.9, 4.4, 4.99):
+        horizon = live.flowing_for("u0", now)
+        assert horizon == pytest.approx(5.0 - now)
+        assert live.flowing("u0", now + horizon - 1e-9)
+        assert not live.flowing("u0", now + horizon + 1e-9)
+    assert live.flowing_for("u0", 5.5) == 0.0 and not live.flowing("u0", 5.5)
+    live.began("u1", 7.0)  # an answer that just opened vouches for the floor
+    assert live.flowing_for("u1", 7.2) == pytest.approx(0.3)
+    assert live.flowing_for("u2", 7.2) == 0.0

@@ -14,7 +14,7 @@ from gateway.config.proxy import GatewayConfig
 from gateway.health.states import Health
 from gateway.units import BitChange, UnitRegistry
 from gateway.workers import frames, state
-from gateway.workers.pool import STALE_AFTER, Reports
+from gateway.workers.pool import SILENT_AFTER, Reports
 from tests.support import gateway_config
 
 UNITS = [{"id": f"u{i}", "leader": f"http://127.0.0.1:{9000 + i}", "nodes": []} for i in range(3)]
@@ -109,14 +109,23 @@ def test_what_is_not_a_frame_is_refused(data: bytes, problem: str) -> None:
 
 
 def test_reports_merge_flowing_and_in_flight_over_workers() -> None:
+    """A worker reports how long each unit's streams keep vouching (by their pace); the
+    control plane counts it down while reports are due, and holds it while one is late."""
     reports = Reports()
-    reports.update(0, 10.0, {"flowing": ["u0"], "inflight": {"u0": 2}, "requests": 5})
-    reports.update(1, 10.2, {"flowing": [], "inflight": {"u0": 1, "u1": 4}, "requests": 7})
-    assert reports.flowing("u0", 10.2) and not reports.flowing("u1", 10.2)
-    assert not reports.flowing("u0", 10.0 + STALE_AFTER + 0.01)  # an old report vouches no more
+    reports.update(0, 10.0, {"flowing": {"u0": 0.2}, "inflight": {"u0": 2}, "requests": 5})
+    reports.update(1, 10.0, {"flowing": {}, "inflight": {"u0": 1, "u1": 4}, "requests": 7})
+    assert reports.flowing("u0", 10.1) and not reports.flowing("u1", 10.1)
+    assert not reports.flowing("u0", 10.25)  # on time, and the streams looked quiet by now
+    reports.update(0, 11.0, {"flowing": {"u0": 1.0}, "inflight": {"u0": 2}, "requests": 5})
+    # the next report is late (the worker's loop is behind): the horizon holds...
+    assert reports.flowing("u0", 11.0 + 5.0)
+    # ...until the worker has been silent for SILENT_AFTER: hung, it vouches for nothing
+    assert not reports.flowing("u0", 11.0 + SILENT_AFTER)
     assert (reports.inflight("u0"), reports.inflight("u1")) == (3, 4)
     reports.forget(1)  # that worker exited: its streams went with it
     assert (reports.inflight("u0"), reports.inflight("u1")) == (2, 0)
+    reports.forget(0)
+    assert not reports.flowing("u0", 11.1)
 
 
 def test_workers_config() -> None:
