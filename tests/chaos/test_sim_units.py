@@ -29,7 +29,7 @@ from tests.chaos.harness import (
 )
 from tests.chaos.ops import samples, until
 from tests.chaos.report import Report, conclude
-from tests.chaos.simulated import FAULT_AT, MAX_TOKENS, node_health, sim_load
+from tests.chaos.simulated import DURATION, FAULT_AT, MAX_TOKENS, node_health, sim_load
 from tests.support import MODEL, SimProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
@@ -116,7 +116,11 @@ async def test_6_clients_disconnect_mid_stream_at_once(
         )
 
     fault = Fault(FAULT_AT, f"{LEAVERS} clients leave", burst)
-    load = await run_load(sim_load(gateway), workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    # The background load outlasts the leavers' start (up to 20 s): on a busy 2-core machine
+    # 200 streams once took over 5.5 s to all start, and an 8 s load had ended by then, so
+    # the fault met no stream in flight.
+    config = sim_load(gateway, duration=DURATION + 8.0)
+    load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
     fault.fired_perf = left_at[0] if left_at else None  # the fault is the moment they left
     report = Report(
         f"6. {LEAVERS} clients disconnect mid-stream at once (sim)",
