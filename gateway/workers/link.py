@@ -39,7 +39,7 @@ class Link(Observer):
         self.writer = writer
         self.requests = 0
         self.units: UnitRegistry | None = None
-        self.flowing: Callable[[str, float], float] = lambda _unit, _now: 0.0
+        self.flowing_for: Callable[[str, float], float] = lambda _unit, _now: 0.0
         self.registry: CollectorRegistry | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._until: dict[str, float] = {}  # unit -> flowing until (this loop's clock)
@@ -47,12 +47,12 @@ class Link(Observer):
     def attach(
         self,
         units: UnitRegistry,
-        flowing: Callable[[str, float], float],
+        flowing_for: Callable[[str, float], float],
         registry: CollectorRegistry,
     ) -> None:
         """What the reports read: the worker's units, how long each one's streams keep
         vouching for it (LiveStreams.flowing_for), its metrics."""
-        self.units, self.flowing, self.registry = units, flowing, registry
+        self.units, self.flowing_for, self.registry = units, flowing_for, registry
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -111,7 +111,7 @@ class Link(Observer):
         until = self._until.get(unit_id, 0.0)
         if now < until - 2 * REPORT_EVERY:
             return until - now
-        horizon = self.flowing(unit_id, now)
+        horizon = self.flowing_for(unit_id, now)
         self._until[unit_id] = now + horizon
         return horizon
 

@@ -132,9 +132,8 @@ def run_point(shape: Shape) -> Point:
         with _child(sim_argv, tmp / "sim.json", load_cpu) as (sim, _):
             config = tmp / "gw.toml"
             n = shape.streams
-            toml = gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN)
-            workers = f"[gateway]\nworkers = {shape.workers}\n"
-            config.write_text(toml.replace("[gateway]\n", workers, 1))
+            toml = gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN, workers=shape.workers)
+            config.write_text(toml)
             token = secrets.token_urlsafe(12)
             gw_argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
             ready = tmp / "gw.json"

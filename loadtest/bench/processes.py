@@ -30,6 +30,7 @@ GATEWAY_TOML = """\
 [gateway]
 port = 0
 models = ["{model}"]
+workers = {workers}
 [metrics]
 port = 0
 [routing]
@@ -52,10 +53,14 @@ def gateway_toml(
     queue: int = 1024,
     resume: bool = True,
     admin: str = NO_ADMIN,
+    workers: int = 1,
 ) -> str:
     """A benchmark gateway's config: simulated units by their ready-file entries, affinity
-    off, an unbounded upstream pool, per-unit caps past what the load needs (`cap`)."""
-    head = GATEWAY_TOML.format(model=MODEL, cap=cap, queue=queue, resume=str(resume).lower())
+    off, an unbounded upstream pool, per-unit caps past what the load needs (`cap`),
+    `workers` processes on its port."""
+    head = GATEWAY_TOML.format(
+        model=MODEL, cap=cap, queue=queue, resume=str(resume).lower(), workers=workers
+    )
     tables = "".join(
         f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\nnodes = {json.dumps(u["nodes"])}\n'
         for u in units

@@ -67,9 +67,8 @@ def measure(tmp: Path, workers: int, changes: int) -> dict[str, Any]:
     sim_ready = tmp / f"sim-{workers}.json"
     sim_argv += ["--ready-file", str(sim_ready)]
     with child(sim_argv, sim_ready, None, "simulator") as sim:
-        toml = gateway_toml(sim["units"], admin=ADMIN)
         config = tmp / f"gw-{workers}.toml"
-        config.write_text(toml.replace("[gateway]\n", f"[gateway]\nworkers = {workers}\n", 1))
+        config.write_text(gateway_toml(sim["units"], admin=ADMIN, workers=workers))
         ready = tmp / f"gw-{workers}.json"
         argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
         with child([*argv, "--ready-file", str(ready)], ready, None, "gateway", True) as gw:
@@ -96,9 +95,8 @@ def capacity(tmp: Path, workers: int, requests: int, pins: Pins | None) -> dict[
     load_cpu = None if pins is None else pins.load
     relay_cpu = None if pins is None else pins.relay
     with child(sim_argv, sim_ready, load_cpu, "simulator") as sim:
-        toml = gateway_toml(sim["units"])
         config = tmp / f"gw-load-{workers}.toml"
-        config.write_text(toml.replace("[gateway]\n", f"[gateway]\nworkers = {workers}\n", 1))
+        config.write_text(gateway_toml(sim["units"], workers=workers))
         ready = tmp / f"gw-load-{workers}-{pins is not None}.json"
         argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
         argv += ["--ready-file", str(ready)]
