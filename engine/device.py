@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+from engine.model.blocks import BLOCKS
+from engine.settings import DTYPES, WEIGHT_DTYPES
+
+_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
 
 
 def select_device(name: str = "cpu", dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
@@ -33,9 +32,10 @@ def select_device(name: str = "cpu", dtype: str | None = None) -> tuple[torch.de
 
 
 def weight_dtype(name: str | None, dtype: torch.dtype) -> torch.dtype:
-    """How the matrices are stored: `name`, or the arithmetic's `dtype` when unset."""
+    """How the matrices are stored: `name`, or the arithmetic's `dtype` when unset; "gguf"
+    is `BLOCKS` (the file's quantized blocks, see engine.model.blocks)."""
     if name is None:
         return dtype
-    if name not in _DTYPES:
-        raise ValueError(f"weight_dtype: unsupported {name!r} (expected one of {list(_DTYPES)})")
-    return _DTYPES[name]
+    if name not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype: unsupported {name!r} (expected one of {WEIGHT_DTYPES})")
+    return BLOCKS if name == "gguf" else _DTYPES[name]

@@ -101,18 +101,27 @@ def _check_ports(s: NodeSettings) -> None:
             raise ValueError(f"{flag}: must be 0..65535, got {value}")
 
 
+# The names of the arithmetic's dtypes (engine.device maps them to torch's), and of how the
+# builtin engine may store its matrices: any of those, or "gguf", a GGUF file's own quantized
+# blocks (engine.model.blocks). The gateway's config checks a unit's against a copy of this.
 DTYPES = ("float32", "float16", "bfloat16")
+WEIGHT_DTYPES = (*DTYPES, "gguf")
 
 
 def _check_engine(s: NodeSettings) -> None:
-    for flag, dtype in (("--dtype", s.dtype), ("--weight-dtype", s.weight_dtype)):
-        if dtype is not None and dtype not in DTYPES:
-            raise ValueError(f"{flag}: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    for flag, dtype, names in (
+        ("--dtype", s.dtype, DTYPES),
+        ("--weight-dtype", s.weight_dtype, WEIGHT_DTYPES),
+    ):
+        if dtype is not None and dtype not in names:
+            raise ValueError(f"{flag}: expected one of {', '.join(names)}, got {dtype!r}")
     if s.weight_dtype is not None and s.backend != "builtin":
         raise ValueError(
             f"--weight-dtype: only applies to --backend builtin (vLLM: --vllm-args dtype), "
             f"got {s.weight_dtype!r} with --backend {s.backend}"
         )
+    if s.weight_dtype == "gguf":
+        _check_blocks(s)
     if s.num_slots < 1:
         raise ValueError(f"--num-slots: must be >= 1, got {s.num_slots}")
     for flag, seconds in (
@@ -121,3 +130,18 @@ def _check_engine(s: NodeSettings) -> None:
     ):
         if not seconds > 0:
             raise ValueError(f"{flag}: must be > 0 seconds, got {seconds}")
+
+
+def _check_blocks(s: NodeSettings) -> None:
+    """The file's blocks exist only in a GGUF file, and the kernel multiplies float32."""
+    from engine.model.gguf.packaged import PACKAGED
+
+    if not (s.model in PACKAGED or s.model.endswith(".gguf")):
+        raise ValueError(
+            f"--weight-dtype: 'gguf' keeps a GGUF file's quantized blocks, so it needs a "
+            f"GGUF model ({', '.join(PACKAGED)} or a .gguf path), got --model {s.model!r}"
+        )
+    if s.dtype not in (None, "float32"):
+        raise ValueError(
+            f"--weight-dtype: 'gguf' multiplies float32 activations, got --dtype {s.dtype!r}"
+        )

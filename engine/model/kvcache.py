@@ -49,6 +49,22 @@ class KVCache:
         self.k[layer, slot, start_pos:end] = k
         self.v[layer, slot, start_pos:end] = v
 
+    def write_read(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode batch: one new (kv_heads, head_dim) key/value per slot at its position,
+        then every slot's keys/values up to the longest, (B, longest, kv_heads, head_dim)
+        (a gathered copy; positions past a slot's own are the caller's to mask)."""
+        self.k[layer, slots, positions] = k
+        self.v[layer, slots, positions] = v
+        end = int(positions.max()) + 1
+        return self.k[layer, slots, :end], self.v[layer, slots, :end]
+
     def read(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values at positions 0..end (views, no copy)."""
         return self.k[layer, slot, :end], self.v[layer, slot, :end]

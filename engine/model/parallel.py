@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.model import narrow
+from engine.model import blocks, narrow
 
 
 class WeightSource(Protocol):
@@ -37,6 +37,17 @@ class WeightSource(Protocol):
         ...
 
     def has(self, name: str) -> bool: ...
+
+
+@runtime_checkable
+class BlockSource(WeightSource, Protocol):
+    """A source that also hands out matrices as its file stores them (a GGUF's blocks)."""
+
+    def blocks(
+        self, name: str, rows: slice | None = None, cols: slice | None = None
+    ) -> torch.Tensor:
+        """The shard as bytes, (rows, bytes per row): see `engine.model.blocks`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,35 @@ def _empty(rows: int, cols: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(rows, cols), requires_grad=False)
 
 
+def _read(
+    source: WeightSource,
+    name: str,
+    weight: torch.Tensor,
+    rows: slice | None = None,
+    cols: slice | None = None,
+) -> torch.Tensor:
+    """`name`'s shard as `weight` stores it: values, or the file's blocks when `weight` is
+    a BLOCKS placeholder (its shape is the file's to decide, so nothing is preallocated)."""
+    if weight.dtype != blocks.BLOCKS:
+        return source.get(name, rows=rows, cols=cols)
+    if not isinstance(source, BlockSource):
+        raise ValueError(
+            "weight_dtype: 'gguf' keeps a GGUF file's quantized blocks, and this model's "
+            "weights do not come from a GGUF file"
+        )
+    return source.blocks(name, rows=rows, cols=cols)
+
+
+def _store(module: nn.Module, value: torch.Tensor) -> None:
+    """Into the preallocated weight (no second copy of it), or as the weight (blocks)."""
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    if weight.dtype == blocks.BLOCKS:
+        module.weight = nn.Parameter(value.contiguous(), requires_grad=False)
+    else:
+        weight.copy_(value)
+
+
 def _scaled(items: slice, size: int) -> slice:
     """A slice of items (heads, say) as a slice of the features they own."""
     return slice(items.start * size, items.stop * size)
@@ -119,6 +159,12 @@ class ColumnParallelLinear(nn.Module):
 
     def load(self, source: WeightSource, prefix: str) -> None:
         """Each part from `{prefix}.{name}.weight`, stacked in order."""
+        if self.weight.dtype == blocks.BLOCKS:
+            parts = [
+                _read(source, f"{prefix}.{n}.weight", self.weight, r) for n, r in self.rows.items()
+            ]
+            _store(self, torch.cat(parts))
+            return
         offset = 0
         for (name, rows), size in zip(self.rows.items(), self.sizes, strict=True):
             part = source.get(f"{prefix}.{name}.weight", rows=rows)
@@ -126,7 +172,12 @@ class ColumnParallelLinear(nn.Module):
             offset += size
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.split(narrow.linear(x, self.weight), self.sizes, dim=-1)
+        return torch.split(self.stacked(x), self.sizes, dim=-1)
+
+    def stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """The parts' outputs side by side, (tokens, sum of sizes), for a caller that splits
+        them its own way."""
+        return narrow.linear(x, self.weight)
 
 
 class RowParallelLinear(nn.Module):
@@ -139,7 +190,7 @@ class RowParallelLinear(nn.Module):
         self.weight = _empty(out_features, self.cols.stop - self.cols.start)
 
     def load(self, source: WeightSource, name: str) -> None:
-        self.weight.copy_(source.get(name, cols=self.cols))
+        _store(self, _read(source, name, self.weight, cols=self.cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(narrow.linear(x, self.weight))
@@ -153,7 +204,7 @@ class ReplicatedLinear(nn.Module):
         self.weight = _empty(out_features, in_features)
 
     def load(self, source: WeightSource, name: str) -> None:
-        self.weight.copy_(source.get(name))
+        _store(self, _read(source, name, self.weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return narrow.linear(x, self.weight)
@@ -164,10 +215,13 @@ class ReplicatedEmbedding(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
+        self.hidden_size = hidden_size
         self.weight = _empty(vocab_size, hidden_size)
 
     def load(self, source: WeightSource, name: str) -> None:
-        self.weight.copy_(source.get(name))
+        _store(self, _read(source, name, self.weight))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == blocks.BLOCKS:
+            return blocks.dequantize(self.weight, self.hidden_size, ids)
         return nn.functional.embedding(ids, self.weight)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from engine.model import narrow
+from engine.model import blocks, narrow
 from engine.model.config import ModelConfig
 from engine.model.kvcache import KVCache
 from engine.model.parallel import (
@@ -32,7 +32,9 @@ _WEIGHTS = (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear, Replicate
 
 
 class RMSNorm(nn.Module):
-    """Normalise in float32 then cast back, exactly like transformers' LlamaRMSNorm."""
+    """Normalise in float32 then cast back, like transformers' LlamaRMSNorm. In float32 it is
+    torch's fused op: the same arithmetic as the six ops spelled out, and a decode step is
+    short enough that each op's dispatch (~5 us here) counts."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -40,6 +42,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -66,6 +70,25 @@ class Rotary(nn.Module):
         return Angles(
             self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
         )
+
+
+class Decode(NamedTuple):
+    """A batch of two or more single-token entries, attended in one call: each entry's slot
+    and position, and which cached positions each may see (B, 1, 1, longest)."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def plan(cls, batch: Sequence[Entry], device: torch.device) -> Decode | None:
+        if len(batch) < 2 or any(len(ids) != 1 for _, ids, _ in batch):
+            return None
+        slots = torch.tensor([slot for slot, _, _ in batch], device=device)
+        positions = torch.tensor([start for _, _, start in batch], device=device)
+        seen = torch.arange(int(positions.max()) + 1, device=device)
+        mask = (seen[None, :] <= positions[:, None])[:, None, None, :]
+        return cls(slots, positions, mask)
 
 
 class Angles(NamedTuple):
@@ -111,12 +134,16 @@ class Attention(nn.Module):
         entries: Sequence[Entry],
         angles: Angles,
         cache: KVCache,
+        decode: Decode | None = None,
     ) -> torch.Tensor:
         """x: (all tokens of the batch, hidden), packed in entry order."""
-        q, k, v = self.qkv_proj(x)
-        q = angles.rotate(q.view(-1, self.num_heads, self.head_dim))
-        k = angles.rotate(k.view(-1, self.num_kv_heads, self.head_dim))
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        # One (tokens, q + k + v heads, head_dim) output; q and k rotated together.
+        heads = self.qkv_proj.stacked(x).view(x.shape[0], -1, self.head_dim)
+        rotated = self.num_heads + self.num_kv_heads
+        qk = angles.rotate(heads[:, :rotated])
+        q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], heads[:, rotated:]
+        if decode is not None:
+            return self._decode(q, k, v, cache, decode)
         outputs, offset = [], 0
         for slot, ids, start in entries:
             n = len(ids)
@@ -126,6 +153,22 @@ class Attention(nn.Module):
             offset += n
         out: torch.Tensor = self.o_proj(torch.cat(outputs).reshape(x.shape[0], -1))
         return out
+
+    def _decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, decode: Decode
+    ) -> torch.Tensor:
+        """Every entry one new token: write them all, then one masked SDPA over the batch's
+        slots (gathered up to the longest), instead of a call per entry."""
+        keys, values = cache.write_read(self.layer, decode.slots, decode.positions, k, v)
+        out = nn.functional.scaled_dot_product_attention(
+            q[:, :, None],
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=decode.mask,
+            enable_gqa=True,
+        )
+        result: torch.Tensor = self.o_proj(out.reshape(q.shape[0], -1))
+        return result
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
@@ -185,8 +228,10 @@ class Block(nn.Module):
         entries: Sequence[Entry],
         angles: Angles,
         cache: KVCache,
+        decode: Decode | None = None,
     ) -> torch.Tensor:
-        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), entries, angles, cache)
+        attended = self.self_attn(self.input_layernorm(x), entries, angles, cache, decode)
+        h: torch.Tensor = x + attended
         out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
 
@@ -214,8 +259,11 @@ class Transformer(nn.Module):
         weight_dtype: torch.dtype | None = None,
     ) -> None:
         """`dtype` is the arithmetic's (activations, norms, KV cache); `weight_dtype` the
-        stored matrices' and embedding's (None: the same), see `narrow`."""
+        stored matrices' and embedding's (None: the same), see `narrow`; `blocks.BLOCKS` keeps
+        the file's quantized blocks (float32 arithmetic only)."""
         super().__init__()
+        if weight_dtype == blocks.BLOCKS and dtype != torch.float32:
+            raise ValueError(f"dtype: quantized blocks multiply float32 activations, got {dtype}")
         tp = tp or TPContext()
         self.config, self.tp = config, tp
         # Fail with the field's name up front, before any allocation.
@@ -227,7 +275,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = ReplicatedLinear(config.hidden_size, config.vocab_size)
         self.dtype = dtype
-        self.narrow = (weight_dtype or dtype) != dtype
+        # Floating weights narrower than the arithmetic can overflow (see forward); blocks
+        # are decoded to float32 and cannot.
+        self.narrow = (weight_dtype or dtype) not in (dtype, blocks.BLOCKS)
         self._allocate(device, dtype, weight_dtype or dtype)
         # Built after the cast: the rotary tables stay float32, as in transformers.
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.max_seq_len).to(device)
@@ -248,11 +298,14 @@ class Transformer(nn.Module):
     def _allocate(self, device: torch.device, dtype: torch.dtype, weights: torch.dtype) -> None:
         """Give every parameter its device and dtype before anything is loaded. The big
         ones (matrices, embedding) are allocated anew rather than converted, so a rank never
-        holds its weights twice on the way; the norms keep their initial ones."""
+        holds its weights twice on the way; the norms keep their initial ones. Blocks get an
+        empty placeholder: their bytes per row are the file's to say, at load."""
         for module in self.modules():
             big = isinstance(module, _WEIGHTS)
             for name, param in module.named_parameters(recurse=False):
-                if big:
+                if big and weights == blocks.BLOCKS:
+                    fresh = torch.empty(0, 0, dtype=weights, device=device)
+                elif big:
                     fresh = torch.empty(param.shape, dtype=weights, device=device)
                 else:
                     fresh = param.detach().to(device=device, dtype=dtype)
@@ -291,10 +344,13 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(ids).to(self.dtype)
         angles = self.rotary.at(positions, x.dtype)
+        decode = Decode.plan(batch, self.device)
         for block in self.layers:
-            x = block(x, batch, angles, self.cache)
-        last = torch.tensor([len(e[1]) for e in batch], device=self.device).cumsum(0) - 1
-        logits: torch.Tensor = self.lm_head(self.norm(x[last]))
+            x = block(x, batch, angles, self.cache, decode)
+        if x.shape[0] > len(batch):  # some entry has several tokens: keep each one's last
+            last = torch.tensor([len(e[1]) for e in batch], device=self.device).cumsum(0) - 1
+            x = x[last]
+        logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits.float()
 
     def _pack(self, batch: Sequence[Entry]) -> tuple[torch.Tensor, torch.Tensor]:

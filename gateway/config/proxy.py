@@ -178,7 +178,9 @@ class AdmissionConfig:
 
 
 BACKENDS = ("builtin", "vllm")
-WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+# engine.settings.WEIGHT_DTYPES, copied so the gateway needs no engine (a test keeps them equal).
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "gguf")
+PACKAGED_MODELS = ("smollm2",)  # engine.model.gguf.PACKAGED's names, kept equal the same way
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +206,9 @@ class UnitConfig:
     # None = the model's own context. SmolLM2's 8,192 would reserve ~380 MB per slot.
     max_seq_len: int | None = None
     # How the builtin engine stores the matrices: "float32" (exact to the file), "float16"
-    # (half the bytes a decode step reads: ~1.6x the tokens/s on CPU, see README) or
-    # "bfloat16". None = float32. Activations and the KV cache stay float32.
+    # (half the bytes a decode step reads), "bfloat16", or "gguf": a GGUF model's own quantized
+    # blocks, multiplied by a fused kernel (a quarter of float16's bytes; the fastest on CPU,
+    # see README). None = float32. Activations and the KV cache stay float32.
     weight_dtype: str | None = None
     # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
     engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -258,4 +261,13 @@ class UnitConfig:
                 "weight_dtype",
                 self.weight_dtype,
                 'only applies to backend = "builtin" (vLLM: engine_args.dtype)',
+            )
+            _check(
+                self.weight_dtype != "gguf"
+                or self.model in PACKAGED_MODELS
+                or self.model.endswith(".gguf"),
+                "weight_dtype",
+                self.weight_dtype,
+                f"needs a GGUF model ({', '.join(PACKAGED_MODELS)} or a .gguf path), not "
+                f"{repr(self.model) if self.model else 'the seeded tiny model'}",
             )

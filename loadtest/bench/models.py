@@ -9,8 +9,9 @@ RSS), one after another, each pinned to one core with one torch thread, so the e
 same machine. Reported per engine and tensor-parallel size: load time, peak RSS per rank, TTFT
 for a 200-token prompt, and decode tokens/s at batch 1 and 8 (greedy, EOS ignored, the
 prefill's time excluded), each the best of `ROUNDS` runs. The builtin engine runs twice per
-size: float32 weights (exact to the file, as transformers and vLLM run here) and float16
-weights (what `make run` serves; arithmetic stays float32). transformers has no tensor
+size, by how it stores the matrices: float32 (exact to the file, as transformers and vLLM run
+here), float16, and gguf (the file's own Q4_1/Q8_0 blocks through the fused kernel: what
+`make run` serves); the arithmetic is float32 in all three. transformers has no tensor
 parallelism on CPU; vLLM's needs the head counts to divide (9 query and 3 KV heads do not
 split in two), so both are TP=1 only.
 """
@@ -37,7 +38,7 @@ QUESTION = [
 PROMPT_TOKENS = 200  # the TTFT prompt
 BATCHES = (1, 8)
 ROUNDS = 3  # each figure is the best of this many (a shared 2-core VM varies by +-30%)
-WEIGHTS = ("float32", "float16")  # the builtin engine's stored matrices (engine.model.narrow)
+WEIGHTS = ("float32", "float16", "gguf")  # the builtin engine's stored matrices (--weight-dtype)
 ROOT = Path(__file__).resolve().parents[2]
 _MARK = "unitgate-bench-result "  # a job's result line (vLLM prints on stdout as well)
 
@@ -84,6 +85,7 @@ def _timed(generate: Generate, question: list[int], long: list[int], steps: int)
 def _builtin(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from engine.device import weight_dtype
     from engine.model import TPContext
     from engine.model.gguf import GGUFFile, load_gguf, packaged_file
     from engine.runtime.group import destroy_unit_group, init_unit_group
@@ -100,7 +102,7 @@ def _builtin(args: argparse.Namespace) -> dict[str, Any]:
         tp,
         num_slots=max(BATCHES),
         max_seq_len=512,
-        weight_dtype=getattr(torch, args.weights),
+        weight_dtype=weight_dtype(args.weights, torch.float32),
     )
     out: dict[str, Any] = {"load_s": time.perf_counter() - t0}
     ttft = []

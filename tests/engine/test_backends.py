@@ -51,6 +51,11 @@ def test_settings_built_directly_are_checked_too() -> None:
             ["--weight-dtype", "float16", "--backend", "vllm", "--model", "/m"],
             "--weight-dtype: only applies to --backend builtin",
         ),
+        (["--weight-dtype", "gguf"], "'gguf' .* needs a GGUF model .* got --model 'tiny'"),
+        (
+            ["--weight-dtype", "gguf", "--model", "smollm2", "--dtype", "bfloat16"],
+            "'gguf' multiplies float32 activations",
+        ),
     ],
 )
 def test_dtypes_are_checked_by_flag_before_any_load(flags: list[str], message: str) -> None:
@@ -68,3 +73,26 @@ def test_weight_dtype_reaches_the_built_model() -> None:
     model, _, _ = build_model(settings, TPContext())
     assert model.layers[0].mlp.down_proj.weight.dtype == torch.float16
     assert model.dtype == torch.float32
+
+
+def test_gguf_weight_dtype_keeps_the_files_blocks() -> None:
+    from engine.backends.builtin.shard import build_model
+    from engine.model import TPContext, blocks
+
+    settings = parse(["--role", "leader", "--weight-dtype", "gguf", "--model", "smollm2"])
+    model, _, _ = build_model(settings, TPContext())
+    down = model.layers[0].mlp.down_proj.weight
+    assert down.dtype == blocks.BLOCKS and down.shape == (576, 1536 // 32 * 20)  # Q4_1
+    assert model.embed_tokens.weight.shape == (49152, 576 // 32 * 34)  # Q8_0
+    assert model.lm_head.weight is model.embed_tokens.weight  # tied, stored once
+
+
+def test_the_gateway_knows_the_engines_weight_dtypes() -> None:
+    """The gateway keeps a copy (it must not need the engine installed): the same names."""
+    from engine.model.gguf import PACKAGED
+    from engine.settings import WEIGHT_DTYPES
+    from gateway.config.proxy import PACKAGED_MODELS
+    from gateway.config.proxy import WEIGHT_DTYPES as GATEWAY_WEIGHT_DTYPES
+
+    assert GATEWAY_WEIGHT_DTYPES == WEIGHT_DTYPES
+    assert tuple(PACKAGED) == PACKAGED_MODELS

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from engine.model import TPContext, Transformer
+from engine.model.blocks import BLOCKS
 from engine.model.gguf import GGUFFile, gguf_tokenizer, load_gguf, packaged_file
 from engine.model.tokenizer import TemplatedTokenizer
 from tests.engine.test_model_tp import run_group
@@ -129,3 +130,30 @@ def test_float16_weights_give_the_same_answer(
     for rank, result in enumerate(results):
         assert result["ids"] == tp1["ids"], f"rank {rank}"
         torch.testing.assert_close(result["logits"], tp1["logits"], atol=0.15, rtol=0)
+
+
+def run_blocks(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
+    return run(tp, path, prompt, BLOCKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_files_own_blocks_match_transformers(
+    world: int,
+    gguf_path: Path,
+    prompt: list[int],
+    tp1: dict[str, Any],
+    expected: torch.Tensor,
+    tmp_path: Path,
+) -> None:
+    """weight_dtype "gguf": the matrices stay Q4_1 and the embedding Q8_0, multiplied by the
+    fused kernel. Its values are the file's exactly, so only the order of the sums differs
+    from float32 weights: the same tokens and transformers' logits within float32 tolerance,
+    at every TP size (TP=2's row-parallel shards cut down_proj at a block boundary)."""
+    if world == 1:
+        results = [run_blocks(TPContext(), str(gguf_path), prompt)]
+    else:
+        results = run_group(world, run_blocks, (str(gguf_path), prompt), tmp_path)
+    for rank, result in enumerate(results):
+        assert result["ids"] == tp1["ids"], f"rank {rank}"
+        torch.testing.assert_close(result["logits"], expected, atol=ATOL, rtol=0)

@@ -67,6 +67,25 @@ def test_mixed_prefill_and_decode_in_one_call(config: ModelConfig) -> None:
     torch.testing.assert_close(mixed[2], ref([(2, [5], 0)])[0], atol=1e-5, rtol=0)
 
 
+def test_a_decode_batch_attends_in_one_call_as_each_entry_alone(config: ModelConfig) -> None:
+    """All-single-token batches take one masked attention over the gathered slots: each
+    entry must see exactly its own positions (not the longest's), as if decoded alone."""
+    model, ref = fresh(config), fresh(config)
+    prompts = {0: PROMPT, 2: MORE, 3: PROMPT[:3]}  # different lengths; slot 1 stays unused
+    for slot, ids in prompts.items():
+        model([(slot, ids, 0)])
+        ref([(slot, ids, 0)])
+    batch = [(slot, [40 + slot], len(ids)) for slot, ids in prompts.items()]
+    together = model(batch)
+    alone = torch.cat([ref([entry]) for entry in batch])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    # The batch wrote each entry's key and value at its own position: the next step agrees too.
+    step = [(slot, [7], start + 1) for slot, _, start in batch]
+    torch.testing.assert_close(
+        model(step), torch.cat([ref([entry]) for entry in step]), atol=1e-5, rtol=0
+    )
+
+
 @pytest.mark.parametrize(
     ("batch", "field"),
     [

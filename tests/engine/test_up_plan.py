@@ -162,6 +162,7 @@ def test_a_units_model_and_context_reach_every_node() -> None:
         ({"max_seq_len": 1}, "max_seq_len"),
         ({"backend": "vllm", "model": "/m", "max_seq_len": 512}, "max_model_len"),
         ({"weight_dtype": "int4"}, "weight_dtype.*must be one of"),
+        ({"weight_dtype": "gguf"}, "weight_dtype needs a GGUF model .* not the seeded tiny"),
         ({"backend": "vllm", "model": "/m", "weight_dtype": "float16"}, "engine_args.dtype"),
     ],
 )

@@ -10,6 +10,9 @@ to whole blocks and trimmed after decoding.
 llama.cpp stores attn_q and attn_k with each head's rows interleaved for its rotary kernel
 (pairs (i, i + head_dim/2) made adjacent); transformers' GGUF loader undoes that, and so does
 `_unpermute`, per head, which is why a shard of whole heads can be undone on its own.
+
+`blocks` hands out the same shards undecoded (`weight_dtype = "gguf"`): rows of the file's
+bytes, unpermuted the same way (a row is whole blocks), columns only on block boundaries.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
+from engine.model.blocks import FORMATS
 from engine.model.gguf.file import GGUFFile, Tensor
 
 _GLOBAL = {
@@ -62,11 +66,40 @@ class GGUFSource:
     def has(self, name: str) -> bool:
         return gguf_name(name) in self.file.tensors
 
-    def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+    def _tensor(self, name: str) -> tuple[str, Tensor]:
         key = gguf_name(name)
         tensor = self.file.tensors.get(key)
         if tensor is None:
             raise KeyError(f"weights: {key!r} (for {name!r}) not found in {self.file.path.name}")
+        return key, tensor
+
+    def blocks(
+        self, name: str, rows: slice | None = None, cols: slice | None = None
+    ) -> torch.Tensor:
+        """The shard as the file stores it: uint8 (rows, bytes per row), see engine.model.blocks."""
+        key, tensor = self._tensor(name)
+        kind = tensor.tensor_type.name
+        if kind not in FORMATS:
+            raise ValueError(
+                f"weights: {key} is {kind}; weight_dtype 'gguf' multiplies "
+                f"{' and '.join(FORMATS)} blocks (use 'float16' or 'float32' for this file)"
+            )
+        data: np.ndarray = tensor.data if rows is None else tensor.data[rows]
+        if cols is not None:
+            block, size = GGML_QUANT_SIZES[tensor.tensor_type]
+            start, stop, _ = cols.indices(int(tensor.shape[0]))
+            if start % block or stop % block:
+                raise ValueError(
+                    f"weights: columns {start}:{stop} of {key} do not fall on its {block}-value "
+                    f"blocks, so this shard cannot stay in blocks (use weight_dtype 'float16')"
+                )
+            data = data[:, start // block * size : stop // block * size]
+        if key.split(".")[-2] in _ROTARY:
+            data = _unpermute(data, self.head_dim, rows)
+        return torch.from_numpy(np.ascontiguousarray(data).copy())
+
+    def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        key, tensor = self._tensor(name)
         data: np.ndarray = tensor.data
         if rows is not None:
             data = data[rows]  # a view of the memory map: nothing read yet

@@ -1,0 +1,6 @@
+"""`python -m engine.model.kernels`: build the kernels now. make's set-up runs it, so a missing
+compiler shows there rather than at a node's start."""
+
+from engine.model.kernels import build, library
+
+print(f"{build()} (AVX2 path: {'yes' if library().ug_accelerated() else 'no'})")
