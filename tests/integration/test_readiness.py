@@ -11,6 +11,9 @@ import aiohttp
 
 from gateway.config import UnitConfig
 from gateway.health.states import Health
+from gateway.proxy.call import Call
+from gateway.proxy.signals import Observer
+from gateway.units import UnitState
 from tests.integration.probing import Traffic, all_probed_ok, probed, until
 from tests.support import SimProcess, chat_body, free_ports
 
@@ -39,11 +42,24 @@ async def test_readyz_is_never_200_while_every_unit_is_dead(http: aiohttp.Client
     assert answer == (503, "no_routable_unit")
 
 
+class Routed(Observer):
+    """When the gateway sent each attempt, and to which unit: the moment routing decided,
+    which for a request the client began just before a flip can be just after it."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[float, str]] = []
+
+    def attempt_started(self, call: Call, unit: UnitState) -> None:
+        self.attempts.append((asyncio.get_running_loop().time(), unit.config.id))
+
+
 async def test_a_unit_added_at_run_time_gets_no_request_before_its_first_good_round(
     clean_sim: SimProcess, http: aiohttp.ClientSession
 ) -> None:
     u1 = clean_sim.units[1]
+    routed = Routed()
     async with probed(clean_sim.units[:1]) as p:
+        p.gw.signals.subscribe(routed)
         await until(lambda: all_probed_ok(p), 2.0, "first probes")
         traffic = Traffic(p.gw.public_url, http)
         try:
@@ -56,9 +72,10 @@ async def test_a_unit_added_at_run_time_gets_no_request_before_its_first_good_ro
             await until(lambda: len(traffic.sent) >= sent + 30, 5.0, "traffic after")
         finally:
             await traffic.stop()
-    early = [unit for at, _, unit in traffic.sent if at < let_in and unit == "u1"]
+    early = [unit for at, unit in routed.attempts if at < let_in and unit == "u1"]
     assert early == []
-    assert "u1" in {unit for at, _, unit in traffic.sent if at > let_in}
+    assert "u1" in {unit for at, unit in routed.attempts if at > let_in}
+    assert "u1" in {unit for _, _, unit in traffic.sent}
     assert {status for _, status, _ in traffic.sent} == {200}
 
 
