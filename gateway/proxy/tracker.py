@@ -7,6 +7,10 @@ use, and the chunks that exist only to carry them), and, once a stream has been 
 another unit, rewrites that unit's text-completion chunks into the original answer's shape:
 same `id`, `created` and `model`, no second role delta, usage counting the whole answer once.
 
+Token ids are kept as the unit sent them, a byte slice per event, and parsed only when a
+resumption (or a test) asks for them: most streams never break, and turning every event's
+ids into ints cost more than any other line of the per-event path (py-spy, 20 ms ITL).
+
 "Committed" tokens are those whose text reached the client. A token whose text an engine
 still holds back (half of a UTF-8 character, a possible stop-string prefix) is not committed:
 the continuation generates it again, so the client never sees a character twice or a
@@ -47,13 +51,15 @@ class StreamTracker:
         "done",
         "error",
         "finish_reason",
-        "generated",
+        "ids",
         "include_usage",
+        "produced",
         "prompt_ids",
         "resent",
         "resumes",
         "splitter",
         "template",
+        "unparsed",
     )
 
     def __init__(self, chat: bool, client_ids: bool, include_usage: bool) -> None:
@@ -62,7 +68,11 @@ class StreamTracker:
         self.include_usage = include_usage
         self.splitter = EventSplitter()
         self.prompt_ids: list[int] | None = None
-        self.generated: list[int] = []
+        # The generated ids: `ids` parsed, then `unparsed` (raw comma-separated slices, in
+        # order) still to parse; `produced` counts both.
+        self.ids: list[int] = []
+        self.unparsed: list[bytes] = []
+        self.produced = 0
         self.committed = 0
         self.base = 0  # committed tokens the current continuation was given as its prompt
         # Ids a client that asked for them already has past the committed ones: the
@@ -75,6 +85,19 @@ class StreamTracker:
         self.finish_reason: str | None = None
         self.done = False  # [DONE] relayed
         self.error: str | None = None  # an error event the unit sent instead of the rest
+
+    @property
+    def generated(self) -> list[int]:
+        """Every generated token id so far, in order (parsed now if not yet)."""
+        if self.unparsed:
+            for raw in self.unparsed:
+                self.ids.extend(map(int, raw.split(b",")))
+            self.unparsed.clear()
+        return self.ids
+
+    def _extend(self, ids: list[int]) -> None:
+        self.generated.extend(ids)  # after what is still unparsed, in order
+        self.produced += len(ids)
 
     # -- the stream --------------------------------------------------------------------------
 
@@ -139,9 +162,10 @@ class StreamTracker:
         has_text = event[text_at + len(_TEXT[self.chat])] != _QUOTE
         listed = event[start + _IDS_LEN : end]
         if listed:
-            self.generated.extend(map(int, listed.split(b",")))
+            self.unparsed.append(listed)
+            self.produced += listed.count(b",") + 1
         if has_text:
-            self.committed = len(self.generated)
+            self.committed = self.produced
         if self.client_ids:
             return event
         if not has_text:
@@ -162,10 +186,10 @@ class StreamTracker:
             changed = True
         if not first:
             return sse(obj) if changed else event
-        self.generated.extend(_ids(first.get("token_ids")) or ())
+        self._extend(_ids(first.get("token_ids")) or [])
         text = _text(first, self.chat)
         if text:
-            self.committed = len(self.generated)
+            self.committed = self.produced
         if first.get("finish_reason"):
             self.finish_reason = first["finish_reason"]
         if self.client_ids or not self.capable:
@@ -187,7 +211,7 @@ class StreamTracker:
             return b""
         first = choices[0] if isinstance(choices[0], dict) else {}
         ids = _ids(first.get("token_ids")) or []
-        self.generated.extend(ids)
+        self._extend(ids)
         if self.resent:
             shown, self.resent = (
                 min(self.resent, len(ids)),
@@ -196,7 +220,7 @@ class StreamTracker:
             ids = ids[shown:]
         text = first.get("text") or ""
         if text:
-            self.committed = len(self.generated)
+            self.committed = self.produced
         finish = first.get("finish_reason")
         if finish:
             self.finish_reason = finish
@@ -231,17 +255,25 @@ class StreamTracker:
     # -- resumption ---------------------------------------------------------------------------
 
     def resume_point(self) -> list[int] | None:
-        """The continuation's prompt (prompt ids + committed ids), None if the unit gave none."""
+        """The continuation's prompt (prompt ids + committed ids), None if the unit gave none
+        (or, parsed only now, ids that are not integers: nothing to resume from)."""
         if self.prompt_ids is None:
             return None
-        return self.prompt_ids + self.generated[: self.committed]
+        try:
+            generated = self.generated
+        except ValueError:
+            self.unparsed.clear()
+            self.prompt_ids = None
+            return None
+        return self.prompt_ids + generated[: self.committed]
 
     def begin_continuation(self) -> None:
         """Forget what the broken unit sent past the last committed token; rewrite from now."""
         self.splitter.discard()
         if self.client_ids:
-            self.resent += len(self.generated) - self.committed
+            self.resent += self.produced - self.committed
         del self.generated[self.committed :]
+        self.produced = self.committed
         self.base = self.committed
         self.continuing = True
         self.error = None
@@ -256,7 +288,7 @@ class StreamTracker:
             self.finish_reason = finish_reason
             out += sse(self._chunk("", finish_reason, []))
         if self.include_usage:
-            out += self._usage_chunk(len(self.generated))
+            out += self._usage_chunk(self.produced)
         self.done = True
         return out + _DONE
 

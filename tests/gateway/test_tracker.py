@@ -69,6 +69,29 @@ def test_a_client_that_asked_for_token_ids_gets_them_verbatim() -> None:
     assert tracker.feed(asked) == asked
 
 
+def test_ids_are_parsed_only_when_asked_for_and_keep_their_order() -> None:
+    """The fast path keeps each event's ids as bytes; a chunk the parsing path takes (here one
+    with a finish reason and ids) lands after them, and a multi-id chunk counts each id."""
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    tracker.feed(role_chunk(True))
+    tracker.feed(chat_chunk("a", [10]) + chat_chunk("b", [11, 12]))
+    tracker.feed(chat_chunk("c", [13]))
+    assert tracker.unparsed and tracker.produced == 4 and tracker.committed == 4
+    tracker.feed(chat_chunk("", [14], "length"))  # parsed: the fast path knows no finish
+    assert tracker.generated == [10, 11, 12, 13, 14] and not tracker.unparsed
+    assert tracker.resume_point() == [*PROMPT, 10, 11, 12, 13]
+
+
+def test_ids_that_are_not_integers_make_a_stream_unresumable() -> None:
+    """Found only once resumption parses them: the stream then ends as if the unit gave no
+    ids (never a crash mid-relay)."""
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
+    tracker.feed(role_chunk(True))
+    bad = chat_chunk("a", [10]).replace(b"[10]", b"[10,x]")
+    assert tracker.feed(bad) == chat_chunk("a", None)
+    assert tracker.resume_point() is None
+
+
 def test_held_back_tokens_are_not_committed() -> None:
     """A token whose text the engine still holds (half a character) is generated again."""
     tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)

@@ -1,17 +1,20 @@
-"""The overhead benchmark's processes: one simulator and the three relays measured over it.
+"""The overhead benchmark's processes: one simulator and the relays measured over it.
 
-The gateway (twice: resume on and off) and the floor relay share the relay CPU and run for
-the whole benchmark, each idling while another is measured.
+The gateway (twice: resume on and off), the floor relay and the installed peers (nginx,
+vllm-router) share the relay CPU and run for the whole benchmark, each idling while another
+is measured.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.bench.overhead.params import TOKENS
+from loadtest.bench.overhead import peers
+from loadtest.bench.overhead.params import MODES, PEERS, TOKENS
 from loadtest.bench.processes import Pins, child, gateway_toml
 
 
@@ -26,7 +29,13 @@ class Cluster:
     control: str
     unit_ids: tuple[str, ...]
     leaders: tuple[str, ...]
-    relays: dict[str, Relay]  # by mode: "floor", "gateway-plain", "gateway"
+    relays: dict[str, Relay]  # by mode: "floor", "gateway-plain", "gateway", and peers
+    versions: dict[str, str | None]  # the peers', None where not installed
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """What a row measures, in order: direct, the installed peers, then ours."""
+        return (MODES[0], *(p for p in PEERS if p in self.relays), *MODES[1:])
 
 
 @contextlib.contextmanager
@@ -53,17 +62,32 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
                 True,
             ) as plain,
             child(floor_argv, tmp / "floor.json", relay_cpu, "floor relay") as floor,
+            contextlib.ExitStack() as stack,
         ):
             units = sim["units"]
+            leaders = tuple(u["leader"] for u in units)
+            versions = peers.versions()
+            relays = {}
+            for name in PEERS:
+                if versions[name] is None:
+                    print(f"note: {name} is not installed, so not measured", file=sys.stderr)
+                    continue
+                if name == "nginx":
+                    url, pid = stack.enter_context(peers.nginx(tmp, leaders, relay_cpu))
+                else:
+                    url, pid = stack.enter_context(peers.vllm_router(leaders, relay_cpu))
+                relays[name] = Relay(url, pid)
+            relays |= {
+                "floor": Relay(floor["public"], int(floor["pid"])),
+                "gateway-plain": Relay(plain["public"], int(plain["pid"])),
+                "gateway": Relay(gw["public"], int(gw["pid"])),
+            }
             yield Cluster(
                 control=sim["control"],
                 unit_ids=tuple(u["id"] for u in units),
-                leaders=tuple(u["leader"] for u in units),
-                relays={
-                    "floor": Relay(floor["public"], int(floor["pid"])),
-                    "gateway-plain": Relay(plain["public"], int(plain["pid"])),
-                    "gateway": Relay(gw["public"], int(gw["pid"])),
-                },
+                leaders=leaders,
+                relays=relays,
+                versions=versions,
             )
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from loadtest.bench.overhead.cluster import Cluster
-from loadtest.bench.overhead.params import CONCURRENCIES, ITLS_MS, MODES, TOKENS
-from loadtest.bench.processes import CLK_TCK, MODEL, cpu_ticks
+from loadtest.bench.overhead.params import CONCURRENCIES, ITLS_MS, TOKENS
+from loadtest.bench.processes import CLK_TCK, MODEL, tree_ticks
 from loadtest.gen.client import RequestRecord, open_session
 from loadtest.gen.shapes import RunConfig, Runner
 from loadtest.gen.stats import Slo, aggregate
@@ -121,9 +121,10 @@ async def _measure(
     bases = cluster.leaders if relay is None else (relay.url,)
     async with open_session(conc) as session:
         warm = await closed_loop(session, bases, 2 * conc, conc, spread)
-        cpu0 = cpu_ticks(relay.pid) if relay else 0
+        # The whole tree: nginx's worker is its master's child.
+        cpu0 = tree_ticks(relay.pid) if relay else 0
         loop = await closed_loop(session, bases, n, conc, spread)
-        cpu = cpu_ticks(relay.pid) - cpu0 if relay else None
+        cpu = tree_ticks(relay.pid) - cpu0 if relay else None
     errors = _errors(loop)
     for kind, count in _errors(warm).items():
         errors[f"warmup_{kind}"] = count
@@ -152,7 +153,7 @@ async def run_all(cluster: Cluster, counts: dict[float, int], lockstep: bool) ->
         async with aiohttp.ClientSession() as control:
             await _set_itl(control, cluster, itl)
         for conc in CONCURRENCIES:
-            for mode in MODES:
+            for mode in cluster.modes:
                 run = await _measure(cluster, mode, itl, conc, counts[itl], lockstep)
                 _progress(run)
                 runs.append(run)

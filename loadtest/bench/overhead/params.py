@@ -8,3 +8,5 @@ ITLS_MS = (0.0, 20.0)
 # Within one (ITL, concurrency) row, in this order: the reference first, the gateway last.
 # "gateway-plain" is the gateway with [resume] off: the relay without per-event tracking.
 MODES = ("direct", "floor", "gateway-plain", "gateway")
+# Other relays over the same leaders, measured in the same row when installed (peers.py).
+PEERS = ("nginx", "vllm-router")

@@ -13,18 +13,22 @@ import orjson
 from loadtest.bench.machine import machine_facts
 from loadtest.bench.overhead.cluster import Cluster
 from loadtest.bench.overhead.load import Run
-from loadtest.bench.overhead.params import CONCURRENCIES, ITLS_MS, MODES
+from loadtest.bench.overhead.params import CONCURRENCIES, ITLS_MS, MODES, PEERS
 from loadtest.bench.processes import Pins
 from loadtest.gen.stats import percentile
 
 # Targets for a 64-token stream at c=128, keyed by inter-token delay (ms).
 TARGET_CPU_US = {0.0: 400.0, 20.0: 1500.0}
+# Issue 15's aims against the peers, at every point: resumable relay / vllm-router CPU, and
+# plain relay / nginx CPU.
+TARGET_ROUTER_RATIO = 0.9
+TARGET_NGINX_RATIO = 1.1
 TARGET_ADDED_TTFT_P50_MS = 1.0
 COLUMNS = (
     "ITL ms", "c", "direct/s", "floor/s", "gw/s", "gw/direct", "floor CPU us/req",
     "gw CPU us/req (target)", "gw/floor CPU", "TTFT direct p50/p99", "TTFT gw p50/p99",
     "added TTFT p50/p99 (target p50)", "floor added TTFT p50/p99", "resume off CPU us/req",
-    "resume cost", "fail",
+    "resume cost", "nginx CPU", "router CPU", "gw/router (aim)", "plain/nginx (aim)", "fail",
 )  # fmt: skip
 
 
@@ -37,8 +41,9 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
-def _compare(direct: Run, floor: Run, plain: Run, gw: Run) -> dict[str, float]:
+def _compare(runs: dict[str, Run]) -> dict[str, float]:
     """Added TTFT is a difference of percentiles: requests of two modes are not paired."""
+    direct, floor, plain, gw = (runs[mode] for mode in MODES)
     row: dict[str, float] = {"itl_ms": gw.itl_ms, "concurrency": gw.concurrency}
     row |= {"direct_rps": direct.rps, "floor_rps": floor.rps, "gateway_rps": gw.rps}
     row["ratio"] = _ratio(gw.rps, direct.rps)
@@ -53,20 +58,33 @@ def _compare(direct: Run, floor: Run, plain: Run, gw: Run) -> dict[str, float]:
     plain_cpu = plain.relay_cpu_us_per_request
     row["gateway_plain_cpu_us_per_request"] = plain_cpu
     row["resume_cpu_ratio"] = _ratio(gw_cpu, plain_cpu)  # what tracking for resumption costs
-    row["failures"] = direct.failures + floor.failures + plain.failures + gw.failures
+    nginx, router = runs.get("nginx"), runs.get("vllm-router")
+    nginx_cpu = nginx.relay_cpu_us_per_request if nginx else math.nan
+    router_cpu = router.relay_cpu_us_per_request if router else math.nan
+    row |= {"nginx_cpu_us_per_request": nginx_cpu, "router_cpu_us_per_request": router_cpu}
+    row["gateway_router_cpu_ratio"] = _ratio(gw_cpu, router_cpu)
+    row["plain_nginx_cpu_ratio"] = _ratio(plain_cpu, nginx_cpu)
+    row["failures"] = sum(run.failures for run in runs.values())
     return row
 
 
 def rows(runs: Sequence[Run]) -> list[dict[str, float]]:
     """One row per (ITL, concurrency), whatever order the runs came in."""
     by = {(r.itl_ms, r.concurrency, r.mode): r for r in runs}
+    modes = (*MODES, *PEERS)
     return [
-        _compare(*(by[itl, c, mode] for mode in MODES)) for itl in ITLS_MS for c in CONCURRENCIES
+        _compare({m: by[itl, c, m] for m in modes if (itl, c, m) in by})
+        for itl in ITLS_MS
+        for c in CONCURRENCIES
     ]
 
 
 def _verdict(value: float, target: float) -> str:
     return f"(<={target:g} {'ok' if value <= target else 'MISS'})"
+
+
+def _aim(ratio: float, target: float) -> str:
+    return "-" if math.isnan(ratio) else f"{ratio:.2f} {_verdict(ratio, target)}"
 
 
 def _pair(row: dict[str, float], name: str) -> str:
@@ -84,7 +102,11 @@ def _cells(r: dict[str, float]) -> list[str]:
         _pair(r, "ttft_direct"), _pair(r, "ttft_gateway"),
         f"{_pair(r, 'added_ttft')} {_verdict(added, TARGET_ADDED_TTFT_P50_MS)}",
         _pair(r, "floor_added_ttft"), f"{r['gateway_plain_cpu_us_per_request']:.0f}",
-        f"{r['resume_cpu_ratio']:.2f}", f"{r['failures']:g}",
+        f"{r['resume_cpu_ratio']:.2f}", f"{r['nginx_cpu_us_per_request']:.0f}",
+        f"{r['router_cpu_us_per_request']:.0f}",
+        _aim(r["gateway_router_cpu_ratio"], TARGET_ROUTER_RATIO),
+        _aim(r["plain_nginx_cpu_ratio"], TARGET_NGINX_RATIO),
+        f"{r['failures']:g}",
     ]  # fmt: skip
 
 
@@ -101,6 +123,9 @@ def print_table(table_rows: list[dict[str, float]]) -> None:
         " like the gateway: the least a Python relay pays per request, so gw/floor CPU is what the"
         " gateway's own work costs. Load: loadtest.gen closed loop, one worker per stream in"
         " flight, workers start spread over one stream's duration (--lockstep: all at once)."
+        f" Peers pinned the same way (nan: not installed); aims: gateway (resumable) <="
+        f" {TARGET_ROUTER_RATIO:g}x vllm-router's CPU and plain <= {TARGET_NGINX_RATIO:g}x"
+        " nginx's, at every point."
     )
 
 
@@ -110,6 +135,7 @@ def machine(pins: Pins | None, cluster: Cluster) -> dict[str, object]:
         for mode, relay in cluster.relays.items()
     }
     return machine_facts() | {
+        "peer_versions": cluster.versions,
         "pinned": pins is not None,
         "load_cpu": None if pins is None else pins.load,
         "relay_cpu": None if pins is None else pins.relay,
