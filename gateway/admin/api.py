@@ -53,6 +53,7 @@ from aiohttp import web
 from gateway.admin.auth import Authenticator
 from gateway.admin.errors import AdminError, bad_request
 from gateway.admin.service import AdminService
+from gateway.admin.shared import StoreUnavailable
 from gateway.admin.state import State
 from gateway.admin.store import StoreError
 from gateway.admin.view import BreakerView, WorkersView, unit_view
@@ -151,6 +152,13 @@ class AdminApi:
             return await handler(request)
         except GatewayError as exc:
             return exc.response()
+        except StoreUnavailable as exc:
+            # Not made anywhere: the operator may retry once the store is back.
+            failure = AdminError(
+                f"not applied: {exc}", status=503, code="state_store_unavailable",
+                type_="server_error",
+            )  # fmt: skip
+            return failure.response()
         except StoreError as exc:
             failure = AdminError(str(exc), status=500, code="state_not_saved", type_="server_error")
             return failure.response()

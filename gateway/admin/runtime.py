@@ -9,6 +9,8 @@ after every restart. Mounted as a sub-application of the operator listener, the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -16,11 +18,15 @@ from aiohttp import web
 from gateway.admin.api import AdminApi
 from gateway.admin.auth import Authenticator, authenticator
 from gateway.admin.service import AdminService
-from gateway.admin.store import Store
+from gateway.admin.shared import SharedStore
+from gateway.admin.store import Store, StoreError
 from gateway.admin.view import BreakerView, WorkersView
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.units import UnitRegistry
+
+log = logging.getLogger("unitgate.admin")
+STOP_WITHIN_S = 0.5  # for the state follower to return by itself at shutdown
 
 
 class Admin:
@@ -47,6 +53,10 @@ class Admin:
         admin = self._config.admin
         # The token may come from a file: read it off the event loop like the state file.
         self._auth = await asyncio.to_thread(authenticator, admin, self._config.metrics.host)
+        if self._config.state.backend == "redis":
+            async with self._shared():
+                yield
+            return
         if not admin.state_file:
             yield
             return
@@ -55,6 +65,30 @@ class Admin:
             await self.service.restore(store)
             yield
         finally:
+            await store.close()
+
+    @contextlib.asynccontextmanager
+    async def _shared(self) -> AsyncIterator[None]:
+        """The fleet's state from Redis, followed for as long as the gateway runs. Redis being
+        down at start does not stop the gateway: it serves from its config file (and refuses
+        admin writes) until the follower reaches the store and converges."""
+        store = SharedStore(self._config.state)
+        await self.service.share(store)
+        try:
+            await self.service.converge()
+        except StoreError as exc:
+            log.warning("%s; serving from the config file until it is back", exc)
+        follower = asyncio.create_task(store.follow(self.service.converge), name="state-follow")
+        try:
+            yield
+        finally:
+            store.stop()
+            try:
+                await asyncio.wait_for(asyncio.shield(follower), STOP_WITHIN_S)
+            except TimeoutError:  # in a reconnect backoff: its sleep takes a cancel
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
             await store.close()
 
     def _authenticator(self) -> Authenticator:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from gateway.admin.errors import AdminError, AdminStartError, bad_request, conflict, unknown_unit
+from gateway.admin.shared import SharedStore
 from gateway.admin.state import BITS, AddedUnit, Mark, Removal, Saved, State
 from gateway.admin.store import Store
 from gateway.config import Config, ConfigError, UnitConfig
@@ -40,6 +41,8 @@ class AdminService:
         self._configured = {u.id for u in config.units}
         self._clock = clock
         self._store: Store | None = None
+        self._shared: SharedStore | None = None
+        self._version = 0  # of the shared state last converged to
         self._lock = asyncio.Lock()
         now = clock()
         self.marks = {u.id: _initial(u.config, now) for u in units.units.values()}
@@ -57,6 +60,10 @@ class AdminService:
             if self.marks[unit_id].state == state:
                 return unit
             mark = Mark(state, reason, who, self._clock())
+            if self._shared is not None:
+                await self._shared.set_mark(unit_id, None if _is_default(unit, mark) else mark)
+                await self._converge()
+                return unit
             if self._store is not None:
                 await self._store.set_mark(unit_id, None if _is_default(unit, mark) else mark)
             self._apply(unit, mark)
@@ -69,6 +76,10 @@ class AdminService:
             if config.id in self.units.units:
                 raise conflict(f"unit {config.id!r} already exists")
             added = AddedUnit(table(config), who, self._clock())
+            if self._shared is not None:
+                await self._shared.add(config.id, added)
+                await self._converge()
+                return self.unit(config.id)
             if self._store is not None:
                 await self._store.add(config.id, added)
             unit = self._add(config, added)
@@ -81,6 +92,10 @@ class AdminService:
             unit = self.unit(unit_id)
             now = self._clock()
             configured = Removal(who, now) if unit_id in self._configured else None
+            if self._shared is not None:
+                await self._shared.remove(unit_id, configured)
+                await self._converge()
+                return unit
             if self._store is not None:
                 await self._store.remove(unit_id, configured)
             self.units.remove(unit_id)
@@ -113,6 +128,62 @@ class AdminService:
             self._restore_added(saved, store)
             self._restore_marks(saved)
             self._store = store
+
+    @property
+    def converged_version(self) -> int:
+        """The shared state's version this replica is in (0: none yet, or not shared)."""
+        return self._version
+
+    async def share(self, store: SharedStore) -> None:
+        """From now on every action goes through the shared store; state comes from it."""
+        async with self._lock:
+            self._shared = store
+
+    async def converge(self) -> None:
+        """Bring this replica to the shared state's latest version (the store's follower
+        calls it on every change it hears of, and once a second)."""
+        async with self._lock:
+            await self._converge()
+
+    async def _converge(self) -> None:
+        assert self._shared is not None
+        version, saved = await self._shared.load()
+        if version == self._version:
+            return
+        if version < self._version:
+            # Redis lost its data (restarted without persistence, or flushed): keep what the
+            # fleet last agreed on rather than fall back to the config file's defaults.
+            log.error(
+                "%s went back from version %d to %d: keeping the last state until a newer write",
+                self._shared.where, self._version, version,
+            )  # fmt: skip
+            return
+        self._converge_units(saved)
+        self._version = version
+
+    def _converge_units(self, saved: Saved) -> None:
+        """The registry made equal to `saved` over the config file: units removed and added
+        elsewhere, then every unit's admin state (the config's own where nothing overrides)."""
+        for unit_id in list(self.units.units):
+            added_here = unit_id not in self._configured
+            if unit_id in saved.removed or (added_here and unit_id not in saved.added):
+                self.units.remove(unit_id)
+                del self.marks[unit_id]
+                self.events.record(unit_id, "remove", "through the shared state", "fleet")
+        for unit_id, added in saved.added.items():
+            if unit_id not in self.units.units:
+                try:
+                    config = self.parse_unit(added.config)
+                except AdminError as exc:
+                    log.error("shared unit %s cannot be added here: %s", unit_id, exc)
+                    continue
+                self._add(config, added)
+                self.events.record(unit_id, "add", f"leader {config.leader}", added.who)
+        for unit_id, unit in self.units.units.items():
+            mark = saved.marks.get(unit_id) or _initial(unit.config, self._clock())
+            if self.marks[unit_id].state != mark.state:
+                self._apply(unit, mark)
+                self.events.record(unit_id, VERBS[mark.state], mark.reason, mark.who)
 
     def _restore_removed(self, saved: Saved) -> None:
         for unit_id, removal in saved.removed.items():

@@ -29,6 +29,7 @@ from gateway.config.proxy import (
     UnitConfig,
     UpstreamConfig,
 )
+from gateway.config.state import StateConfig
 
 __all__ = [
     "AFFINITY_MODES",
@@ -44,6 +45,7 @@ __all__ = [
     "ResumeConfig",
     "RetryConfig",
     "RoutingConfig",
+    "StateConfig",
     "TimeoutConfig",
     "TracingConfig",
     "UnitConfig",
@@ -66,6 +68,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     units: tuple[UnitConfig, ...] = ()
 

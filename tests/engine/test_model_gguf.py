@@ -116,18 +116,23 @@ def run_float16(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
     return run(tp, path, prompt, torch.float16)
 
 
+def run_world(
+    world: int, fn: Any, path: Path, prompt: list[int], tmp: Path
+) -> list[dict[str, Any]]:
+    """`fn` in this process at TP=1, else on each rank of a real Gloo group."""
+    if world == 1:
+        return [fn(TPContext(), str(path), prompt)]
+    return run_group(world, fn, (str(path), prompt), tmp)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_float16_weights_give_the_same_answer(
     world: int, gguf_path: Path, prompt: list[int], tp1: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Matrices stored in float16 (what `make run` serves): the same greedy answer as float32,
-    logits within float16's rounding of the weights (observed max diff 0.04 on logits of 34)."""
-    if world == 1:
-        results = [run_float16(TPContext(), str(gguf_path), prompt)]
-    else:
-        results = run_group(world, run_float16, (str(gguf_path), prompt), tmp_path)
-    for rank, result in enumerate(results):
+    """Matrices stored in float16: the same greedy answer as float32, logits within float16's
+    rounding of the weights (observed max diff 0.04 on logits of 34)."""
+    for rank, result in enumerate(run_world(world, run_float16, gguf_path, prompt, tmp_path)):
         assert result["ids"] == tp1["ids"], f"rank {rank}"
         torch.testing.assert_close(result["logits"], tp1["logits"], atol=0.15, rtol=0)
 
@@ -150,10 +155,6 @@ def test_the_files_own_blocks_match_transformers(
     fused kernel. Its values are the file's exactly, so only the order of the sums differs
     from float32 weights: the same tokens and transformers' logits within float32 tolerance,
     at every TP size (TP=2's row-parallel shards cut down_proj at a block boundary)."""
-    if world == 1:
-        results = [run_blocks(TPContext(), str(gguf_path), prompt)]
-    else:
-        results = run_group(world, run_blocks, (str(gguf_path), prompt), tmp_path)
-    for rank, result in enumerate(results):
+    for rank, result in enumerate(run_world(world, run_blocks, gguf_path, prompt, tmp_path)):
         assert result["ids"] == tp1["ids"], f"rank {rank}"
         torch.testing.assert_close(result["logits"], expected, atol=ATOL, rtol=0)

@@ -54,6 +54,12 @@ def test_ints_accepted_for_floats() -> None:
         ({"units": [{**UNIT, "models": ["x"]}]}, "lists models not in [gateway].models"),
         ({"units": {"id": "u0"}}, "[units] must be a list"),
         ({"gateway": 3}, "[gateway] must be a table"),
+        ({"state": {"backend": "etcd"}}, "[state].backend must be one of ('sqlite', 'redis')"),
+        ({"state": {"url": "http://r:6379"}}, "[state].url must be a redis/rediss/unix:// URL"),
+        ({"state": {"url": "redis://:pw@r:6379"}}, "[state].url must not hold a password"),
+        ({"state": {"key_prefix": "a:b"}}, "[state].key_prefix must be a non-empty name"),
+        ({"state": {"tls_ca_file": "/ca.pem"}}, "[state].tls_ca_file only applies to a rediss"),
+        ({"state": {"timeout": 0}}, "[state].timeout must be > 0 seconds"),
     ],
 )
 def test_errors_name_the_key(raw: dict[str, object], needle: str) -> None:
@@ -73,3 +79,16 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     wrong.write_text("[timeouts]\nidle = 'x'\n")
     with pytest.raises(ConfigError, match=r"wrong\.toml: \[timeouts\]\.idle"):
         load_config(wrong)
+
+
+def test_the_redis_password_comes_from_the_env_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\nignored\n")
+    state = config_from_dict({"state": {"backend": "redis", "password_file": str(secret)}}).state
+    monkeypatch.delenv("UNITGATE_REDIS_PASSWORD", raising=False)
+    assert state.password() == "from-file"
+    monkeypatch.setenv("UNITGATE_REDIS_PASSWORD", "from-env")
+    assert state.password() == "from-env"  # the env var wins
+    assert config_from_dict({}).state.backend == "sqlite"  # the default: nothing shared

@@ -71,17 +71,9 @@ def nginx(tmp: Path, leaders: tuple[str, ...], cpu: int | None) -> Iterator[tupl
     servers = "\n".join(f"        server {url.removeprefix('http://')};" for url in leaders)
     conf = tmp / "nginx.conf"
     conf.write_text(NGINX_CONF.format(tmp=tmp, servers=servers, port=port))
-    with pinned(cpu):
-        proc = subprocess.Popen(
-            [binary, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")],
-            stdout=subprocess.DEVNULL,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(url + "/v1/models", proc, READY_TIMEOUT_S, "nginx")
-        yield url, proc.pid
-    finally:
-        stop_child(proc)
+    argv = [binary, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")]
+    with _running(argv, port, cpu, "nginx") as peer:
+        yield peer
 
 
 @contextlib.contextmanager
@@ -90,11 +82,18 @@ def vllm_router(leaders: tuple[str, ...], cpu: int | None) -> Iterator[tuple[str
     port = free_port()
     argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--policy", "round_robin", "--worker-urls", *leaders]
+    with _running(argv, port, cpu, "vllm-router") as peer:
+        yield peer
+
+
+@contextlib.contextmanager
+def _running(argv: list[str], port: int, cpu: int | None, what: str) -> Iterator[tuple[str, int]]:
+    """`argv` pinned to `cpu`, ready once it proxies /v1/models; stopped on exit."""
     with pinned(cpu):
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http_ok(url + "/v1/models", proc, READY_TIMEOUT_S, "vllm-router")
+        wait_http_ok(url + "/v1/models", proc, READY_TIMEOUT_S, what)
         yield url, proc.pid
     finally:
         stop_child(proc)

@@ -1,0 +1,167 @@
+"""Admin overrides in Redis, shared by every replica of the gateway (`[state] backend = "redis"`).
+
+Layout, every key under `<key_prefix>:`:
+
+- `version`: a counter; every write increments it in the same transaction (MULTI/EXEC), so
+  writes made through any replicas fall into one total order;
+- `marks`, `added`, `removed`: hashes by unit id, the same records the SQLite store keeps;
+- `changes`: the channel each write publishes on, in its transaction.
+
+A replica never applies a write by itself: after its own write and on every notification it
+reads the whole state (small: one record per overridden unit) in one transaction and converges
+to it, so whatever order notifications arrive in, every replica ends in the state of the
+latest version. It also re-reads once a second, which repairs a missed notification and
+finds a silent partition. While Redis is unreachable a replica keeps serving on its last
+state, and writes fail with `StoreUnavailable` (503) naming the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from gateway.admin.state import STATES, AddedUnit, Mark, Removal, Saved
+from gateway.admin.store import StoreError
+from gateway.config.state import StateConfig
+
+log = logging.getLogger("unitgate.admin")
+
+RECONCILE_EVERY_S = 1.0
+# Notifications are polled, not awaited: redis-py's get_message(timeout=...) swallows a task's
+# cancellation (the follower could then never be stopped). Polling costs one non-blocking
+# read per POLL_S and adds at most POLL_S to propagation.
+POLL_S = 0.01
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0
+
+
+class StoreUnavailable(StoreError):
+    """The shared store cannot be reached: the write was not made anywhere."""
+
+
+class SharedStore:
+    def __init__(self, config: StateConfig) -> None:
+        self.where = f"the state store at {config.url} (key prefix {config.key_prefix!r})"
+        self._prefix = config.key_prefix
+        self.channel = f"{config.key_prefix}:changes"
+        options: dict[str, Any] = {
+            "socket_timeout": config.timeout,
+            "socket_connect_timeout": config.timeout,
+            "username": config.username or None,
+            "password": config.password(),
+        }
+        if config.tls_ca_file:
+            options["ssl_ca_certs"] = config.tls_ca_file
+        self.client: redis.Redis = redis.Redis.from_url(config.url, **options)
+        self._stopping = False
+
+    def _key(self, name: str) -> str:
+        return f"{self._prefix}:{name}"
+
+    async def load(self) -> tuple[int, Saved]:
+        """(version, everything) read in one transaction: a consistent snapshot."""
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(self._key("version"))
+                for name in ("marks", "added", "removed"):
+                    pipe.hgetall(self._key(name))
+                version, marks, added, removed = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
+        return int(version or 0), _saved(marks, added, removed)
+
+    async def set_mark(self, unit: str, mark: Mark | None) -> int:
+        if mark is None:
+            return await self._write(lambda p: p.hdel(self._key("marks"), unit))
+        record = orjson.dumps([mark.state, mark.reason, mark.who, mark.since])
+        return await self._write(lambda p: p.hset(self._key("marks"), unit, record))
+
+    async def add(self, unit: str, added: AddedUnit) -> int:
+        record = orjson.dumps([added.config, added.who, added.since])
+
+        def write(pipe: Any) -> None:
+            pipe.hset(self._key("added"), unit, record)
+            pipe.hdel(self._key("removed"), unit)
+
+        return await self._write(write)
+
+    async def remove(self, unit: str, configured: Removal | None) -> int:
+        def write(pipe: Any) -> None:
+            pipe.hdel(self._key("added"), unit)
+            pipe.hdel(self._key("marks"), unit)
+            if configured is not None:
+                record = orjson.dumps([configured.who, configured.since])
+                pipe.hset(self._key("removed"), unit, record)
+
+        return await self._write(write)
+
+    async def _write(self, commands: Callable[[Any], object]) -> int:
+        """One transaction: the change, the next version, and its notification."""
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                commands(pipe)
+                pipe.incr(self._key("version"))
+                pipe.publish(self.channel, b"changed")
+                results = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
+        return int(results[-2])
+
+    async def follow(self, converge: Callable[[], Awaitable[None]]) -> None:
+        """Call `converge` on every notification, every RECONCILE_EVERY_S, and on each
+        (re)connection, until `stop`; reconnects with backoff while Redis is away."""
+        delay = RETRY_FIRST_S
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                await converge()
+                delay = RETRY_FIRST_S
+                log.info("following %s", self.where)
+                due = loop.time() + RECONCILE_EVERY_S
+                while not self._stopping:
+                    heard = await pubsub.get_message(timeout=0)
+                    if heard is not None or loop.time() >= due:
+                        await converge()
+                        due = loop.time() + RECONCILE_EVERY_S
+                    elif heard is None:
+                        await asyncio.sleep(POLL_S)
+            except (RedisError, OSError, StoreUnavailable) as exc:
+                log.warning("lost %s (%s); serving on the last state", self.where, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+
+    def stop(self) -> None:
+        """Ask `follow` to return (within POLL_S, or its current backoff sleep)."""
+        self._stopping = True
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _saved(
+    marks: dict[bytes, bytes], added: dict[bytes, bytes], removed: dict[bytes, bytes]
+) -> Saved:
+    saved = Saved()
+    for unit, raw in marks.items():
+        state, reason, who, since = orjson.loads(raw)
+        if state not in STATES:
+            raise StoreError(f"unit {unit.decode()!r} has unknown admin state {state!r}")
+        saved.marks[unit.decode()] = Mark(state, reason, who, float(since))
+    for unit, raw in added.items():
+        config, who, since = orjson.loads(raw)
+        saved.added[unit.decode()] = AddedUnit(config, who, float(since))
+    for unit, raw in removed.items():
+        who, since = orjson.loads(raw)
+        saved.removed[unit.decode()] = Removal(who, float(since))
+    return saved
