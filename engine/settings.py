@@ -134,9 +134,9 @@ def _check_engine(s: NodeSettings) -> None:
 
 def _check_blocks(s: NodeSettings) -> None:
     """The file's blocks exist only in a GGUF file, and the kernel multiplies float32."""
-    from engine.model.gguf.packaged import PACKAGED
+    from engine.model.gguf.packaged import PACKAGED, is_gguf
 
-    if not (s.model in PACKAGED or s.model.endswith(".gguf")):
+    if not is_gguf(s.model):
         raise ValueError(
             f"--weight-dtype: 'gguf' keeps a GGUF file's quantized blocks, so it needs a "
             f"GGUF model ({', '.join(PACKAGED)} or a .gguf path), got --model {s.model!r}"

@@ -18,7 +18,14 @@ from engine.model import (
     init_from_seed,
     load_hf_folder,
 )
-from engine.model.gguf import PACKAGED, GGUFFile, gguf_path, gguf_tokenizer, load_gguf
+from engine.model.gguf import (
+    PACKAGED,
+    GGUFFile,
+    gguf_path,
+    gguf_tokenizer,
+    is_gguf,
+    load_gguf,
+)
 from engine.runtime.group import init_unit_group
 from engine.settings import NodeSettings
 
@@ -36,7 +43,7 @@ def build_model(settings: NodeSettings, tp: TPContext) -> tuple[Transformer, Tok
             config, settings.seed, tp, settings.num_slots, device, dtype, weight_dtype=weights
         )
         return model, ByteTokenizer(), "tiny"
-    if settings.model in PACKAGED or settings.model.endswith(".gguf"):
+    if is_gguf(settings.model):
         return _build_gguf(settings, tp, device, dtype, weights)
     folder = Path(settings.model)
     if not folder.is_dir():

@@ -55,6 +55,11 @@ def packaged_file(model: str) -> Path:
     return path
 
 
+def is_gguf(model: str) -> bool:
+    """Whether a `--model` value names a GGUF file: a packaged model, or a .gguf path."""
+    return model in PACKAGED or model.endswith(".gguf")
+
+
 def gguf_path(model: str) -> Path:
     """The GGUF file a `--model` value names: a packaged model's installed file, or the path."""
     return packaged_file(model) if model in PACKAGED else Path(model)
