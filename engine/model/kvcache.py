@@ -54,15 +54,15 @@ class KVCache:
         layer: int,
         slots: torch.Tensor,
         positions: torch.Tensor,
+        end: int,
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode batch: one new (kv_heads, head_dim) key/value per slot at its position,
-        then every slot's keys/values up to the longest, (B, longest, kv_heads, head_dim)
+        then every slot's keys/values at 0..end (the longest's), (B, end, kv_heads, head_dim)
         (a gathered copy; positions past a slot's own are the caller's to mask)."""
         self.k[layer, slots, positions] = k
         self.v[layer, slots, positions] = v
-        end = int(positions.max()) + 1
         return self.k[layer, slots, :end], self.v[layer, slots, :end]
 
     def read(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

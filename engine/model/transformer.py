@@ -74,21 +74,24 @@ class Rotary(nn.Module):
 
 class Decode(NamedTuple):
     """A batch of two or more single-token entries, attended in one call: each entry's slot
-    and position, and which cached positions each may see (B, 1, 1, longest)."""
+    and position, how many cached positions the longest sees (`seen`), and which of those
+    each entry may see (B, 1, 1, seen). Planned once per step, for every layer."""
 
     slots: torch.Tensor
     positions: torch.Tensor
+    seen: int
     mask: torch.Tensor
 
     @classmethod
-    def plan(cls, batch: Sequence[Entry], device: torch.device) -> Decode | None:
+    def plan(cls, batch: Sequence[Entry], positions: torch.Tensor) -> Decode | None:
+        """`positions`: the packed batch's, which for single-token entries are their starts."""
         if len(batch) < 2 or any(len(ids) != 1 for _, ids, _ in batch):
             return None
-        slots = torch.tensor([slot for slot, _, _ in batch], device=device)
-        positions = torch.tensor([start for _, _, start in batch], device=device)
-        seen = torch.arange(int(positions.max()) + 1, device=device)
-        mask = (seen[None, :] <= positions[:, None])[:, None, None, :]
-        return cls(slots, positions, mask)
+        slots = torch.tensor([slot for slot, _, _ in batch], device=positions.device)
+        seen = max(start for _, _, start in batch) + 1
+        visible = torch.arange(seen, device=positions.device)
+        mask = (visible[None, :] <= positions[:, None])[:, None, None, :]
+        return cls(slots, positions, seen, mask)
 
 
 class Angles(NamedTuple):
@@ -159,7 +162,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Every entry one new token: write them all, then one masked SDPA over the batch's
         slots (gathered up to the longest), instead of a call per entry."""
-        keys, values = cache.write_read(self.layer, decode.slots, decode.positions, k, v)
+        keys, values = cache.write_read(
+            self.layer, decode.slots, decode.positions, decode.seen, k, v
+        )
         out = nn.functional.scaled_dot_product_attention(
             q[:, :, None],
             keys.transpose(1, 2),
@@ -344,7 +349,7 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(ids).to(self.dtype)
         angles = self.rotary.at(positions, x.dtype)
-        decode = Decode.plan(batch, self.device)
+        decode = Decode.plan(batch, positions)
         for block in self.layers:
             x = block(x, batch, angles, self.cache, decode)
         if x.shape[0] > len(batch):  # some entry has several tokens: keep each one's last
