@@ -254,21 +254,22 @@ static inline AVX2 __attribute__((always_inline)) void pass_avx2(int format, con
 
 static AVX2 void matmul_avx2(int format, const float *x, int64_t m, int64_t cols,
                              const uint8_t *w, int64_t n, float *y) {
-    if (m == 1) {
+    if (m == 1 && format == FORMAT_Q8_0) {
+        single_avx2(FORMAT_Q8_0, x, NULL, cols, w, n, y);
+        return;
+    }
+    if (m == 1) { /* Q4_1 needs each block's sum of x; without memory, the general pass runs */
         int64_t blocks = cols / QK;
-        float *xsum = format == FORMAT_Q4_1 ? aligned_alloc(32, (size_t)blocks * 32) : NULL;
-        if (format != FORMAT_Q4_1 || xsum) {
-            for (int64_t k = 0; format == FORMAT_Q4_1 && k < blocks; k++) {
+        float *xsum = aligned_alloc(32, (size_t)blocks * 32);
+        if (xsum) {
+            for (int64_t k = 0; k < blocks; k++) {
                 const float *xr = x + k * QK;
                 __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xr), _mm256_loadu_ps(xr + 8)),
                                          _mm256_add_ps(_mm256_loadu_ps(xr + 16),
                                                        _mm256_loadu_ps(xr + 24)));
                 _mm256_store_ps(xsum + 8 * k, s);
             }
-            if (format == FORMAT_Q4_1)
-                single_avx2(FORMAT_Q4_1, x, xsum, cols, w, n, y);
-            else
-                single_avx2(FORMAT_Q8_0, x, NULL, cols, w, n, y);
+            single_avx2(FORMAT_Q4_1, x, xsum, cols, w, n, y);
             free(xsum);
             return;
         }
