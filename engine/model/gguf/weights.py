@@ -86,14 +86,15 @@ class GGUFSource:
             )
         data: np.ndarray = tensor.data if rows is None else tensor.data[rows]
         if cols is not None:
-            block, size = GGML_QUANT_SIZES[tensor.tensor_type]
             start, stop, _ = cols.indices(int(tensor.shape[0]))
-            if start % block or stop % block:
+            byte_range, values = _blocks_covering(tensor, start, stop)
+            if values != (start, stop):
+                block = GGML_QUANT_SIZES[tensor.tensor_type][0]
                 raise ValueError(
                     f"weights: columns {start}:{stop} of {key} do not fall on its {block}-value "
                     f"blocks, so this shard cannot stay in blocks (use weight_dtype 'float16')"
                 )
-            data = data[:, start // block * size : stop // block * size]
+            data = data[:, byte_range]
         if key.split(".")[-2] in _ROTARY:
             data = _unpermute(data, self.head_dim, rows)
         return torch.from_numpy(np.ascontiguousarray(data).copy())
@@ -122,11 +123,17 @@ def _decode_columns(tensor: Tensor, data: np.ndarray, cols: slice | None) -> np.
     start, stop, _ = cols.indices(int(tensor.shape[0]))
     if data.dtype != np.uint8:  # stored unquantized (F32, F16): one item per value
         return _decode(tensor, data[:, start:stop])
-    block, size = GGML_QUANT_SIZES[tensor.tensor_type]
-    first, last = start // block, -(-stop // block)  # the blocks covering [start, stop)
-    decoded = _decode(tensor, data[:, first * size : last * size])
-    offset = first * block
+    byte_range, (offset, _) = _blocks_covering(tensor, start, stop)
+    decoded = _decode(tensor, data[:, byte_range])
     return decoded[:, start - offset : stop - offset]
+
+
+def _blocks_covering(tensor: Tensor, start: int, stop: int) -> tuple[slice, tuple[int, int]]:
+    """The quantized blocks holding values [start, stop) of each row: their bytes within
+    the row, and the values they hold (wider than asked where the range cuts a block)."""
+    block, size = GGML_QUANT_SIZES[tensor.tensor_type]
+    first, last = start // block, -(-stop // block)
+    return slice(first * size, last * size), (first * block, last * block)
 
 
 def _unpermute(w: np.ndarray, head_dim: int, rows: slice | None) -> np.ndarray:
