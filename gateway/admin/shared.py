@@ -27,7 +27,7 @@ import orjson
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from gateway.admin.state import STATES, AddedUnit, Mark, Removal, Saved
+from gateway.admin.state import AddedUnit, Mark, Removal, Saved, saved_mark
 from gateway.admin.store import StoreError
 from gateway.config.state import StateConfig
 
@@ -74,7 +74,10 @@ class SharedStore:
                 version, marks, added, removed = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
-        return int(version or 0), _saved(marks, added, removed)
+        try:
+            return int(version or 0), _saved(marks, added, removed)
+        except (ValueError, TypeError) as exc:  # a record this gateway cannot read
+            raise StoreError(f"{self.where} holds an unreadable record: {exc}") from None
 
     async def set_mark(self, unit: str, mark: Mark | None) -> int:
         if mark is None:
@@ -131,9 +134,9 @@ class SharedStore:
                     if heard is not None or loop.time() >= due:
                         await converge()
                         due = loop.time() + RECONCILE_EVERY_S
-                    elif heard is None:
+                    else:
                         await asyncio.sleep(POLL_S)
-            except (RedisError, OSError, StoreUnavailable) as exc:
+            except (RedisError, OSError, StoreError) as exc:  # the follower never dies of it
                 log.warning("lost %s (%s); serving on the last state", self.where, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
@@ -154,10 +157,7 @@ def _saved(
 ) -> Saved:
     saved = Saved()
     for unit, raw in marks.items():
-        state, reason, who, since = orjson.loads(raw)
-        if state not in STATES:
-            raise StoreError(f"unit {unit.decode()!r} has unknown admin state {state!r}")
-        saved.marks[unit.decode()] = Mark(state, reason, who, float(since))
+        saved.marks[unit.decode()] = saved_mark(unit.decode(), *orjson.loads(raw))
     for unit, raw in added.items():
         config, who, since = orjson.loads(raw)
         saved.added[unit.decode()] = AddedUnit(config, who, float(since))

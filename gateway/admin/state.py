@@ -52,6 +52,14 @@ class Saved:
     removed: dict[str, Removal] = field(default_factory=dict)  # units of the config file
 
 
+def saved_mark(unit: str, state: str, reason: str, who: str, since: float) -> Mark:
+    """A mark read back from a store, its state checked: a newer gateway may have written
+    one this gateway does not know."""
+    if state not in STATES:
+        raise ValueError(f"unit {unit!r} has unknown admin state {state!r}")
+    return Mark(state, reason, who, float(since))
+
+
 def public_state(unit: UnitState, mark: Mark) -> str:
     """ "drained" is "draining" with nothing left in flight: the unit may now be taken down."""
     if mark.state == "draining" and unit.inflight <= 0:

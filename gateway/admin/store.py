@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.admin.errors import AdminStartError
-from gateway.admin.state import STATES, AddedUnit, Mark, Removal, Saved
+from gateway.admin.state import AddedUnit, Mark, Removal, Saved, saved_mark
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -135,9 +135,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _load(db: sqlite3.Connection) -> Saved:
     saved = Saved()
     for unit, state, reason, who, since in db.execute("SELECT * FROM marks"):
-        if state not in STATES:
-            raise ValueError(f"unit {unit!r} has unknown admin state {state!r}")
-        saved.marks[unit] = Mark(state, reason, who, float(since))
+        saved.marks[unit] = saved_mark(unit, state, reason, who, since)
     for unit, config, who, since in db.execute("SELECT * FROM added"):
         saved.added[unit] = AddedUnit(orjson.loads(config), who, float(since))
     for unit, who, since in db.execute("SELECT * FROM removed"):

@@ -184,3 +184,21 @@ async def _true(value: bool) -> bool:
 async def _status(request: Any, expected: int) -> bool:
     status, _ = await request
     return bool(status == expected)
+
+
+async def test_an_unreadable_record_leaves_the_last_state_and_the_follower_alive(
+    clean_sim: SimProcess, store: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    """A record this gateway cannot read (a newer one's state, or junk) is logged and the
+    replica keeps its last state; once the record is mended it converges again."""
+    async with replicas(shared_config(clean_sim, store), n=1) as (gw,):
+        client = store.client()
+        client.hset("fleet:marks", "u0", b'["hibernating", "", "x", 0]')
+        client.incr("fleet:version")
+        client.publish("fleet:changes", b"changed")
+        await asyncio.sleep(0.3)  # what a replica would have done by now: nothing
+        assert admin_state(gw, "u0") == "enabled"
+        client.hset("fleet:marks", "u0", b'["disabled", "fixed", "x", 0]')
+        client.incr("fleet:version")
+        client.publish("fleet:changes", b"changed")
+        await eventually(lambda: _true(admin_state(gw, "u0") == "disabled"), within=5.0)
