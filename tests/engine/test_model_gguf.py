@@ -95,23 +95,6 @@ def test_answers_a_real_question_in_english(
     assert len(words) >= 12 and sum(w.isascii() for w in words) / len(words) > 0.9, text
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_tensor_parallel_matches_tp1_and_transformers(
-    world: int,
-    gguf_path: Path,
-    prompt: list[int],
-    tp1: dict[str, Any],
-    expected: torch.Tensor,
-    tmp_path: Path,
-) -> None:
-    """TP=2 is 2 + 1 KV groups (6 + 3 query heads), TP=3 one group each; the MLP splits
-    1536 evenly. Every rank holds the whole logits (the vocabulary is replicated)."""
-    for rank, result in enumerate(run_group(world, run, (str(gguf_path), prompt), tmp_path)):
-        assert result["ids"] == tp1["ids"], f"rank {rank}"
-        torch.testing.assert_close(result["logits"], expected, atol=ATOL, rtol=0)
-
-
 def run_float16(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
     return run(tp, path, prompt, torch.float16)
 
@@ -142,8 +125,12 @@ def run_blocks(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_the_files_own_blocks_match_transformers(
+@pytest.mark.parametrize(
+    ("weights", "world"),
+    [("float32", 2), ("float32", 3), ("gguf", 1), ("gguf", 2), ("gguf", 3)],
+)
+def test_every_tp_size_matches_tp1_and_transformers(
+    weights: str,
     world: int,
     gguf_path: Path,
     prompt: list[int],
@@ -151,10 +138,14 @@ def test_the_files_own_blocks_match_transformers(
     expected: torch.Tensor,
     tmp_path: Path,
 ) -> None:
-    """weight_dtype "gguf": the matrices stay Q4_1 and the embedding Q8_0, multiplied by the
+    """TP=2 is 2 + 1 KV groups (6 + 3 query heads), TP=3 one group each; the MLP splits
+    1536 evenly. Every rank holds the whole logits (the vocabulary is replicated).
+
+    weight_dtype "gguf": the matrices stay Q4_1 and the embedding Q8_0, multiplied by the
     fused kernel. Its values are the file's exactly, so only the order of the sums differs
     from float32 weights: the same tokens and transformers' logits within float32 tolerance,
     at every TP size (TP=2's row-parallel shards cut down_proj at a block boundary)."""
-    for rank, result in enumerate(run_world(world, run_blocks, gguf_path, prompt, tmp_path)):
+    fn = run_blocks if weights == "gguf" else run
+    for rank, result in enumerate(run_world(world, fn, gguf_path, prompt, tmp_path)):
         assert result["ids"] == tp1["ids"], f"rank {rank}"
         torch.testing.assert_close(result["logits"], expected, atol=ATOL, rtol=0)
