@@ -52,6 +52,7 @@ from aiohttp import web
 
 from gateway.admin.auth import Authenticator
 from gateway.admin.errors import AdminError, bad_request
+from gateway.admin.replicas import Fleet
 from gateway.admin.service import AdminService
 from gateway.admin.shared import StoreUnavailable
 from gateway.admin.state import State
@@ -97,7 +98,7 @@ class AdminApi:
 
     async def list_units(self, request: web.Request) -> web.Response:
         registry = self.service.units
-        views = [self._view(u) for u in registry.units.values()]
+        views = await self._views(list(registry.units.values()))
         return _json(200, {"units": views, "panic": dict(registry.panic)})
 
     async def workers(self, request: web.Request) -> web.Response:
@@ -106,7 +107,7 @@ class AdminApi:
         return _json(200, {"workers": self._workers() if self._workers is not None else []})
 
     async def get_unit(self, request: web.Request) -> web.Response:
-        return _json(200, self._view(self.service.unit(request.match_info["id"])))
+        return _json(200, await self._view(self.service.unit(request.match_info["id"])))
 
     async def disable(self, request: web.Request) -> web.Response:
         return await self._set_state(request, "disabled", reason_required=True)
@@ -120,7 +121,7 @@ class AdminApi:
     async def add_unit(self, request: web.Request) -> web.Response:
         body = await _body(request, required=True)
         unit = await self.service.add(body, request[WHO])
-        return _json(201, self._view(unit))
+        return _json(201, await self._view(unit))
 
     async def remove_unit(self, request: web.Request) -> web.Response:
         unit = await self.service.remove(request.match_info["id"], request[WHO])
@@ -130,8 +131,18 @@ class AdminApi:
         text = request.query.get("limit", str(DEFAULT_EVENTS))
         if not text.isdigit() or int(text) < 1:
             raise bad_request(f"limit must be a positive integer, got {text!r}", "invalid_query")
-        found = self.service.events.recent(int(text), request.query.get("unit") or None)
-        return _json(200, {"events": [e.to_json() for e in found]})
+        limit, unit = int(text), request.query.get("unit") or None
+        shared, answer = self.service.shared, dict[str, str]()
+        if shared is None:
+            found = self.service.events.recent(limit, unit)
+        else:
+            try:
+                found = await shared.events(limit, unit)
+                answer["source"] = "shared"
+            except StoreError as exc:  # this replica's own log is better than none
+                found = self.service.events.recent(limit, unit)
+                answer.update(source="local", warning=f"{exc}: this replica's events only")
+        return _json(200, {"events": [e.to_json() for e in found], **answer})
 
     async def _set_state(
         self, request: web.Request, state: State, *, reason_required: bool
@@ -139,10 +150,22 @@ class AdminApi:
         reason = _reason(await _body(request, required=reason_required), reason_required)
         unit_id = request.match_info["id"]
         unit = await self.service.set_state(unit_id, state, reason, request[WHO])
-        return _json(200, self._view(unit))
+        return _json(200, await self._view(unit))
 
-    def _view(self, unit: UnitState) -> dict[str, Any]:
-        return unit_view(unit, self.service.marks[unit.id], self._breaker_view)
+    async def _view(self, unit: UnitState) -> dict[str, Any]:
+        return (await self._views([unit]))[0]
+
+    async def _views(self, units: list[UnitState]) -> list[dict[str, Any]]:
+        """With shared state, each unit's fleet view too: `drained` then means every replica."""
+        fleet = await self.service.fleet()
+        views = []
+        for unit in units:
+            mark = self.service.marks.get(unit.id)
+            if mark is None:  # removed through another replica while the fleet was read
+                continue
+            across = fleet.unit(unit.id) if isinstance(fleet, Fleet) else fleet
+            views.append(unit_view(unit, mark, self._breaker_view, across))
+        return views
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:

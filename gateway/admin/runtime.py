@@ -17,6 +17,8 @@ from aiohttp import web
 
 from gateway.admin.api import AdminApi
 from gateway.admin.auth import Authenticator, authenticator
+from gateway.admin.forwarder import EventForwarder
+from gateway.admin.replicas import Heartbeat
 from gateway.admin.service import AdminService
 from gateway.admin.shared import SharedStore
 from gateway.admin.store import Store, StoreError
@@ -73,23 +75,41 @@ class Admin:
         down at start does not stop the gateway: it serves from its config file (and refuses
         admin writes) until the follower reaches the store and converges."""
         store = SharedStore(self._config.state)
-        await self.service.share(store)
+        heartbeat = Heartbeat(store, self._config.state, self._counts)
+        forwarder = EventForwarder(store, self.service.events)
+        self.service.on_version(lambda _version: heartbeat.poke())
+        await self.service.share(store, heartbeat)
         try:
             await self.service.converge()
         except StoreError as exc:
             log.warning("%s; serving from the config file until it is back", exc)
         follower = asyncio.create_task(store.follow(self.service.converge), name="state-follow")
+        beats = asyncio.create_task(heartbeat.run(), name="state-heartbeat")
+        forwarding = asyncio.create_task(forwarder.run(), name="state-events")
         try:
             yield
         finally:
             store.stop()
+            for task in (beats, forwarding):
+                task.cancel()
+            await asyncio.gather(beats, forwarding, return_exceptions=True)
             try:
                 await asyncio.wait_for(asyncio.shield(follower), STOP_WITHIN_S)
             except TimeoutError:  # in a reconnect backoff: its sleep takes a cancel
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
+            # By now the gateway has drained: nothing of this replica's is in flight.
+            await forwarder.flush(STOP_WITHIN_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_WITHIN_S):
+                    await heartbeat.leave()
             await store.close()
+
+    def _counts(self) -> tuple[int, dict[str, int]]:
+        """The state version routed by and the in-flight counts, read in one go."""
+        units = self.service.units.units.values()
+        return self.service.converged_version, {u.id: u.inflight for u in units if u.inflight}
 
     def _authenticator(self) -> Authenticator:
         if self._auth is None:

@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 
 from gateway.admin.errors import AdminError, AdminStartError, bad_request, conflict, unknown_unit
+from gateway.admin.replicas import Fleet, Heartbeat
 from gateway.admin.shared import SharedStore
 from gateway.admin.state import BITS, AddedUnit, Mark, Removal, Saved, State
-from gateway.admin.store import Store
+from gateway.admin.store import Store, StoreError
 from gateway.config import Config, ConfigError, UnitConfig
 from gateway.config.builder import build, table
-from gateway.observability.events import EventLog
+from gateway.observability.events import Event, EventLog
 from gateway.units import Bit, UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.admin")
@@ -42,7 +43,9 @@ class AdminService:
         self._clock = clock
         self._store: Store | None = None
         self._shared: SharedStore | None = None
+        self._heartbeat: Heartbeat | None = None
         self._version = 0  # of the shared state last converged to
+        self._on_version: list[Callable[[int], None]] = []
         self._lock = asyncio.Lock()
         now = clock()
         self.marks = {u.id: _initial(u.config, now) for u in units.units.values()}
@@ -61,7 +64,9 @@ class AdminService:
                 return unit
             mark = Mark(state, reason, who, self._clock())
             if self._shared is not None:
-                await self._shared.set_mark(unit_id, None if _is_default(unit, mark) else mark)
+                event = Event(mark.since, unit_id, VERBS[state], reason, who)
+                override = None if _is_default(unit, mark) else mark
+                await self._shared.set_mark(unit_id, override, event)
                 await self._converge()
                 return unit
             if self._store is not None:
@@ -77,7 +82,8 @@ class AdminService:
                 raise conflict(f"unit {config.id!r} already exists")
             added = AddedUnit(table(config), who, self._clock())
             if self._shared is not None:
-                await self._shared.add(config.id, added)
+                event = Event(added.since, config.id, "add", f"leader {config.leader}", who)
+                await self._shared.add(config.id, added, event)
                 await self._converge()
                 return self.unit(config.id)
             if self._store is not None:
@@ -93,7 +99,10 @@ class AdminService:
             now = self._clock()
             configured = Removal(who, now) if unit_id in self._configured else None
             if self._shared is not None:
-                await self._shared.remove(unit_id, configured)
+                reason = f"{unit.inflight} in flight here may finish"
+                await self._shared.remove(
+                    unit_id, configured, Event(now, unit_id, "remove", reason, who)
+                )
                 await self._converge()
                 return unit
             if self._store is not None:
@@ -134,10 +143,22 @@ class AdminService:
         """The shared state's version this replica is in (0: none yet, or not shared)."""
         return self._version
 
-    async def share(self, store: SharedStore) -> None:
+    async def share(self, store: SharedStore, heartbeat: Heartbeat) -> None:
         """From now on every action goes through the shared store; state comes from it."""
         async with self._lock:
             self._shared = store
+            self._heartbeat = heartbeat
+
+    async def fleet(self) -> Fleet | str | None:
+        """The replicas' reports, read once this replica is in the latest state (so a drain
+        is judged against the newest version); why they cannot be read; None unshared."""
+        if self._heartbeat is None:
+            return None
+        try:
+            await self.converge()
+            return await self._heartbeat.fleet()
+        except StoreError as exc:
+            return f"the fleet's in-flight counts are unknown: {exc}"
 
     async def converge(self) -> None:
         """Bring this replica to the shared state's latest version (the store's follower
@@ -160,6 +181,16 @@ class AdminService:
             return
         self._converge_units(saved)
         self._version = version
+        for listener in self._on_version:
+            listener(version)
+
+    def on_version(self, listener: Callable[[int], None]) -> None:
+        """`listener(version)` once this replica is in a newer shared state version."""
+        self._on_version.append(listener)
+
+    @property
+    def shared(self) -> SharedStore | None:
+        return self._shared
 
     def _converge_units(self, saved: Saved) -> None:
         """The registry made equal to `saved` over the config file: units removed and added
@@ -169,7 +200,9 @@ class AdminService:
             if unit_id in saved.removed or (added_here and unit_id not in saved.added):
                 self.units.remove(unit_id)
                 del self.marks[unit_id]
-                self.events.record(unit_id, "remove", "through the shared state", "fleet")
+                self.events.record(
+                    unit_id, "remove", "through the shared state", "fleet", echo=True
+                )
         for unit_id, added in saved.added.items():
             if unit_id not in self.units.units:
                 try:
@@ -178,12 +211,13 @@ class AdminService:
                     log.error("shared unit %s cannot be added here: %s", unit_id, exc)
                     continue
                 self._add(config, added)
-                self.events.record(unit_id, "add", f"leader {config.leader}", added.who)
+                reason = f"leader {config.leader}"
+                self.events.record(unit_id, "add", reason, added.who, echo=True)
         for unit_id, unit in self.units.units.items():
             mark = saved.marks.get(unit_id) or _initial(unit.config, self._clock())
             if self.marks[unit_id].state != mark.state:
                 self._apply(unit, mark)
-                self.events.record(unit_id, VERBS[mark.state], mark.reason, mark.who)
+                self.events.record(unit_id, VERBS[mark.state], mark.reason, mark.who, echo=True)
 
     def _restore_removed(self, saved: Saved) -> None:
         for unit_id, removal in saved.removed.items():

@@ -5,7 +5,10 @@ Layout, every key under `<key_prefix>:`:
 - `version`: a counter; every write increments it in the same transaction (MULTI/EXEC), so
   writes made through any replicas fall into one total order;
 - `marks`, `added`, `removed`: hashes by unit id, the same records the SQLite store keeps;
-- `changes`: the channel each write publishes on, in its transaction.
+- `changes`: the channel each write publishes on, in its transaction;
+- `events`: the fleet's events log, a stream (`gateway/admin/shared_log.py`); an admin write
+  appends its event in its own transaction, so the log's order is the versions' order;
+- `replicas`, `replica:<name>`: each live replica's report (`gateway/admin/replicas.py`).
 
 A replica never applies a write by itself: after its own write and on every notification it
 reads the whole state (small: one record per overridden unit) in one transaction and converges
@@ -27,9 +30,11 @@ import orjson
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
+from gateway.admin.shared_log import entry, parse
 from gateway.admin.state import AddedUnit, Mark, Removal, Saved, saved_mark
 from gateway.admin.store import StoreError
 from gateway.config.state import StateConfig
+from gateway.observability.events import Event
 
 log = logging.getLogger("unitgate.admin")
 
@@ -49,6 +54,8 @@ class SharedStore:
     def __init__(self, config: StateConfig) -> None:
         self.where = f"the state store at {config.url} (key prefix {config.key_prefix!r})"
         self._prefix = config.key_prefix
+        self.replica = config.replica_name()
+        self.events_kept = config.events_kept
         self.channel = f"{config.key_prefix}:changes"
         options: dict[str, Any] = {
             "socket_timeout": config.timeout,
@@ -61,16 +68,16 @@ class SharedStore:
         self.client: redis.Redis = redis.Redis.from_url(config.url, **options)
         self._stopping = False
 
-    def _key(self, name: str) -> str:
+    def key(self, name: str) -> str:
         return f"{self._prefix}:{name}"
 
     async def load(self) -> tuple[int, Saved]:
         """(version, everything) read in one transaction: a consistent snapshot."""
         try:
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.get(self._key("version"))
+                pipe.get(self.key("version"))
                 for name in ("marks", "added", "removed"):
-                    pipe.hgetall(self._key(name))
+                    pipe.hgetall(self.key(name))
                 version, marks, added, removed = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
@@ -79,42 +86,67 @@ class SharedStore:
         except (ValueError, TypeError) as exc:  # a record this gateway cannot read
             raise StoreError(f"{self.where} holds an unreadable record: {exc}") from None
 
-    async def set_mark(self, unit: str, mark: Mark | None) -> int:
+    async def set_mark(self, unit: str, mark: Mark | None, event: Event) -> int:
+        """`mark` None: back to the unit's configured state (nothing to override)."""
         if mark is None:
-            return await self._write(lambda p: p.hdel(self._key("marks"), unit))
+            return await self._write(lambda p: p.hdel(self.key("marks"), unit), event)
         record = orjson.dumps([mark.state, mark.reason, mark.who, mark.since])
-        return await self._write(lambda p: p.hset(self._key("marks"), unit, record))
+        return await self._write(lambda p: p.hset(self.key("marks"), unit, record), event)
 
-    async def add(self, unit: str, added: AddedUnit) -> int:
+    async def add(self, unit: str, added: AddedUnit, event: Event) -> int:
         record = orjson.dumps([added.config, added.who, added.since])
 
         def write(pipe: Any) -> None:
-            pipe.hset(self._key("added"), unit, record)
-            pipe.hdel(self._key("removed"), unit)
+            pipe.hset(self.key("added"), unit, record)
+            pipe.hdel(self.key("removed"), unit)
 
-        return await self._write(write)
+        return await self._write(write, event)
 
-    async def remove(self, unit: str, configured: Removal | None) -> int:
+    async def remove(self, unit: str, configured: Removal | None, event: Event) -> int:
         def write(pipe: Any) -> None:
-            pipe.hdel(self._key("added"), unit)
-            pipe.hdel(self._key("marks"), unit)
+            pipe.hdel(self.key("added"), unit)
+            pipe.hdel(self.key("marks"), unit)
             if configured is not None:
                 record = orjson.dumps([configured.who, configured.since])
-                pipe.hset(self._key("removed"), unit, record)
+                pipe.hset(self.key("removed"), unit, record)
 
-        return await self._write(write)
+        return await self._write(write, event)
 
-    async def _write(self, commands: Callable[[Any], object]) -> int:
-        """One transaction: the change, the next version, and its notification."""
+    def append_event(self, pipe: Any, event: Event) -> None:
+        """Queue an XADD of `event` (by this replica) on `pipe`, trimming the log to its bound."""
+        fields = entry(event, self.replica)
+        pipe.xadd(self.key("events"), fields, maxlen=self.events_kept, approximate=True)
+
+    async def _write(self, commands: Callable[[Any], object], event: Event) -> int:
+        """One transaction: the change, its event, the next version, and its notification."""
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 commands(pipe)
-                pipe.incr(self._key("version"))
+                self.append_event(pipe, event)
+                pipe.incr(self.key("version"))
                 pipe.publish(self.channel, b"changed")
                 results = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
         return int(results[-2])
+
+    async def events(self, limit: int, unit: str | None = None) -> list[Event]:
+        """The latest `limit` events of the fleet (of one unit: among the log's whole bound),
+        oldest first."""
+        count = self.events_kept if unit is not None else limit
+        try:
+            raw: list[tuple[bytes, dict[bytes, bytes]]] = await self.client.xrevrange(
+                self.key("events"), count=count
+            )  # type: ignore[assignment]  # redis-py types replies for decoded clients too
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
+        try:
+            found = [parse(fields) for _, fields in raw]
+        except (ValueError, KeyError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{self.where} holds an unreadable event: {exc}") from None
+        if unit is not None:
+            found = [e for e in found if e.unit == unit][:limit]
+        return found[::-1]
 
     async def follow(self, converge: Callable[[], Awaitable[None]]) -> None:
         """Call `converge` on every notification, every RECONCILE_EVERY_S, and on each

@@ -60,13 +60,16 @@ def saved_mark(unit: str, state: str, reason: str, who: str, since: float) -> Ma
     return Mark(state, reason, who, float(since))
 
 
-def public_state(unit: UnitState, mark: Mark) -> str:
-    """ "drained" is "draining" with nothing left in flight: the unit may now be taken down."""
-    if mark.state == "draining" and unit.inflight <= 0:
+def public_state(unit: UnitState, mark: Mark, quiet: bool | None = None) -> str:
+    """ "drained" is "draining" with nothing left in flight: the unit may now be taken down.
+    `quiet`: whether nothing is in flight on it (None: this gateway's count says)."""
+    if mark.state == "draining" and (unit.inflight <= 0 if quiet is None else quiet):
         return "drained"
     return mark.state
 
 
-def drained(unit: UnitState) -> bool:
-    """Out of service by the operator's choice and no request still running on it."""
-    return (not unit.enabled or unit.draining) and unit.inflight <= 0
+def drained(unit: UnitState, quiet: bool | None = None) -> bool:
+    """Out of service by the operator's choice and no request still running on it (`quiet`
+    as in `public_state`: a fleet's replicas together, where they share their state)."""
+    idle = unit.inflight <= 0 if quiet is None else quiet
+    return (not unit.enabled or unit.draining) and idle

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from gateway.admin.replicas import FleetUnit
 from gateway.admin.state import Mark, drained, public_state
 from gateway.units import UnitState
 
@@ -18,8 +19,20 @@ BreakerView = Callable[[str], dict[str, object]]
 WorkersView = Callable[[], list[dict[str, Any]]]  # the control plane's worker processes
 
 
-def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> dict[str, Any]:
-    return {
+def unit_view(
+    unit: UnitState,
+    mark: Mark,
+    breaker_view: BreakerView | None,
+    fleet: FleetUnit | str | None = None,
+) -> dict[str, Any]:
+    """`fleet`: the unit across the replicas sharing state (or why that cannot be read, which
+    makes nothing `drained`); None for a gateway on its own."""
+    quiet = None
+    if isinstance(fleet, FleetUnit):
+        quiet = fleet.quiet
+    elif isinstance(fleet, str):
+        quiet = False
+    view = {
         "id": unit.id,
         "routable": unit.routable or unit.panicked,
         "panic_routed": unit.panicked,
@@ -31,7 +44,7 @@ def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> 
         },
         "breaker": breaker(unit, breaker_view),
         "admin": {
-            "state": public_state(unit, mark),
+            "state": public_state(unit, mark, quiet),
             "reason": mark.reason,
             "who": mark.who,
             "since": mark.since,
@@ -41,7 +54,7 @@ def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> 
             "token_ids": unit.token_ids,
             "note": _resume_note(unit.token_ids),
         },
-        "drained": drained(unit),
+        "drained": drained(unit, quiet),
         "leader": unit.leader,
         "weight": unit.weight,
         "cap": unit.cap,
@@ -58,6 +71,15 @@ def unit_view(unit: UnitState, mark: Mark, breaker_view: BreakerView | None) -> 
             for node in unit.nodes
         ],
     }
+    if isinstance(fleet, FleetUnit):
+        view["fleet"] = {
+            "in_flight": fleet.in_flight,
+            "current": fleet.current,
+            "replicas": dict(fleet.replicas),
+        }
+    elif isinstance(fleet, str):
+        view["fleet"] = {"error": fleet}
+    return view
 
 
 def breaker(unit: UnitState, breaker_view: BreakerView | None) -> dict[str, object]:

@@ -23,9 +23,17 @@ class Event:
     what: str  # e.g. "unhealthy", "healthy", "ejected", "disable", "drain", "add"
     reason: str
     who: str  # "prober", "breaker", or the admin token's name
+    replica: str = ""  # the gateway replica that recorded it, in a log shared by a fleet
+    # Applies an entry that is already in the fleet's shared log (an admin action made
+    # through the shared state): recorded and logged here, never shared a second time.
+    echo: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        found = asdict(self)
+        del found["echo"]
+        if not self.replica:
+            del found["replica"]
+        return found
 
 
 class EventLog:
@@ -35,11 +43,18 @@ class EventLog:
         self._listeners: list[Callable[[Event], None]] = []
 
     def record(
-        self, unit: str, what: str, reason: str, who: str, level: int = logging.INFO
+        self,
+        unit: str,
+        what: str,
+        reason: str,
+        who: str,
+        level: int = logging.INFO,
+        *,
+        echo: bool = False,
     ) -> Event:
         """Recorded and logged once: this line is the change's only log line (`level`
         WARNING for the ones an operator must see, a breaker tripping, a panic)."""
-        event = Event(self._clock(), unit, what, reason, who)
+        event = Event(self._clock(), unit, what, reason, who, echo=echo)
         self._events.append(event)
         log.log(level, "unit %s: %s (%s) by %s", unit, what, reason, who)
         for listener in self._listeners:

@@ -60,6 +60,10 @@ def test_ints_accepted_for_floats() -> None:
         ({"state": {"key_prefix": "a:b"}}, "[state].key_prefix must be a non-empty name"),
         ({"state": {"tls_ca_file": "/ca.pem"}}, "[state].tls_ca_file only applies to a rediss"),
         ({"state": {"timeout": 0}}, "[state].timeout must be > 0 seconds"),
+        ({"state": {"replica": "a b"}}, "[state].replica must be a name without spaces"),
+        ({"state": {"heartbeat": 0}}, "[state].heartbeat must be a positive number"),
+        ({"state": {"replica_ttl": 0.5}}, "[state].replica_ttl must be at least 4 heartbeats"),
+        ({"state": {"events_kept": 10}}, "[state].events_kept must be >= 100"),
     ],
 )
 def test_errors_name_the_key(raw: dict[str, object], needle: str) -> None:

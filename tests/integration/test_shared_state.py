@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,13 @@ def shared_config(sim: SimProcess, server: RedisServer, **state: Any) -> Config:
 
 @contextlib.asynccontextmanager
 async def replicas(config: Config, n: int = 2) -> AsyncIterator[list[Gateway]]:
+    """`n` gateways named r0, r1, ... (in one process they would all be "<host>:<pid>")."""
     async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(running(config)) for _ in range(n)]
+        yield [await stack.enter_async_context(running(named(config, f"r{i}"))) for i in range(n)]
+
+
+def named(config: Config, replica: str) -> Config:
+    return dataclasses.replace(config, state=dataclasses.replace(config.state, replica=replica))
 
 
 def admin_state(gw: Gateway, unit: str) -> str | None:
