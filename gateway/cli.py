@@ -23,6 +23,7 @@ _DELEGATED = {
     "node": "engine.cli",
     "admin": "gateway.admin.cli",
     "worker": "gateway.workers.cli",  # started by the control plane, not by hand
+    "replica": "engine.up.replica",  # started by `unitgate up --replicas N`, not by hand
 }
 
 
@@ -44,11 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.command == "gateway":
         return _run_gateway(config, ns.ready_file)
-    if ns.simulated:
+    if ns.simulated and ns.replicas == 1:
         return _up(config, Path(ns.config))
-    from engine.up.main import run_up
+    from engine.up.main import UpOptions, run_up
 
-    return run_up(config, ns.log_dir)
+    options = UpOptions(
+        log_dir=ns.log_dir,
+        replicas=ns.replicas,
+        simulated=ns.simulated,
+        config_path=Path(ns.config),
+        log_level=ns.log_level,
+    )
+    return run_up(config, options)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,7 +77,16 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve simulated units (a test tool) instead of the builtin engine",
     )
-    up.add_argument("--log-dir", type=Path, help="node logs (default: a new temp directory)")
+    up.add_argument(
+        "--log-dir", type=Path, help="node and replica logs (default: a new temp directory)"
+    )
+    up.add_argument(
+        "--replicas",
+        type=_replica_count,
+        default=1,
+        metavar="N",
+        help="gateway replicas sharing admin state through a local redis-server (default 1)",
+    )
     sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
     sub.add_parser("node", help="one node of a unit, builtin or vLLM (see `unitgate node -h`)")
     sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
@@ -77,6 +94,17 @@ def _parser() -> argparse.ArgumentParser:
         "loadtest", help="drive an OpenAI endpoint and report (see `unitgate loadtest -h`)"
     )
     return parser
+
+
+def _replica_count(text: str) -> int:
+    """argparse's check of --replicas: its message then names the flag, and the exit is 2."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {count}")
+    return count
 
 
 def _run_gateway(config: Config, ready_file: Path | None) -> int:

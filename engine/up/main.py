@@ -5,11 +5,18 @@ Order matters both ways. At start the gateway comes up while the units still loa
 `ready` is printed only once the gateway itself routes to every local unit. At stop the
 gateway drains first (clients get their answers or a clean end), then the units go, leaders
 first so followers are told STOP instead of timing out in a collective.
+
+With `--replicas N` the run is a local fleet: a redis-server first (redis_server.py), then the
+units, then N gateways sharing admin state through it, this process's gateway as replica 0
+and N-1 child replicas (replicas.py, replica.py) on the ports fleet.py lays out; `ready` once
+every replica routes to every unit. At the stop every gateway drains at once, then the units
+stop, then the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -18,52 +25,107 @@ import secrets
 import signal
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.backends.vllm import VllmMissing, require_vllm
 from engine.backends.vllm.args import check_known, known_engine_args
 from engine.up.backoff import Backoff
+from engine.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
 from engine.up.plan import EngineOptions, Plan, PlanError, plan_units
+from engine.up.ports import check_free
 from engine.up.processes import Launcher, node_env
-from engine.up.ready import announce, wait_routable
-from engine.up.supervisor import UnitSupervisor
-from gateway.api import Config, ConfigError, raise_fd_limit, read_tokens, running
+from engine.up.ready import announce, describe_units, wait_fleet
+from engine.up.redis_server import INSTALL_HINT, LocalRedis, StoreFailed, find_redis_server
+from engine.up.replicas import ReplicaLauncher, ReplicaSupervisor, Where
+from engine.up.simulated import SimulatedUnits
+from engine.up.units import BuiltinUnits, LocalUnits, UnitsFailed
+from gateway.api import Config, ConfigError, Gateway, raise_fd_limit, read_tokens, running
 
 log = logging.getLogger("unitgate.up")
 READY_TIMEOUT = 180.0  # first start on a small machine: every node imports torch at once
+STOP_GRACE_S = 5.0  # a child replica's time past its drain before it is killed
 
 
-def run_up(config: Config, log_dir: Path | None = None) -> int:
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    log_dir: Path | None = None  # node and replica logs (default: a new temp directory)
+    replicas: int = 1  # gateway replicas; more than one share admin state through Redis
+    simulated: bool = False  # simulated units instead of the builtin engine's (replicas > 1)
+    config_path: Path | None = None  # what child replicas and the simulator load themselves
+    log_level: str = "info"  # the child replicas'
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The gateways of this run: replica 0 here, the others as children."""
+
+    ports: tuple[ReplicaPorts, ...]
+    redis_server: str | None  # the binary, when `up` runs the store for them
+
+    def store(self, config: Config, local: LocalRedis | None) -> str | None:
+        """What the announcement says the replicas share their state through."""
+        if local is not None:
+            return f"redis-server at {local.url} (its data and log in {local.folder})"
+        if len(self.ports) > 1 and config.admin.enabled:
+            return f"the config's [state] store at {config.state.url}"
+        return None
+
+
+def run_up(config: Config, options: UpOptions = UpOptions()) -> int:
     """The command's body; returns the exit code (2 for a config it cannot run)."""
-    if importlib.util.find_spec("torch") is None:
-        print(
-            "unitgate up: the builtin engine needs the engine extra: "
-            "pip install -e '.[engine]' -c constraints.txt (or run `unitgate up --simulated`)",
-            file=sys.stderr,
-        )
-        return 2
-    if config.gateway.worker_count > 1:
-        print(
-            f"unitgate up: [gateway].workers = {config.gateway.workers!r}: `up` runs the gateway "
-            "inside its own process, so with one worker; `unitgate gateway` runs more",
-            file=sys.stderr,
-        )
+    refusal = _refusal(config, options)
+    if refusal is not None:
+        print(f"unitgate up: {refusal}", file=sys.stderr)
         return 2
     try:
         plan = _local_plan(config)
-        _check_vllm_units(plan)
+        if not options.simulated:
+            _check_vllm_units(plan)
+        binary = find_redis_server() if runs_store(config, options.replicas) else None
+        fleet = Fleet(replica_ports(config, plan, options.replicas), binary)
+        if options.replicas > 1:
+            check_free(config, fleet.ports)
     except (PlanError, VllmMissing) as exc:
         print(f"unitgate up: {exc}", file=sys.stderr)
         return 2
     generated = _ensure_admin_token(config)
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="unitgate-up-"))
+    logs = options.log_dir or Path(tempfile.mkdtemp(prefix="unitgate-up-"))
     try:
         logs.mkdir(parents=True, exist_ok=True)  # --log-dir may name a folder to create
     except OSError as exc:
         print(f"unitgate up: --log-dir {logs}: {exc.strerror}", file=sys.stderr)
         return 2
-    launcher = Launcher(EngineOptions(), logs, node_env(os.environ, [config.admin.token_env]))
-    return _run_loop(config, plan, launcher, generated)
+    logs = logs.resolve()  # children run elsewhere (redis-server in its data folder)
+    return _run_loop(config, plan, _Run(options, fleet, logs, generated))
+
+
+def _refusal(config: Config, options: UpOptions) -> str | None:
+    """Why this run cannot start, found before anything starts; None when it can."""
+    if options.replicas < 1:
+        return f"--replicas must be an integer >= 1, got {options.replicas}"
+    if options.replicas > 1 and options.config_path is None:
+        return "--replicas needs the config's file: every replica loads it"
+    if options.simulated and options.config_path is None:
+        return "--simulated needs the config's file: the simulator loads it"
+    if not options.simulated and importlib.util.find_spec("torch") is None:
+        return (
+            "the builtin engine needs the engine extra: "
+            "pip install -e '.[engine]' -c constraints.txt (or run `unitgate up --simulated`)"
+        )
+    if config.gateway.worker_count > 1:
+        return (
+            f"[gateway].workers = {config.gateway.workers!r}: `up` runs the gateway "
+            "inside its own process, so with one worker; `unitgate gateway` runs more"
+        )
+    if runs_store(config, options.replicas) and find_redis_server() is None:
+        return (
+            f"--replicas {options.replicas} shares admin state through a local redis-server, "
+            f'which is not on PATH: {INSTALL_HINT} (or set [state] backend = "redis" with '
+            "the url of a Redis you run)"
+        )
+    return None
 
 
 def _local_plan(config: Config) -> Plan:
@@ -100,45 +162,113 @@ def _ensure_admin_token(config: Config) -> str | None:
     return token
 
 
-def _run_loop(config: Config, plan: Plan, launcher: Launcher, token: str | None) -> int:
+@dataclass(frozen=True, slots=True)
+class _Run:
+    options: UpOptions
+    fleet: Fleet
+    log_dir: Path
+    token: str | None  # generated for this run, to be printed
+
+    def units(self, config: Config, plan: Plan) -> LocalUnits:
+        env = node_env(os.environ, [config.admin.token_env])
+        if self.options.simulated:
+            assert self.options.config_path is not None  # _refusal said so
+            return SimulatedUnits(self.options.config_path.resolve(), self.log_dir, env)
+        return BuiltinUnits(plan, Launcher(EngineOptions(), self.log_dir, env))
+
+    def replicas(self, config: Config, store_url: str | None) -> list[ReplicaSupervisor]:
+        if len(self.fleet.ports) == 1:
+            return []
+        assert self.options.config_path is not None  # _refusal said so
+        launcher = ReplicaLauncher(
+            self.options.config_path.resolve(),
+            self.log_dir,
+            {**os.environ, "PYTHONUNBUFFERED": "1"},  # the admin token included
+            self.options.log_level,
+            READY_TIMEOUT,
+            store_url,
+        )
+        grace = config.gateway.shutdown_timeout + STOP_GRACE_S
+        return [ReplicaSupervisor(p, launcher, Backoff(), grace) for p in self.fleet.ports[1:]]
+
+
+def _run_loop(config: Config, plan: Plan, run: _Run) -> int:
     import uvloop
 
     raise_fd_limit()
     try:
-        return uvloop.run(_up(config, plan, launcher, token))
+        return uvloop.run(_up(config, plan, run))
     except ConfigError as exc:  # found at gateway start-up (admin token, state file)
         print(f"unitgate up: {exc}", file=sys.stderr)
         return 2
+    except (StoreFailed, UnitsFailed) as exc:
+        print(f"unitgate up: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a listener's port is taken
         print(f"unitgate up: {exc}", file=sys.stderr)
         return 1
 
 
-async def _up(config: Config, plan: Plan, launcher: Launcher, token: str | None) -> int:
+async def _up(config: Config, plan: Plan, run: _Run) -> int:
+    """Start the store, the units, the gateways; at the stop, undo it in reverse: every
+    gateway drains (at once), then the units stop, then the store."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    supervisors = [UnitSupervisor(unit, launcher, Backoff()) for unit in plan.units]
-    tasks = [asyncio.create_task(s.run(), name=f"unit-{s.plan.unit}") for s in supervisors]
-    try:
-        async with running(config) as gateway:
-            code = await wait_routable(gateway, plan, stop, READY_TIMEOUT, launcher.log_dir)
+    async with contextlib.AsyncExitStack() as stack:
+        local = None
+        if run.fleet.redis_server is not None:
+            local = LocalRedis(run.fleet.redis_server, run.log_dir)
+            stack.push_async_callback(_stopped, local.stop, "redis-server stopped")
+            await local.start()
+        units = run.units(config, plan)
+        stack.push_async_callback(_stopped, units.stop, "every unit stopped")
+        await units.start()
+        store_url = None if local is None else local.url
+        children = run.replicas(config, store_url)
+        tasks = [asyncio.create_task(c.run(), name=f"replica-{c.ports.index}") for c in children]
+        stack.push_async_callback(_stop_replicas, children, tasks)
+        own = config if not children else replica_config(config, run.fleet.ports[0], store_url)
+        async with running(own) as gateway:
+            code = await wait_fleet(gateway, children, plan, stop, READY_TIMEOUT, run.log_dir)
             if code == 0 and not stop.is_set():
-                announce(config, gateway, plan, launcher.log_dir, token)
+                fleet = [_here(gateway), *[_where(c) for c in children]]
+                what = describe_units(plan, run.options.simulated)
+                announce(
+                    config, fleet, what, run.log_dir, run.token, run.fleet.store(config, local)
+                )
                 await stop.wait()
-            log.info("stopping: gateway drains for up to %g s", config.gateway.shutdown_timeout)
+            log.info("stopping: gateways drain for up to %g s", config.gateway.shutdown_timeout)
+            for child in children:
+                child.terminate()  # they drain alongside replica 0
             gateway.draining = True
-    finally:
-        await _stop_units(tasks)
-    log.info("every unit stopped")
     return code
 
 
-async def _stop_units(tasks: list[asyncio.Task[None]]) -> None:
-    """Each supervisor stops its own unit when cancelled (leaders, then followers)."""
-    for task in tasks:
-        task.cancel()
+def _here(gateway: Gateway) -> Where:
+    return Where(0, gateway.public_url, gateway.metrics_url, os.getpid(), None)
+
+
+def _where(replica: ReplicaSupervisor) -> Where:
+    where = replica.first_ready.result()
+    assert isinstance(where, Where)  # wait_fleet returned 0: every replica was ready
+    return where
+
+
+async def _stop_replicas(
+    children: list[ReplicaSupervisor], tasks: list[asyncio.Task[None]]
+) -> None:
+    """Each returns once its process exited (SIGKILL after its grace); none restarts."""
+    for child in children:
+        child.terminate()
     for result in await asyncio.gather(*tasks, return_exceptions=True):
         if isinstance(result, Exception):
-            log.error("unit supervisor failed: %r", result)
+            log.error("replica supervisor failed: %r", result)
+    if children:
+        log.info("every gateway replica stopped")
+
+
+async def _stopped(stop: Callable[[], Awaitable[None]], said: str) -> None:
+    await stop()
+    log.info(said)

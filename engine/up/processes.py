@@ -1,9 +1,10 @@
-"""One node process of a local unit, and stopping a unit's processes in order.
+"""One node process of a local unit, and stopping a unit's processes in order; starting and
+stopping any child of `unitgate up`.
 
-Nodes run in their own session: a Ctrl-C in the terminal reaches `unitgate up` alone, which
-then stops units in order (leaders first) instead of every node dying at once. On Linux each
-node also gets SIGKILL if `unitgate up` itself dies, so a crash of the parent leaves no
-orphans holding the unit's ports.
+Children run in their own session: a Ctrl-C in the terminal reaches `unitgate up` alone, which
+then stops them in order (gateways, then units, leaders first, then redis-server) instead of
+everything dying at once. On Linux each child also gets SIGKILL if `unitgate up` itself dies,
+so a crash of the parent leaves no orphans holding the run's ports.
 """
 
 from __future__ import annotations
@@ -73,20 +74,42 @@ class Launcher:
 
     async def start(self, spec: NodeSpec, master: str) -> NodeProcess:
         log_path = self.log_dir / f"{spec.unit}-rank{spec.rank}.log"
-        with log_path.open("ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", "gateway", *spec.argv(master, self.options)),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env=dict(self.env),
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
-            )
-        return NodeProcess(spec, proc)
+        argv = (sys.executable, "-m", "gateway", *spec.argv(master, self.options))
+        return NodeProcess(spec, await spawn(argv, log_path, self.env))
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+async def spawn(
+    argv: Sequence[str], log_path: Path, env: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """A child of `unitgate up` (a node, a gateway replica, redis-server, the simulator): in
+    its own session, so the terminal's Ctrl-C reaches `up` alone and `up` stops its children
+    in order; killed if `up` dies; its output appended to `log_path`."""
+    with log_path.open("ab") as log:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM, and SIGKILL if it still runs after `grace` seconds; returns once it exited."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+    await proc.wait()
+
+
+def die_with_parent() -> Callable[[], None] | None:
     """prctl(PR_SET_PDEATHSIG, SIGKILL) in the child; libc is resolved here, before the fork."""
     if not sys.platform.startswith("linux"):
         return None

@@ -2,18 +2,23 @@
 
 Ready means the gateway routes to every local unit on its own verdict (units are unknown, and
 not routable, until a probe round has judged them; a unit let in by panic routing does not
-count) AND every node answers its own /health with "ok".
+count) AND every node answers its own /health with "ok". With `--replicas N`, every replica
+must be ready so: replica 0 is judged here, each child replica judges itself the same way
+(replica.py) and says so through its ready file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from engine.up.plan import Plan, UnitPlan
+from engine.up.replicas import ReplicaSupervisor, Where
 from gateway.api import Config, Gateway, is_routable
 
 POLL_S = 0.2
@@ -57,25 +62,110 @@ async def _node_ok(session: aiohttp.ClientSession, url: str) -> bool:
     return resp.status == 200 and isinstance(body, dict) and body.get("status") == "ok"
 
 
-def announce(
-    config: Config, gateway: Gateway, plan: Plan, log_dir: Path, token: str | None
-) -> None:
-    """The human part first, then one machine-readable line scripts and tests wait for."""
+async def wait_fleet(
+    gateway: Gateway,
+    replicas: Sequence[ReplicaSupervisor],
+    plan: Plan,
+    stop: asyncio.Event,
+    within: float,
+    log_dir: Path,
+) -> int:
+    """0 once replica 0 (this process's gateway) and every child replica route to every local
+    unit, or a stop was asked for; 1 as soon as one of them fails (each says why)."""
+    waits = [asyncio.ensure_future(wait_routable(gateway, plan, stop, within, log_dir))]
+    waits += [asyncio.ensure_future(_replica_ready(r, stop, within)) for r in replicas]
+    try:
+        for done in asyncio.as_completed(waits):
+            if await done != 0:
+                return 1
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return 0
+
+
+async def _replica_ready(replica: ReplicaSupervisor, stop: asyncio.Event, within: float) -> int:
+    stopped = asyncio.ensure_future(stop.wait())
+    either: list[asyncio.Future[Any]] = [replica.first_ready, stopped]
+    try:
+        await asyncio.wait(either, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    index, log_path = replica.ports.index, replica.log
+    if stop.is_set():
+        return 0
+    if not replica.first_ready.done():
+        print(
+            f"unitgate up: replica {index} not ready after {within:g} s (its log: {log_path})",
+            flush=True,
+        )
+        return 1
+    result = replica.first_ready.result()
+    if isinstance(result, int):
+        tail = await asyncio.to_thread(_tail, log_path)
+        print(
+            f"unitgate up: replica {index} exited with {result} before it was ready "
+            f"(its log: {log_path}){tail}",
+            flush=True,
+        )
+        return 1
+    return 0
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        last = path.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        return ""
+    return "".join(f"\n    {line}" for line in last)
+
+
+def describe_units(plan: Plan, simulated: bool) -> str:
+    """The announcement's first words: what runs beside the gateways."""
     nodes = sum(len(u.nodes) for u in plan.units)
-    served = sorted({u.leader.served_model for u in plan.units})
-    admin = f"{gateway.metrics_url}/admin/units"
+    served = ", ".join(sorted({u.leader.served_model for u in plan.units}))
+    if simulated:
+        return f"{len(plan.units)} simulated units ({nodes} nodes) served as {served}"
     backends = " and ".join(sorted({u.leader.backend for u in plan.units}))
     models = ", ".join(sorted({repr(u.leader.model or "tiny") for u in plan.units}))
-    lines = [
-        f"unitgate up: {len(plan.units)} units ({nodes} nodes) of the {backends} engine, "
-        f"model {models} served as {', '.join(served)}; node logs in {log_dir}",
-        f"  API      {gateway.public_url}/v1",
-        f"  metrics  {gateway.metrics_url}/metrics",
-    ]
-    if config.admin.enabled:
-        lines.append(f"  admin    {admin}  (Authorization: Bearer ${config.admin.token_env})")
+    return (
+        f"{len(plan.units)} units ({nodes} nodes) of the {backends} engine, "
+        f"model {models} served as {served}"
+    )
+
+
+def announce(
+    config: Config,
+    fleet: Sequence[Where],
+    units: str,
+    log_dir: Path,
+    token: str | None,
+    store: str | None = None,
+) -> None:
+    """The human part first, then one machine-readable line scripts and tests wait for: every
+    replica's public URL, replica 0's first."""
+    lines = [f"unitgate up: {units}; node logs in {log_dir}"]
+    admin = config.admin.enabled
+    auth = f"(Authorization: Bearer ${config.admin.token_env})"
+    if len(fleet) == 1:
+        (one,) = fleet
+        lines += [f"  API      {one.public_url}/v1", f"  metrics  {one.metrics_url}/metrics"]
+        if admin:
+            lines.append(f"  admin    {one.metrics_url}/admin/units  {auth}")
+    else:
+        shared = f"admin state shared through {store}" if store else "no admin state to share"
+        lines.append(f"  {len(fleet)} gateway replicas, {shared}")
+        for where in fleet:
+            line = f"  replica {where.index}  API {where.public_url}/v1"
+            line += f"  metrics {where.metrics_url}/metrics"
+            if admin:
+                line += f"  admin {where.metrics_url}/admin/units"
+            log = "this process" if where.log is None else f"log {where.log}"
+            lines.append(f"{line}  (pid {where.pid}, {log})")
+        if admin:
+            lines.append(f"  admin    {auth}")
     if token is not None:
         lines.append(f"  admin token for this run: {token}")
         lines.append(f"    export {config.admin.token_env}={token}   # for `unitgate admin`")
-    lines.append(f"unitgate up ready {gateway.public_url}")
+    lines.append("unitgate up ready " + " ".join(where.public_url for where in fleet))
     print("\n".join(lines), flush=True)
