@@ -72,6 +72,7 @@ class UnitState:
         "configured_cap",
         "draining",
         "enabled",
+        "foreign",
         "hard",
         "health",
         "id",
@@ -102,6 +103,9 @@ class UnitState:
         self.models = models
         self.key_hash = hash_key(config.id)
         self.inflight = 0
+        # Requests on the unit that are not this gateway's (other replicas'), as its leader
+        # last reported them (gateway/routing/load.py); read by the picker with `inflight`.
+        self.foreign = 0
         self.health = health
         self.hard = False  # unhealthy on hard evidence: panic routing never brings it back
         self.panicked = False  # in the snapshot only because of panic routing

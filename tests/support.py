@@ -37,6 +37,7 @@ class FakeUnit:
     inflight: int = 0
     weight: float = 1.0
     cap: int = 1000
+    foreign: int = 0  # other replicas' requests, as the leader reported them
 
     @property
     def key_hash(self) -> int:

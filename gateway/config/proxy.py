@@ -93,6 +93,9 @@ class RoutingConfig:
     prefix_chars: int = 256
     # A unit takes an affine request only while its load <= factor x the fair share.
     bounded_load_factor: float = 1.25
+    # Weigh each unit by this gateway's own requests plus the others' its leader reported in
+    # the last probe round (other replicas'), not the own ones alone.
+    engine_load: bool = True
 
     def __post_init__(self) -> None:
         _check(

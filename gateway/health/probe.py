@@ -109,6 +109,7 @@ def parse_health(status: int, body: bytes, latency_ms: float) -> NodeReport:
         _int(doc, "pid"),
         _int(doc, "step"),
         _int(doc, "pending"),
+        _int(doc, "kv_slots_used"),
     )
 
 

@@ -24,6 +24,7 @@ from gateway.health.verdict import Flip, GangVerdict, Round
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.proxy.connection import ConnectionPool, Endpoint
+from gateway.routing.load import others
 from gateway.units import UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.health")
@@ -47,8 +48,10 @@ class UnitProber:
         config: HealthConfig,
         rng: Random,
         traffic: Traffic = no_traffic,
+        engine_load: bool = True,
     ) -> None:
         self.unit, self.registry, self.events = unit, registry, events
+        self.engine_load = engine_load  # [routing].engine_load: route on the leader's counts
         self.pool, self.config, self.rng = pool, config, rng
         self.traffic = traffic
         urls = unit.config.nodes
@@ -98,6 +101,9 @@ class UnitProber:
         flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now)
         result = self.verdict.observe(reports, now, canary_error, flowing)
         self._record_nodes(reports, result.nodes)
+        if self.engine_load:
+            leader = reports[0]
+            self.unit.foreign = others(leader.pending, leader.running, self.unit.inflight)
         if result.flip is not None:
             self._apply(result.flip)
         return result

@@ -23,4 +23,5 @@ class NodeReport:
     pid: int | None = None
     step: int | None = None
     pending: int | None = None
+    running: int | None = None  # the leader's sequences holding KV slots (`kv_slots_used`)
     timed_out: bool = False

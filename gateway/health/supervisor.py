@@ -118,6 +118,7 @@ class HealthSupervisor:
             self.config.health,
             self.rng,
             self.traffic,
+            self.config.routing.engine_load,
         )
         run = prober.run(first_after)
         self._tasks[unit.id] = asyncio.get_running_loop().create_task(

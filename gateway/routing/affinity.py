@@ -5,6 +5,12 @@ is stable and moves only the keys of a unit that leaves. The load bound (Mirrokn
 "consistent hashing with bounded loads") lets a key overflow to its next-ranked unit once its
 first choice carries more than `factor` times its weighted fair share, so one hot session or
 shared prompt prefix cannot overload a unit.
+
+The bound counts this gateway's own requests only, not the others' its leaders report
+(`gateway/routing/load.py`): those are read once a probe round and can hold a request that
+has just ended, so a key sent one request after another would seem to overflow and move
+between units, and workers holding different such estimates would send one key to different
+units. Keyless requests, which p2c places on the whole load, fill in around the keys.
 """
 
 from __future__ import annotations

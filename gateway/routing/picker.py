@@ -1,4 +1,5 @@
-"""Power-of-two-choices over the ready units, by weighted outstanding requests.
+"""Power-of-two-choices over the ready units, by weighted outstanding requests (this
+gateway's own, plus the others' the leader last reported: `gateway/routing/load.py`).
 
 Two random candidates and the lighter one wins: nearly as good as least-loaded, without the
 herding that a global minimum causes when many requests arrive between load updates.
@@ -18,6 +19,9 @@ class Loaded(Protocol):
     def inflight(self) -> int: ...
 
     @property
+    def foreign(self) -> int: ...
+
+    @property
     def weight(self) -> float: ...
 
     @property
@@ -31,9 +35,13 @@ def has_room(unit: Loaded) -> bool:
     return unit.inflight < unit.cap
 
 
+def load(unit: Loaded) -> int:
+    return unit.inflight + unit.foreign
+
+
 def weighted_load(unit: Loaded) -> float:
     # +1 counts the request being placed, so an idle heavy unit still beats an idle light one.
-    return (unit.inflight + 1) / unit.weight
+    return (load(unit) + 1) / unit.weight
 
 
 def pick_p2c(ready: Sequence[U], rng: Random) -> U | None:

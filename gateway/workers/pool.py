@@ -80,6 +80,10 @@ class Reports:
     def inflight(self, unit_id: str) -> int:
         return sum(counts.get(unit_id, 0) for counts in self._inflight.values())
 
+    def own(self, index: int) -> dict[str, int]:
+        """Worker `index`'s in-flight counts, as its last report said."""
+        return self._inflight.get(index, {})
+
 
 @dataclass
 class Worker:
@@ -301,6 +305,7 @@ class WorkerPool:
         elif kind == "report":
             self.reports.update(worker.index, now, message)
             self._count_inflight()
+            self._send_load(worker)
         elif kind == "metrics":
             self.fleet.update(worker.index, message["samples"])
             if message.get("scrape") is not None:
@@ -318,6 +323,20 @@ class WorkerPool:
         elif kind == "ready":
             worker.applied = max(worker.applied, int(message["applied"]))
             worker.ready.set()
+
+    def _send_load(self, worker: Worker) -> None:
+        """The answer to a report: per unit, the requests that are not this worker's (the
+        other workers' and, from the leader's report, other replicas'), so workers balance
+        on the unit's whole load as one process does (gateway/routing/load.py)."""
+        if worker.writer is None:
+            return
+        own = self.reports.own(worker.index)
+        others = {
+            u.id: n
+            for u in self.gateway.units.units.values()
+            if (n := u.foreign + u.inflight - own.get(u.id, 0)) > 0
+        }
+        worker.writer.write(frames.encode({"t": "load", "others": others}))
 
     def _count_inflight(self) -> None:
         for unit in self.gateway.units.units.values():

@@ -64,3 +64,11 @@ def apply(registry: UnitRegistry, message: dict[str, Any], count: int, index: in
         registry.set_health(unit_id, health, reasons.get("healthy", ""), wire["hard"], WHO)
         for bit in BITS:
             registry.set_bit(unit_id, bit, bool(wire["bits"][bit]), reasons.get(bit, ""), WHO)
+
+
+def apply_load(registry: UnitRegistry, message: dict[str, Any]) -> None:
+    """The requests on each unit that are not this worker's (the control plane's answer to
+    each of its reports): the picker weighs them with the worker's own."""
+    others: dict[str, int] = message["others"]
+    for unit in registry.units.values():
+        unit.foreign = int(others.get(unit.id, 0))

@@ -82,5 +82,7 @@ async def _follow(
         if message["t"] == "state":
             state.apply(gateway.units, message, count, index)
             link.send({"t": "applied", "v": message["v"]})
+        elif message["t"] == "load":
+            state.apply_load(gateway.units, message)
         elif message["t"] == "scrape":  # a /metrics scrape is waiting for fresh samples
             link.send_metrics(message["n"])

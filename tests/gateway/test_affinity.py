@@ -85,3 +85,14 @@ def test_affinity_key_modes() -> None:
     assert affinity_key("session+prefix", "alice", "prompt") == hash_key("s:alice")
     assert affinity_key("session+prefix", None, "prompt") == hash_key("p:prompt")
     assert affinity_key("session+prefix", None, "") is None
+
+
+
+def test_the_others_requests_never_move_a_key() -> None:
+    """The leaders' reports are a probe round old: a key stays where this gateway's own load
+    puts it, the same in every worker and replica."""
+    units = [FakeUnit(f"u{i}") for i in range(2)]
+    key = hash_key("k")
+    first = rank(key, units)[0]
+    first.foreign = 8
+    assert pick_bounded(key, units, 1.25) is first

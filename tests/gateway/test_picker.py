@@ -55,3 +55,23 @@ def test_choose_skips_full_and_excluded_units() -> None:
     for seed in range(10):
         assert choose([full, tried, free], [tried], None, 1.25, Random(seed)) is free
     assert choose([full, tried], [tried], None, 1.25, Random(0)) is None
+
+
+def test_the_others_requests_count_with_the_own() -> None:
+    """Another replica's 6 on `shared` make it the heavier, though this gateway has 1 there."""
+    shared = FakeUnit("shared", inflight=1, foreign=6)
+    mine = FakeUnit("mine", inflight=3)
+    for seed in range(10):
+        assert pick_p2c([shared, mine], Random(seed)) is mine
+
+
+def test_placing_many_fills_up_to_the_others_load() -> None:
+    """Water-filling over own + reported: the own count is live, so one gateway's burst
+    does not herd onto the unit that looked light at the last probe round."""
+    units = [FakeUnit("a", foreign=10), FakeUnit("b")]
+    rng = Random(3)
+    for _ in range(30):
+        unit = choose(units, (), None, 1.25, rng)
+        assert unit is not None
+        unit.inflight += 1
+    assert [u.inflight for u in units] == [10, 20]

@@ -197,6 +197,24 @@ async def test_a_round_probes_every_node_at_once_and_records_what_each_said(
             assert len(node.peers) == 2 and node.peers[0] == node.peers[1]
 
 
+async def test_a_round_records_the_others_requests_the_leader_reports(rigs: Build) -> None:
+    """The leader's queue and KV slots beyond this gateway's own requests are the others'."""
+    leader = Node(0)
+    leader.doc.update(pending=2, kv_slots_used=7)
+    async with served(leader, Node(1)) as urls:
+        rig = rigs(urls)
+        rig.unit.inflight = 3
+        await timed_round(rig)
+        assert rig.unit.foreign == 6
+        leader.doc.update(pending=0, kv_slots_used=1)
+        await timed_round(rig)
+        assert rig.unit.foreign == 0  # never below 0: the gateway counts its own first
+        del leader.doc["pending"]
+        rig.unit.foreign = 5
+        await timed_round(rig)
+        assert rig.unit.foreign == 0  # an engine that reports no load: own counts only
+
+
 async def test_a_refused_node_is_hard_evidence_against_the_unit(rigs: Build) -> None:
     async with served(Node(0)) as urls:
         with refused_url() as dead:

@@ -140,3 +140,10 @@ def test_the_config_crosses_to_a_worker_intact() -> None:
     config = gateway_config(UNITS, gateway={"workers": 2, "port": 8123})
     assert build(type(config), table(config), "") == config
     assert dataclasses.replace(config.gateway, port=0).workers == 2
+
+
+def test_a_worker_takes_the_others_load_and_forgets_what_is_not_listed() -> None:
+    _, worker = registries()
+    worker.units["u2"].foreign = 9  # from an earlier answer
+    state.apply_load(worker, {"t": "load", "others": {"u0": 4}})
+    assert [worker.units[u].foreign for u in ("u0", "u1", "u2")] == [4, 0, 0]
