@@ -87,7 +87,6 @@ def test_affinity_key_modes() -> None:
     assert affinity_key("session+prefix", None, "") is None
 
 
-
 def test_the_others_requests_never_move_a_key() -> None:
     """The leaders' reports are a probe round old: a key stays where this gateway's own load
     puts it, the same in every worker and replica."""
