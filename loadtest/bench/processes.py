@@ -54,10 +54,11 @@ def gateway_toml(
     resume: bool = True,
     admin: str = NO_ADMIN,
     workers: int = 1,
+    state: str = "",
 ) -> str:
     """A benchmark gateway's config: simulated units by their ready-file entries, affinity
     off, an unbounded upstream pool, per-unit caps past what the load needs (`cap`),
-    `workers` processes on its port."""
+    `workers` processes on its port; `admin` and `state` are those tables as TOML."""
     head = GATEWAY_TOML.format(
         model=MODEL, cap=cap, queue=queue, resume=str(resume).lower(), workers=workers
     )
@@ -65,7 +66,7 @@ def gateway_toml(
         f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\nnodes = {json.dumps(u["nodes"])}\n'
         for u in units
     )
-    return head + admin + tables
+    return head + admin + state + tables
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,224 @@
+"""Gateway replicas sharing state through Redis: how fast an admin change is in effect on
+every replica, and what the shared state costs a request.
+
+    python -m loadtest.bench.replicas [--replicas 3] [--trials 50] [--requests 3000] [--out DIR]
+
+Propagation: simulated units behind `--replicas` gateway processes sharing a local
+redis-server (Debian's, on a Unix socket). Each trial disables or enables unit u0 through one
+replica (the writer rotates) and then reads every replica's report in Redis (its heartbeat,
+written right after it converges, naming the state version it routes by and the Unix time it
+was taken, which is after the routing snapshot was swapped) until all name the new version.
+A replica's figure is its report's time minus the time just before the admin request was
+sent (one host, one clock), so it bounds "no request routed there any more" from above;
+the trial's figure is the slowest replica's. Reported: p50, p99 and max over the trials. The
+aim (issue 16): p99 within 100 ms.
+
+Cost: the same closed loop (64-token streams from simulated units with no delay, 32 streams)
+against one gateway with the embedded state (`sqlite`) and with `redis`, side by side in one
+run, the simulator and the load generator pinned to CPU 0 and the gateway to CPU 1. Reported:
+the gateway's CPU per request (from /proc) and its ratio. The aim: 1.0x, nothing of the
+shared state on the request path (its heartbeat and follower are a constant per second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import orjson
+import redis
+
+from loadtest.bench.machine import machine_facts
+from loadtest.bench.processes import Pins, child, gateway_toml, pin_cpus, pinned, stop_child
+from loadtest.bench.workers import TOKENS, _load
+
+ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
+PREFIX = "bench"
+POLL_S = 0.001
+TRIAL_WITHIN_S = 5.0
+
+
+def state_toml(url: str, replica: str) -> str:
+    head = f'[state]\nbackend = "redis"\nurl = "{url}"\nkey_prefix = "{PREFIX}"\n'
+    return head + f'replica = "{replica}"\n'
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path) -> Iterator[redis.Redis]:
+    """redis-server on a Unix socket in `folder`, no persistence (a benchmark's state)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+    sock = folder / "redis.sock"
+    argv = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+    argv += ["--save", "", "--appendonly", "no", "--dir", str(folder), "--loglevel", "warning"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    client = redis.Redis(unix_socket_path=str(sock))
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(redis.exceptions.ConnectionError, FileNotFoundError):
+                if client.ping():
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("redis-server did not start")
+            time.sleep(0.01)
+        yield client
+    finally:
+        client.close()
+        stop_child(proc)
+
+
+def _admin(url: str, token: str, path: str) -> None:
+    req = urllib.request.Request(url + path, data=b'{"reason": "benchmark"}', method="POST")
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        resp.read()
+
+
+def propagation(tmp: Path, replicas: int, trials: int) -> dict[str, Any]:
+    token = secrets.token_urlsafe(16)
+    os.environ["UNITGATE_ADMIN_TOKEN"] = token
+    sim_ready = tmp / "sim.json"
+    sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "1"]
+    with (
+        redis_server(tmp) as store,
+        child([*sim_argv, "--ready-file", str(sim_ready)], sim_ready, None, "simulator") as sim,
+        contextlib.ExitStack() as stack,
+    ):
+        url = f"unix://{tmp / 'redis.sock'}"
+        names = [f"r{i}" for i in range(replicas)]
+        admins = []
+        for name in names:
+            config = tmp / f"{name}.toml"
+            config.write_text(gateway_toml(sim["units"], admin=ADMIN, state=state_toml(url, name)))
+            ready = tmp / f"{name}.json"
+            argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
+            argv += ["--ready-file", str(ready)]
+            gw = stack.enter_context(child(argv, ready, None, f"gateway {name}", True))
+            admins.append(gw["metrics"])
+        keys = [f"{PREFIX}:replica:{n}" for n in names]
+        samples = []
+        for i in range(trials):
+            action = "disable" if i % 2 == 0 else "enable"
+            sent = time.time()
+            _admin(admins[i % replicas], token, f"/admin/units/u0/{action}")
+            version = int(store.get(f"{PREFIX}:version") or 0)
+            samples.append(_in_effect(store, keys, version, sent))
+    slowest = sorted(max(s) for s in samples)
+    return {
+        "replicas": replicas,
+        "trials": trials,
+        "ms_per_trial_slowest_replica": [round(x * 1e3, 3) for x in slowest],
+        "p50_ms": round(_at(slowest, 0.5) * 1e3, 2),
+        "p99_ms": round(_at(slowest, 0.99) * 1e3, 2),
+        "max_ms": round(slowest[-1] * 1e3, 2),
+    }
+
+
+def _in_effect(store: redis.Redis, keys: list[str], version: int, sent: float) -> list[float]:
+    """Per replica: seconds from `sent` to its first report naming `version` or later."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + TRIAL_WITHIN_S
+    while len(seen) < len(keys):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"version {version} not reported by {set(keys) - set(seen)}")
+        for key, raw in zip(keys, store.mget(keys), strict=True):
+            if key not in seen and raw is not None:
+                reported, at, _ = orjson.loads(raw)
+                if reported >= version:
+                    seen[key] = max(0.0, at - sent)
+        time.sleep(POLL_S)
+    return list(seen.values())
+
+
+def cost(tmp: Path, requests: int, rounds: int, pins: Pins | None) -> list[dict[str, Any]]:
+    """CPU per request of one gateway, embedded state then shared state, same load, `rounds`
+    times in turn (so a drift of the machine over the run falls on both)."""
+    load_cpu = None if pins is None else pins.load
+    relay_cpu = None if pins is None else pins.relay
+    sim_ready = tmp / "sim-load.json"
+    sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
+    sim_argv += ["--itl-ms", "0", "--tokens", str(TOKENS), "--ready-file", str(sim_ready)]
+    url = f"unix://{tmp / 'redis.sock'}"
+    runs: list[dict[str, Any]] = []
+    with redis_server(tmp), child(sim_argv, sim_ready, load_cpu, "simulator") as sim:
+        for backend in ("sqlite", "redis") * rounds:
+            state = state_toml(url, "cost") if backend == "redis" else ""
+            config = tmp / f"cost-{backend}-{len(runs)}.toml"
+            config.write_text(gateway_toml(sim["units"], admin=ADMIN, state=state))
+            ready = tmp / f"cost-{backend}-{len(runs)}.json"
+            argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
+            argv += ["--ready-file", str(ready)]
+            what = f"gateway ({backend})"
+            with child(argv, ready, relay_cpu, what, True) as gw, pinned(load_cpu):
+                run = asyncio.run(_load(gw["public"], int(gw["pid"]), requests))
+            runs.append({"backend": backend, **run})
+    return runs
+
+
+def _at(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.replicas", description=__doc__)
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--trials", type=int, default=50)
+    p.add_argument("--requests", type=int, default=3000, help="per cost run (0: none)")
+    p.add_argument("--rounds", type=int, default=2, help="cost runs of each backend, in turn")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.replicas < 1 or args.trials < 1 or args.requests < 0:
+        p.error("--replicas and --trials must be >= 1, --requests >= 0")
+    with TemporaryDirectory(prefix="ug-rep-") as tmp:  # short: a Unix socket path is bounded
+        folder = Path(tmp)
+        (folder / "prop").mkdir()
+        prop = propagation(folder / "prop", args.replicas, args.trials)
+        runs = []
+        if args.requests:
+            (folder / "cost").mkdir()
+            runs = cost(folder / "cost", args.requests, max(1, args.rounds), pin_cpus())
+    print("| replicas | trials | in effect on every replica: p50 ms | p99 ms | max ms |")
+    print("|---|---|---|---|---|")
+    print(
+        f"| {prop['replicas']} | {prop['trials']} | {prop['p50_ms']:.2f} | {prop['p99_ms']:.2f} "
+        f"| {prop['max_ms']:.2f} |"
+    )
+    if runs:
+        mean = {
+            b: sum(r["cpu_us_per_request"] for r in runs if r["backend"] == b)
+            / sum(1 for r in runs if r["backend"] == b)
+            for b in ("sqlite", "redis")
+        }
+        print("\n| state | completed | failed | requests/s | gateway CPU us/request |")
+        print("|---|---|---|---|---|")
+        for r in runs:
+            print(
+                f"| {r['backend']} | {r['completed']} | {r['failed']} | {r['rps']:.0f} "
+                f"| {r['cpu_us_per_request']:.0f} |"
+            )
+        print(f"\nredis/sqlite CPU per request (means): {mean['redis'] / mean['sqlite']:.2f}x")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        data = {"machine": machine_facts(), "propagation": prop, "cost": runs}
+        (args.out / "replicas.json").write_text(json.dumps(data, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

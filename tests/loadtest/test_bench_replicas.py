@@ -1,0 +1,26 @@
+"""The replicas benchmark end to end at a small size: real redis-server, gateways, simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench import replicas
+
+pytestmark = pytest.mark.slow
+
+
+def test_it_measures_propagation_and_cost(tmp_path: Path) -> None:
+    argv = ["--replicas", "2", "--trials", "4", "--requests", "60", "--rounds", "1"]
+    assert replicas.main([*argv, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "replicas.json").read_text())
+    prop = data["propagation"]
+    assert (prop["replicas"], prop["trials"]) == (2, 4)
+    assert len(prop["ms_per_trial_slowest_replica"]) == 4
+    assert 0 <= prop["p50_ms"] <= prop["p99_ms"] <= prop["max_ms"] < replicas.TRIAL_WITHIN_S * 1e3
+    assert [(r["backend"], r["completed"], r["failed"]) for r in data["cost"]] == [
+        ("sqlite", 60, 0),
+        ("redis", 60, 0),
+    ]
