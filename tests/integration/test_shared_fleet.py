@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+import redis
 
 from gateway.server import Gateway
 from tests.integration.test_admin import CHAT, TOKENS, call, eventually, slow_down
@@ -234,3 +235,30 @@ async def _replicas(http: aiohttp.ClientSession, gw: Gateway, names: set[str]) -
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# The README's ACL for the gateway's Redis user, with the test's key prefix.
+ACL = ["on", ">gw-pass", "~fleet:*", "&fleet:*", "+@read", "+@write", "+@transaction"]
+ACL += ["+@pubsub", "+@connection", "-@dangerous"]
+
+
+async def test_the_documented_acl_is_all_the_gateway_needs_and_nothing_more(
+    clean_sim: SimProcess,
+    store: RedisServer,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin = store.client()
+    admin.execute_command("ACL", "SETUSER", "gw", *ACL)
+    monkeypatch.setenv("UNITGATE_REDIS_PASSWORD", "gw-pass")
+    async with replicas(shared_config(clean_sim, store, username="gw")) as (a, b):
+        assert (await call(http, a, "POST", "/admin/units/u0/drain", {"reason": "r"}))[0] == 200
+        await eventually(lambda: _drained(http, b, "u0"), within=2.0)  # follow + heartbeats
+        body = (await call(http, b, "GET", "/admin/events"))[1]
+        assert body["source"] == "shared" and body["events"][-1]["what"] == "drain"
+    assert admin.hget("fleet:marks", "u0") is not None
+    gw = redis.Redis(unix_socket_path=str(store.socket), username="gw", password="gw-pass")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gw.get("other:version")  # outside the prefix
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gw.flushall()  # a dangerous command
