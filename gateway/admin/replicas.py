@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -83,14 +84,24 @@ def fleet_unit(reports: Mapping[str, Report], unit: str, version: int, now: floa
     return FleetUnit(total, current, views)
 
 
-def encode(report: Report) -> bytes:
-    return orjson.dumps([report.version, report.at, dict(report.inflight)])
+def encode(report: Report, instance: str = "") -> bytes:
+    """`instance`: which process wrote it, so two gateways given one replica name are seen."""
+    return orjson.dumps([report.version, report.at, dict(report.inflight), instance])
 
 
 def decode(replica: str, raw: bytes) -> Report:
-    version, at, inflight = orjson.loads(raw)
+    version, at, inflight, *_ = orjson.loads(raw)
     counts = {str(unit): int(n) for unit, n in inflight.items()}
     return Report(replica, int(version), float(at), counts)
+
+
+def writer(raw: bytes | None) -> str | None:
+    """The instance that wrote a report (None if there is none, or it is unreadable)."""
+    try:
+        found = orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    return str(found[3]) if isinstance(found, list) and len(found) > 3 else None
 
 
 Counts = Callable[[], tuple[int, dict[str, int]]]  # (state version, in-flight per unit), at once
@@ -113,6 +124,8 @@ class Heartbeat:
         self._counts = counts
         self._clock = clock
         self._poked = asyncio.Event()
+        self._instance = secrets.token_hex(8)
+        self._clashes = 0  # beats in a row that found another gateway's report under our name
 
     def now(self) -> Report:
         version, inflight = self._counts()
@@ -137,9 +150,25 @@ class Heartbeat:
     async def beat(self) -> None:
         report = self.now()
         async with self._store.client.pipeline(transaction=True) as pipe:
-            pipe.set(self._key(self.replica), encode(report), px=self._ttl_ms)
+            raw = encode(report, self._instance)
+            pipe.set(self._key(self.replica), raw, px=self._ttl_ms, get=True)
             pipe.sadd(self._store.key("replicas"), self.replica)
-            await pipe.execute()
+            before, _ = await pipe.execute()
+        self._check_name(writer(before))
+
+    def _check_name(self, previous: str | None) -> None:
+        """Two gateways reporting under one name overwrite each other's counts, and a drain
+        could be called done while one of them still streams: say so, loudly, once. Twice in
+        a row, since the first beat after a crash and a restart finds the dead process's."""
+        clash = previous is not None and previous != self._instance
+        self._clashes = self._clashes + 1 if clash else 0
+        if self._clashes == 2:
+            log.error(
+                "another gateway reports as replica %r: give each replica its own "
+                "[state].replica (or leave it empty: <hostname>:<pid>); until then a drain "
+                "may be reported done while one of them still streams",
+                self.replica,
+            )
 
     async def fleet(self) -> Fleet:
         """StoreUnavailable if Redis cannot be read: then nobody can say the fleet is drained."""

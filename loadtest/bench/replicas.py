@@ -139,7 +139,7 @@ def _in_effect(store: redis.Redis, keys: list[str], version: int, sent: float) -
             raise SystemExit(f"version {version} not reported by {set(keys) - set(seen)}")
         for key, raw in zip(keys, store.mget(keys), strict=True):
             if key not in seen and raw is not None:
-                reported, at, _ = orjson.loads(raw)
+                reported, at = orjson.loads(raw)[:2]
                 if reported >= version:
                     seen[key] = max(0.0, at - sent)
         time.sleep(POLL_S)

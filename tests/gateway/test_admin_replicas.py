@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admin.replicas import Fleet, Report, decode, encode, fleet_unit
+from gateway.admin.replicas import Fleet, Heartbeat, Report, decode, encode, fleet_unit, writer
+from gateway.admin.shared import SharedStore
+from gateway.config.state import StateConfig
 
 
 def report(name: str, version: int, at: float = 100.0, **inflight: int) -> Report:
@@ -38,3 +40,18 @@ def test_reports_round_trip_and_junk_is_refused() -> None:
     assert decode("a", encode(original)) == original
     with pytest.raises(ValueError):
         decode("a", b"not json")
+
+
+def test_one_name_shared_by_two_live_gateways_is_logged_but_a_restart_is_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = StateConfig(replica="r")
+    beat = Heartbeat(SharedStore(config), config, lambda: (0, {}))
+    mine = writer(encode(beat.now(), beat._instance))
+    beat._check_name("the-crashed-process")  # the first beat after a restart
+    beat._check_name(mine)
+    assert "another gateway" not in caplog.text
+    for _ in range(3):  # someone else keeps writing under the name
+        beat._check_name("other")
+    assert caplog.text.count("another gateway reports as replica 'r'") == 1
+    assert writer(b"junk") is None and writer(None) is None

@@ -20,9 +20,9 @@ import orjson
 import pytest
 import redis
 
-from gateway.server import Gateway
+from gateway.server import Gateway, running
 from tests.integration.test_admin import CHAT, TOKENS, call, eventually, slow_down
-from tests.integration.test_shared_state import replicas, shared_config
+from tests.integration.test_shared_state import named, replicas, shared_config
 from tests.redis_support import RedisServer, redis_server
 from tests.support import SimProcess, chat_body
 
@@ -262,3 +262,15 @@ async def test_the_documented_acl_is_all_the_gateway_needs_and_nothing_more(
         gw.get("other:version")  # outside the prefix
     with pytest.raises(redis.exceptions.NoPermissionError):
         gw.flushall()  # a dangerous command
+
+
+async def test_two_gateways_given_one_replica_name_are_called_out(
+    clean_sim: SimProcess, store: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = named(shared_config(clean_sim, store), "same")
+    async with running(config), running(config):
+
+        async def called_out() -> bool:
+            return "another gateway reports as replica 'same'" in caplog.text
+
+        await eventually(called_out, within=3.0)
