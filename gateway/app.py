@@ -13,6 +13,7 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest
 from gateway.observability.metrics import Metrics
 from gateway.proxy.handler import ProxyHandler
+from gateway.status.page import StatusPage
 from gateway.units import UnitRegistry
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -54,8 +55,11 @@ def public_app(
     return app
 
 
-def ops_app(metrics: Metrics, admin: web.Application | None = None) -> web.Application:
-    """/metrics (never authenticated) and, when enabled, the admin API under /admin/."""
+def ops_app(
+    metrics: Metrics, admin: web.Application | None = None, status: StatusPage | None = None
+) -> web.Application:
+    """/metrics (never authenticated) and, when enabled, the admin API under /admin/ and the
+    status page at /status."""
     app = web.Application(middlewares=[_json_errors])
 
     async def render(_: web.Request) -> web.Response:
@@ -69,6 +73,9 @@ def ops_app(metrics: Metrics, admin: web.Application | None = None) -> web.Appli
     app.router.add_get("/metrics", render)
     if admin is not None:
         app.add_subapp("/admin/", admin)  # its own middleware authenticates its routes only
+    if status is not None:
+        app.add_routes(status.routes())
+        app.on_shutdown.append(lambda _app: status.feed.close())  # open pages' streams end
     return app
 
 

@@ -130,7 +130,12 @@ class Gateway:
             await self.health.start()
         try:
             if self.role.control:
-                ops = ops_app(self.metrics, self.admin.app() if self.admin is not None else None)
+                admin = self.admin
+                ops = ops_app(
+                    self.metrics,
+                    admin.app() if admin is not None else None,
+                    admin.status if admin is not None else None,
+                )
                 self.metrics_url = await self._listen(ops, m.host, m.port, 5.0)
             if self.role.public:
                 self._upstream = UpstreamClient(self.config, self.lag)

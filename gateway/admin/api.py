@@ -44,6 +44,7 @@ pass. Removing a unit lets its in-flight requests finish. All of this survives a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,6 +64,7 @@ from gateway.units import UnitState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEFAULT_EVENTS = 100
+STATUS_EVENTS = 30  # the latest events on the status page
 WHO = web.RequestKey("who", str)  # the caller's token name, set by the auth middleware
 
 
@@ -100,6 +102,16 @@ class AdminApi:
         registry = self.service.units
         views = await self._views(list(registry.units.values()))
         return _json(200, {"units": views, "panic": dict(registry.panic)})
+
+    async def snapshot(self) -> dict[str, Any]:
+        """What the status page shows: every unit's view, panics, the latest events."""
+        registry = self.service.units
+        return {
+            "time": time.time(),
+            "units": await self._views(list(registry.units.values())),
+            "panic": dict(registry.panic),
+            "events": [e.to_json() for e in self.service.events.recent(STATUS_EVENTS)],
+        }
 
     async def workers(self, request: web.Request) -> web.Response:
         """The worker processes ([gateway].workers > 1): pid, uptime, restarts, requests

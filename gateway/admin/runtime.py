@@ -25,6 +25,8 @@ from gateway.admin.store import Store, StoreError
 from gateway.admin.view import BreakerView, WorkersView
 from gateway.config import Config
 from gateway.observability.events import EventLog
+from gateway.status.feed import StatusFeed
+from gateway.status.page import StatusPage
 from gateway.units import UnitRegistry
 
 log = logging.getLogger("unitgate.admin")
@@ -44,6 +46,13 @@ class Admin:
         self.service = AdminService(config, units, events)
         self._auth: Authenticator | None = None
         self.api = AdminApi(self.service, self._authenticator, breaker_view, workers)
+        # The status page (/status) shows what the admin API does, pushed on every change.
+        feed = StatusFeed(self.api.snapshot)
+        units.on_change(feed.changed)
+        units.on_membership(feed.changed)
+        units.on_panic(feed.changed)
+        events.on_event(feed.changed)
+        self.status = StatusPage(feed, self._authenticator)
 
     def app(self) -> web.Application:
         """The routes (to mount at /admin/), owning the token check and the state file."""
@@ -90,21 +99,18 @@ class Admin:
             yield
         finally:
             store.stop()
-            for task in (beats, forwarding):
-                task.cancel()
-            await asyncio.gather(beats, forwarding, return_exceptions=True)
-            try:
-                await asyncio.wait_for(asyncio.shield(follower), STOP_WITHIN_S)
-            except TimeoutError:  # in a reconnect backoff: its sleep takes a cancel
-                follower.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await follower
+            # The follower returns by itself within POLL_S, unless it is in a reconnect
+            # backoff, whose sleep takes a cancel.
+            await asyncio.wait({follower}, timeout=STOP_WITHIN_S)
+            await _end(beats, forwarding, follower)
             # By now the gateway has drained: nothing of this replica's is in flight.
             await forwarder.flush(STOP_WITHIN_S)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STOP_WITHIN_S):
                     await heartbeat.leave()
-            await store.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_WITHIN_S):
+                    await store.close()
 
     def _counts(self) -> tuple[int, dict[str, int]]:
         """The state version routed by and the in-flight counts, read in one go."""
@@ -115,3 +121,13 @@ class Admin:
         if self._auth is None:
             raise RuntimeError("the admin API served a request before it started")
         return self._auth
+
+
+async def _end(*tasks: asyncio.Task[None]) -> None:
+    """Cancel and wait, but never forever: a redis-py call may swallow a cancellation (its
+    pub/sub reads do), and a shutdown must not hang on one."""
+    for task in tasks:
+        task.cancel()
+    _, stuck = await asyncio.wait(tasks, timeout=STOP_WITHIN_S)
+    for task in stuck:
+        log.warning("%s did not stop within %g s: left behind", task.get_name(), STOP_WITHIN_S)

@@ -71,6 +71,7 @@ def unit_view(
             for node in unit.nodes
         ],
     }
+    view["why"] = why(view)
     if isinstance(fleet, FleetUnit):
         view["fleet"] = {
             "in_flight": fleet.in_flight,
@@ -80,6 +81,26 @@ def unit_view(
     elif isinstance(fleet, str):
         view["fleet"] = {"error": fleet}
     return view
+
+
+def why(view: dict[str, Any]) -> str:
+    """Why the unit takes traffic or not, in one line: each bit that keeps it out, with its
+    owner's reason (the admin's first: it is the one an operator set on purpose)."""
+    if view["routable"]:
+        return "panic-routed: too few units routable" if view["panic_routed"] else "routable"
+    admin, health, breaker_state = view["admin"], view["health"], view["breaker"]
+    out = []
+    if admin["state"] != "enabled":
+        out.append(_said(f"admin: {admin['state']}", admin["reason"]))
+    if not health["healthy"]:
+        out.append(_said(f"health: {health['state']}", health["reason"]))
+    if breaker_state.get("state") != "admitting":
+        out.append(_said(f"breaker: {breaker_state.get('state')}", breaker_state.get("reason")))
+    return "; ".join(out) or "out of the routing snapshot"
+
+
+def _said(what: str, reason: object) -> str:
+    return f"{what} ({reason})" if reason else what
 
 
 def breaker(unit: UnitState, breaker_view: BreakerView | None) -> dict[str, object]:

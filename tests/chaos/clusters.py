@@ -267,5 +267,38 @@ def spawn_gateway(
     return GatewayProcess(proc, out, info["public"], Ops(info["metrics"], token))
 
 
+def start_replicas(
+    tmp: Path,
+    sim: SimProcess,
+    model: str,
+    names: list[str],
+    state: dict[str, Any],
+    **overrides: dict[str, Any],
+) -> list[GatewayProcess]:
+    """Gateway processes in front of the simulator, one per name, sharing `[state]` (a Redis
+    backend) and one admin token: the fleet of replicas an L4 balancer would sit in front of.
+    Each has its own config file, OS-assigned ports and `[state].replica` name (two
+    processes of one host would otherwise differ by pid only, and the tests name who
+    reported what). Returned once every one routes; if one fails to start, those started
+    are stopped."""
+    token = secrets.token_urlsafe(16)
+    units = [{"id": u["id"], "leader": u["leader"], "nodes": u["nodes"]} for u in sim.units]
+    started: list[GatewayProcess] = []
+    try:
+        for name in names:
+            sections = gateway_sections(model, **overrides, state={**state, "replica": name})
+            # Bound by the OS at start and read from the ready file: nothing to race for (no
+            # replica is restarted on its old ports here, unlike `gateway_config`'s users).
+            sections["gateway"]["port"] = sections["metrics"]["port"] = 0
+            config = tmp / f"{name}.toml"
+            config.write_text(config_toml(sections, units))
+            started.append(spawn_gateway(tmp, config, token, name=name))
+    except BaseException:
+        for gw in started:
+            gw.close()
+        raise
+    return started
+
+
 def start_simulator(tmp: Path, units: int = 3) -> SimProcess:
     return start_sim(tmp, "--units", str(units), "--followers", "1")

@@ -75,10 +75,10 @@ async def imbalance(sim: SimProcess, store: RedisServer, engine_load: bool) -> t
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
         replicas(fleet_config(sim, store, engine_load)) as (a, b),
     ):
-        await eventually(lambda: _routable(a, b), within=5.0)
+        await eventually(lambda: _routable(a, b), within=10.0)
         async with streams(http, b, HOT, "hot"):
             # A's probers have read the leaders' counts of B's streams (blind: nothing to read).
-            await eventually(lambda: _seen_by(a, HOT if engine_load else 0), within=3.0)
+            await eventually(lambda: _seen_by(a, HOT if engine_load else 0), within=10.0)
             async with streams(http, a, SPREAD, None):
                 units = ("u0", "u1")
                 loads = [a.units.units[u].inflight + b.units.units[u].inflight for u in units]

@@ -1,0 +1,111 @@
+"""The status page's server side: the page and its files, and the live stream it reads.
+
+(The page in a real browser: tests/integration/test_status_browser.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.server import Gateway, running
+from tests.integration.test_admin import TOKENS, admin_config, call
+from tests.support import SimProcess
+
+
+@pytest.fixture(autouse=True)
+def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNITGATE_ADMIN_TOKEN", TOKENS)
+
+
+async def snapshots(resp: aiohttp.ClientResponse) -> Any:
+    """Each `snapshot` event's data, as the stream sends them."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            lines = dict(line.split(b": ", 1) for line in block.split(b"\n"))
+            if lines[b"event"] == b"snapshot":
+                yield orjson.loads(lines[b"data"])
+
+
+async def next_where(stream: Any, check: Any, within: float = 3.0) -> dict[str, Any]:
+    async with asyncio.timeout(within):
+        async for snap in stream:
+            if check(snap):
+                return dict(snap)
+    raise AssertionError("the stream ended")
+
+
+def unit(snap: dict[str, Any], unit_id: str) -> dict[str, Any]:
+    return next(u for u in snap["units"] if u["id"] == unit_id)
+
+
+async def test_the_page_and_its_files_are_served_without_a_token(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with running(admin_config(clean_sim, tmp_path)) as gw:
+        for path, kind in [
+            ("/status", "text/html"),
+            ("/status/status.js", "text/javascript"),
+            ("/status/status.css", "text/css"),
+        ]:
+            async with http.get(gw.metrics_url + path) as resp:
+                assert (resp.status, resp.content_type) == (200, kind)
+                assert len(await resp.read()) > 200
+        async with http.get(gw.metrics_url + "/status/nope.js") as resp:
+            assert resp.status == 404
+        async with http.get(gw.metrics_url + "/status") as resp:
+            page = await resp.text()
+        assert "http" not in page.replace("http-equiv", "")  # no CDN: nothing from elsewhere
+
+
+async def test_the_stream_needs_the_admin_token(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with running(admin_config(clean_sim, tmp_path)) as gw:
+        async with http.get(gw.metrics_url + "/status/stream") as resp:
+            assert resp.status == 401
+        bad = {"Authorization": "Bearer nope"}
+        async with http.get(gw.metrics_url + "/status/stream", headers=bad) as resp:
+            assert resp.status == 403
+
+
+async def test_the_stream_pushes_each_change_at_once(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with running(admin_config(clean_sim, tmp_path)) as gw:
+        headers = {"Authorization": "Bearer alice-token"}
+        async with http.get(gw.metrics_url + "/status/stream", headers=headers) as resp:
+            assert (resp.status, resp.content_type) == (200, "text/event-stream")
+            stream = snapshots(resp)
+            first = await next_where(stream, lambda s: True, within=1.0)
+            assert {u["id"] for u in first["units"]} == {u["id"] for u in clean_sim.units}
+            assert unit(first, "u0")["why"] == "routable"
+            loop = asyncio.get_running_loop()
+            sent = loop.time()
+            await call(http, gw, "POST", "/admin/units/u0/disable", {"reason": "disk"})
+            snap = await next_where(stream, lambda s: unit(s, "u0")["admin"]["state"] == "disabled")
+            assert loop.time() - sent < 0.5  # pushed, not found by a once-a-second refresh
+            assert unit(snap, "u0")["why"] == "admin: disabled (disk)"
+            assert snap["events"][-1]["what"] == "disable"
+
+
+async def test_open_streams_end_when_the_gateway_stops(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    gateway: Gateway
+    async with running(admin_config(clean_sim, tmp_path)) as gateway:
+        headers = {"Authorization": "Bearer alice-token"}
+        resp = await http.get(gateway.metrics_url + "/status/stream", headers=headers)
+        await next_where(snapshots(resp), lambda s: True, within=1.0)
+        started = asyncio.get_running_loop().time()
+    assert asyncio.get_running_loop().time() - started < 3.0  # not the listener's 5 s drain
+    assert await resp.content.read() == b""  # ended cleanly
+    resp.close()
