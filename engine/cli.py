@@ -4,17 +4,18 @@ The leader is rank 0 plus the OpenAI server, which also answers /health; given -
 it answers /health there too, from a thread that does not queue behind the API's streams (the
 gateway then probes that port). A follower mirrors the leader's steps and answers /health on
 its own port. `unitgate up` starts these locally; on real hosts an operator (or a
-LeaderWorkerSet) starts one per host.
+LeaderWorkerSet, with `--from-env lws`: see engine/lws.py) starts one per host.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from engine.backends.registry import BackendUnavailable, lookup
-from engine.flags import build_parser
+from engine.flags import build_parser, place
 from engine.settings import NodeSettings
 
 
@@ -22,9 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    flags = build_parser(description=__doc__).parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    flags = build_parser(description=__doc__).parse_args(args)
     try:
-        settings = NodeSettings.from_flags(flags)
+        settings = NodeSettings.from_flags(place(flags, args, os.environ))
         return lookup(settings.backend)(settings)
     except (ValueError, BackendUnavailable) as exc:
         print(f"unitgate node: {exc}", file=sys.stderr)

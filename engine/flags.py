@@ -1,12 +1,20 @@
-"""`unitgate node`'s flags; their defaults are `NodeSettings`' own, so the two cannot drift."""
+"""`unitgate node`'s flags; their defaults are `NodeSettings`' own, so the two cannot drift.
+
+`--from-env lws` fills --role, --rank, --world-size and --master from what a LeaderWorkerSet
+injects (`engine.lws`), after argparse and before the settings are checked, so every check
+and error message downstream is the same whichever way the values came.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engine import lws
 from engine.backends.registry import BACKENDS
 from engine.backends.vllm.args import add_flags as add_vllm_flags
 from engine.settings import NodeSettings
@@ -25,11 +33,26 @@ def build_parser(
     # Unset --health-host: NodeSettings.from_flags picks it by role (a leader: --host).
     p.set_defaults(**{**DEFAULTS, "health_host": None})
     add = p.add_argument
-    add("--role", choices=("leader", "follower"), required=True)
+    add(
+        "--role",
+        choices=("leader", "follower"),
+        help="required, unless --from-env gives it (LWS: worker index 0 is the leader)",
+    )
     add("--unit")
     add("--rank", type=int)
     add("--world-size", type=int)
     add("--master", help="leader's rendezvous host:port")
+    add(
+        "--from-env",
+        choices=lws.SOURCES,
+        help="lws: --rank, --world-size, --master (and --role) from LeaderWorkerSet's "
+        f"{lws.WORKER_INDEX}, {lws.GROUP_SIZE} and {lws.LEADER_ADDRESS}",
+    )
+    add(
+        "--master-port",
+        type=int,
+        help=f"with --from-env: the leader's rendezvous port (default {lws.DEFAULT_MASTER_PORT})",
+    )
     add(
         "--backend",
         choices=tuple(BACKENDS),
@@ -71,5 +94,40 @@ def build_parser(
 
 
 def parse(argv: Sequence[str] | None = None, prog: str = "unitgate node") -> NodeSettings:
-    """Flags -> checked settings; a bad value raises ValueError naming its flag."""
-    return NodeSettings.from_flags(build_parser(prog).parse_args(argv))
+    """Flags (and, with --from-env, the environment) -> checked settings; a bad value raises
+    ValueError naming its flag or variable."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return NodeSettings.from_flags(place(build_parser(prog).parse_args(args), args, os.environ))
+
+
+def place(
+    flags: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]
+) -> argparse.Namespace:
+    """The flags with --from-env applied: role, rank, world size and master from `env`.
+
+    Without --from-env this only checks what argparse cannot: --role is then required, and
+    --master-port has nothing to apply to.
+    """
+    if flags.from_env is None:
+        if flags.master_port is not None:
+            hint = "only applies with --from-env (else --master HOST:PORT)"
+            raise ValueError(f"--master-port: {hint}")
+        if flags.role is None:
+            raise ValueError("--role: required (leader or follower), unless --from-env gives it")
+        return flags
+    values = lws.resolve(lws.read(env), explicit(argv), flags.master_port)
+    return argparse.Namespace(**{**vars(flags), **values})
+
+
+_UNSET = object()  # not a str: argparse would run a flag's type on a str default
+
+
+def explicit(argv: Sequence[str]) -> dict[str, Any]:
+    """The settings `argv` sets itself, by field name: what argparse parses with every
+    default replaced by a marker (parsed values are otherwise indistinguishable from
+    defaults)."""
+    probe = build_parser()
+    names = [f.name for f in dataclasses.fields(NodeSettings)]
+    probe.set_defaults(**dict.fromkeys(names, _UNSET))
+    given = vars(probe.parse_args(list(argv)))
+    return {k: v for k, v in given.items() if k in names and v is not _UNSET}

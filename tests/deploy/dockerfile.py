@@ -1,0 +1,77 @@
+"""deploy/Dockerfile read as BuildKit reads it: one instruction per logical line (backslash
+continuations joined, comments and parser directives dropped), exec-form arguments as JSON.
+
+Enough for what tests/deploy checks without a daemon: what it copies, the user it ends as,
+and the command lines it runs (ENTRYPOINT + CMD, the HEALTHCHECK).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.deploy.manifests import ROOT
+
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+DOCKERIGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str  # upper case: FROM, RUN, COPY, ...
+    rest: str  # the arguments as written, continuations joined with spaces
+
+    def exec_form(self) -> list[str]:
+        """A JSON-array argument (ENTRYPOINT ["unitgate"]); shell form is an error here."""
+        value = json.loads(self.rest)
+        assert isinstance(value, list) and all(isinstance(v, str) for v in value), self
+        return value
+
+
+def instructions(path: Path = DOCKERFILE) -> list[Instruction]:
+    found: list[Instruction] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        text = (pending + line).strip()
+        pending = ""
+        keyword, _, rest = text.partition(" ")
+        found.append(Instruction(keyword.upper(), rest.strip()))
+    assert not pending, "the last instruction ends in a continuation"
+    return found
+
+
+def all_of(keyword: str, path: Path = DOCKERFILE) -> list[Instruction]:
+    return [i for i in instructions(path) if i.keyword == keyword]
+
+
+def last(keyword: str, path: Path = DOCKERFILE) -> Instruction:
+    """The one that counts (a later ENTRYPOINT, CMD, USER or HEALTHCHECK replaces earlier)."""
+    found = all_of(keyword, path)
+    assert found, f"no {keyword}"
+    return found[-1]
+
+
+def copy_sources(path: Path = DOCKERFILE) -> list[str]:
+    """What every COPY takes from the build context (flags such as --chown skipped)."""
+    sources: list[str] = []
+    for copy in all_of("COPY", path):
+        words = [w for w in copy.rest.split() if not w.startswith("--")]
+        sources.extend(words[:-1])
+    return sources
+
+
+def context_allowlist(path: Path = DOCKERIGNORE) -> set[str]:
+    """The `!` entries of an ignore-everything-else dockerignore (`*` first)."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    rules = [line for line in lines if line and not line.startswith("#")]
+    assert rules[0] == "*", "the dockerignore starts by leaving everything out"
+    return {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}
