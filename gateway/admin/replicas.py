@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -136,19 +137,28 @@ class Heartbeat:
         self._poked.set()
 
     async def run(self) -> None:
-        """Until cancelled; a failed beat is retried at the next one (the follower already
-        logs the store's outages)."""
+        """Until cancelled. Each `heartbeat` the counts are read (no I/O) and written only
+        if they or the version changed, or to keep the report from expiring (every third of
+        `replica_ttl`): an idle replica writes once a second, a busy one up to 1/heartbeat.
+        A failed write is retried at the next look (the follower logs the store's outages)."""
+        written: tuple[int, Mapping[str, int]] | None = None
+        written_at = -math.inf
+        loop = asyncio.get_running_loop()
         while True:
             self._poked.clear()
-            try:
-                await self.beat()
-            except (RedisError, OSError) as exc:
-                log.debug("heartbeat not written: %s", exc)
+            report = self.now()
+            keep_alive = loop.time() - written_at >= self._ttl_ms / 3000
+            if (report.version, report.inflight) != written or keep_alive:
+                try:
+                    await self.beat(report)
+                    written, written_at = (report.version, report.inflight), loop.time()
+                except (RedisError, OSError) as exc:
+                    log.debug("heartbeat not written: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poked.wait(), self._every)
 
-    async def beat(self) -> None:
-        report = self.now()
+    async def beat(self, report: Report | None = None) -> None:
+        report = report or self.now()
         async with self._store.client.pipeline(transaction=True) as pipe:
             raw = encode(report, self._instance)
             pipe.set(self._key(self.replica), raw, px=self._ttl_ms, get=True)

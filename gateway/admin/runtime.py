@@ -99,9 +99,7 @@ class Admin:
             yield
         finally:
             store.stop()
-            # The follower returns by itself within POLL_S, unless it is in a reconnect
-            # backoff, whose sleep takes a cancel.
-            await asyncio.wait({follower}, timeout=STOP_WITHIN_S)
+            await asyncio.wait({follower}, timeout=STOP_WITHIN_S)  # it returns by itself
             await _end(beats, forwarding, follower)
             # By now the gateway has drained: nothing of this replica's is in flight.
             await forwarder.flush(STOP_WITHIN_S)

@@ -39,10 +39,6 @@ from gateway.observability.events import Event
 log = logging.getLogger("unitgate.admin")
 
 RECONCILE_EVERY_S = 1.0
-# Notifications are polled, not awaited: redis-py's get_message(timeout=...) swallows a task's
-# cancellation (the follower could then never be stopped). Polling costs one non-blocking
-# read per POLL_S and adds at most POLL_S to propagation.
-POLL_S = 0.01
 # Reconnect backoff while Redis is away. The cap is the longest a replica can stay deaf once
 # the store is back (it hears nothing until its next attempt), so it must sit well inside the
 # 1 s convergence the fleet promises: at 2 s, chaos scenario 13 (a 3.5 s outage) measured
@@ -71,6 +67,7 @@ class SharedStore:
             options["ssl_ca_certs"] = config.tls_ca_file
         self.client: redis.Redis = redis.Redis.from_url(config.url, **options)
         self._stopping = False
+        self._wake = asyncio.Event()  # a notification came, or `stop` was asked
 
     def key(self, name: str) -> str:
         return f"{self._prefix}:{name}"
@@ -156,33 +153,60 @@ class SharedStore:
         """Call `converge` on every notification, every RECONCILE_EVERY_S, and on each
         (re)connection, until `stop`; reconnects with backoff while Redis is away."""
         delay = RETRY_FIRST_S
-        loop = asyncio.get_running_loop()
         while not self._stopping:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            listener: asyncio.Task[None] | None = None
             try:
                 await pubsub.subscribe(self.channel)
+                listener = asyncio.create_task(self._listen(pubsub), name="state-listen")
                 await converge()
                 delay = RETRY_FIRST_S
                 log.info("following %s", self.where)
-                due = loop.time() + RECONCILE_EVERY_S
-                while not self._stopping:
-                    heard = await pubsub.get_message(timeout=0)
-                    if heard is not None or loop.time() >= due:
-                        await converge()
-                        due = loop.time() + RECONCILE_EVERY_S
-                    else:
-                        await asyncio.sleep(POLL_S)
+                while await self._woken(listener):
+                    await converge()
             except (RedisError, OSError, StoreError) as exc:  # the follower never dies of it
                 log.warning("lost %s (%s); serving on the last state", self.where, exc)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)  # `stop` cuts it short
                 delay = min(delay * 2, RETRY_MAX_S)
             finally:
+                if listener is not None:
+                    listener.cancel()
+                    await asyncio.wait({listener}, timeout=RETRY_MAX_S)
+                    if listener.done() and not listener.cancelled():
+                        listener.exception()  # seen: the error that ended it is logged above
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
 
+    async def _listen(self, pubsub: Any) -> None:
+        """Wake the follower on every notification. A blocking read: no timer and no poll
+        while nothing changes, and no timeout context, which in redis-py can swallow a
+        cancellation (the task is cancelled when its connection is left)."""
+        async for _ in pubsub.listen():
+            self._wake.set()
+
+    async def _woken(self, listener: asyncio.Task[None]) -> bool:
+        """Until a notification, `stop`, or RECONCILE_EVERY_S; False once stopping. Raises
+        what ended the listener (its connection was lost), so the follower reconnects."""
+        if self._stopping:
+            return False
+        waiting = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait(
+                {waiting, listener}, timeout=RECONCILE_EVERY_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiting.cancel()
+        self._wake.clear()
+        if listener.done():
+            listener.result()  # its error, if it died of one
+            raise StoreUnavailable(f"{self.where} closed the notification stream")
+        return not self._stopping
+
     def stop(self) -> None:
-        """Ask `follow` to return (within POLL_S, or its current backoff sleep)."""
+        """Ask `follow` to return (at once, or after the converge it is in)."""
         self._stopping = True
+        self._wake.set()
 
     async def close(self) -> None:
         await self.client.aclose()
