@@ -13,6 +13,10 @@ sent (one host, one clock), so it bounds "no request routed there any more" from
 the trial's figure is the slowest replica's. Reported: p50, p99 and max over the trials. The
 aim (issue 16): p99 within 100 ms.
 
+Idle cost: the CPU an idle gateway spends per second (from /proc, over IDLE_S), with the
+embedded state and with `redis` (its heartbeat, notification listener and once-a-second
+reconcile): the shared state's constant, measured apart from the load's noise.
+
 Cost: the same closed loop (64-token streams from simulated units with no delay, 32 streams)
 against one gateway with the embedded state (`sqlite`) and with `redis`, side by side in one
 run, the simulator and the load generator pinned to CPU 0 and the gateway to CPU 1. Reported:
@@ -42,13 +46,23 @@ import orjson
 import redis
 
 from loadtest.bench.machine import machine_facts
-from loadtest.bench.processes import Pins, child, gateway_toml, pin_cpus, pinned, stop_child
+from loadtest.bench.processes import (
+    CLK_TCK,
+    Pins,
+    child,
+    gateway_toml,
+    pin_cpus,
+    pinned,
+    stop_child,
+    tree_ticks,
+)
 from loadtest.bench.workers import TOKENS, _load
 
 ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
 PREFIX = "bench"
 POLL_S = 0.001
 TRIAL_WITHIN_S = 5.0
+SETTLE_S, IDLE_S = 2.0, 10.0
 
 
 def state_toml(url: str, replica: str) -> str:
@@ -146,6 +160,32 @@ def _in_effect(store: redis.Redis, keys: list[str], version: int, sent: float) -
     return list(seen.values())
 
 
+def idle(tmp: Path, rounds: int) -> list[dict[str, Any]]:
+    """CPU per second of an idle gateway, embedded then shared state, `rounds` times in turn."""
+    sim_ready = tmp / "sim-idle.json"
+    sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "1"]
+    url = f"unix://{tmp / 'redis.sock'}"
+    runs: list[dict[str, Any]] = []
+    with (
+        redis_server(tmp),
+        child([*sim_argv, "--ready-file", str(sim_ready)], sim_ready, None, "simulator") as sim,
+    ):
+        for backend in ("sqlite", "redis") * rounds:
+            state = state_toml(url, "idle") if backend == "redis" else ""
+            config = tmp / f"idle-{backend}-{len(runs)}.toml"
+            config.write_text(gateway_toml(sim["units"], admin=ADMIN, state=state))
+            ready = tmp / f"idle-{backend}-{len(runs)}.json"
+            argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
+            argv += ["--ready-file", str(ready)]
+            with child(argv, ready, None, f"gateway ({backend})", True) as gw:
+                time.sleep(SETTLE_S)  # past its start-up work
+                before = tree_ticks(int(gw["pid"]))
+                time.sleep(IDLE_S)
+                ticks = tree_ticks(int(gw["pid"])) - before
+            runs.append({"backend": backend, "cpu_ms_per_s": ticks / CLK_TCK / IDLE_S * 1e3})
+    return runs
+
+
 def cost(tmp: Path, requests: int, rounds: int, pins: Pins | None) -> list[dict[str, Any]]:
     """CPU per request of one gateway, embedded state then shared state, same load, `rounds`
     times in turn (so a drift of the machine over the run falls on both)."""
@@ -171,6 +211,11 @@ def cost(tmp: Path, requests: int, rounds: int, pins: Pins | None) -> list[dict[
     return runs
 
 
+def _mean(runs: list[dict[str, Any]], backend: str, field: str) -> float:
+    values = [float(r[field]) for r in runs if r["backend"] == backend]
+    return sum(values) / len(values)
+
+
 def _at(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -189,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         (folder / "prop").mkdir()
         prop = propagation(folder / "prop", args.replicas, args.trials)
+        (folder / "idle").mkdir()
+        idles = idle(folder / "idle", max(1, args.rounds))
         runs = []
         if args.requests:
             (folder / "cost").mkdir()
@@ -199,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         f"| {prop['replicas']} | {prop['trials']} | {prop['p50_ms']:.2f} | {prop['p99_ms']:.2f} "
         f"| {prop['max_ms']:.2f} |"
     )
+    idle_mean = {b: _mean(idles, b, "cpu_ms_per_s") for b in ("sqlite", "redis")}
+    print(
+        f"\nidle gateway CPU: sqlite {idle_mean['sqlite']:.1f} ms/s, "
+        f"redis {idle_mean['redis']:.1f} ms/s (means of {len(idles) // 2})"
+    )
     if runs:
-        mean = {
-            b: sum(r["cpu_us_per_request"] for r in runs if r["backend"] == b)
-            / sum(1 for r in runs if r["backend"] == b)
-            for b in ("sqlite", "redis")
-        }
+        mean = {b: _mean(runs, b, "cpu_us_per_request") for b in ("sqlite", "redis")}
         print("\n| state | completed | failed | requests/s | gateway CPU us/request |")
         print("|---|---|---|---|---|")
         for r in runs:
@@ -215,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nredis/sqlite CPU per request (means): {mean['redis'] / mean['sqlite']:.2f}x")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        data = {"machine": machine_facts(), "propagation": prop, "cost": runs}
+        data = {"machine": machine_facts(), "propagation": prop, "idle": idles, "cost": runs}
         (args.out / "replicas.json").write_text(json.dumps(data, indent=2))
     return 0
 

@@ -12,7 +12,9 @@ from loadtest.bench import replicas
 pytestmark = pytest.mark.slow
 
 
-def test_it_measures_propagation_and_cost(tmp_path: Path) -> None:
+def test_it_measures_propagation_and_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replicas, "SETTLE_S", 0.5)
+    monkeypatch.setattr(replicas, "IDLE_S", 1.0)
     argv = ["--replicas", "2", "--trials", "4", "--requests", "60", "--rounds", "1"]
     assert replicas.main([*argv, "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "replicas.json").read_text())
@@ -20,6 +22,8 @@ def test_it_measures_propagation_and_cost(tmp_path: Path) -> None:
     assert (prop["replicas"], prop["trials"]) == (2, 4)
     assert len(prop["ms_per_trial_slowest_replica"]) == 4
     assert 0 <= prop["p50_ms"] <= prop["p99_ms"] <= prop["max_ms"] < replicas.TRIAL_WITHIN_S * 1e3
+    assert [r["backend"] for r in data["idle"]] == ["sqlite", "redis"]
+    assert all(0 < r["cpu_ms_per_s"] < 1000 for r in data["idle"])
     assert [(r["backend"], r["completed"], r["failed"]) for r in data["cost"]] == [
         ("sqlite", 60, 0),
         ("redis", 60, 0),
