@@ -73,7 +73,8 @@ lint: $(TEST_STAMP)
 
 # The simulated chaos scenarios run twice: one gateway process, then a control plane and two
 # workers ([gateway].workers = 2).
-CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/chaos/test_sim_burst.py
+CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/chaos/test_sim_burst.py \
+	tests/chaos/test_shared_state_chaos.py
 
 test: lint $(VLLM_STAMP)
 	$(PY) -m pytest -q -m "not vllm"
