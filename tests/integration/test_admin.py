@@ -17,12 +17,9 @@ from gateway.server import Gateway, running
 from tests.support import SimProcess, chat_body, gateway_config
 
 CHAT = "/v1/chat/completions"
-TOKENS = "alice:alice-token,bob:bob-token"
 
 
-@pytest.fixture(autouse=True)
-def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNITGATE_ADMIN_TOKEN", TOKENS)
+pytestmark = pytest.mark.usefixtures("admin_tokens")
 
 
 def admin_config(sim: SimProcess, tmp_path: Path, **admin: Any) -> Config:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,21 +19,12 @@ import pytest
 import redis
 
 from gateway.server import Gateway, running
-from tests.integration.test_admin import CHAT, TOKENS, call, eventually, slow_down
+from tests.integration.test_admin import CHAT, call, eventually, slow_down
 from tests.integration.test_shared_state import named, replicas, shared_config
-from tests.redis_support import RedisServer, redis_server
+from tests.redis_support import RedisServer
 from tests.support import SimProcess, chat_body
 
-
-@pytest.fixture(autouse=True)
-def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNITGATE_ADMIN_TOKEN", TOKENS)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path / "redis") as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("admin_tokens")
 
 
 async def open_stream(

@@ -14,31 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from gateway.config import Config
 from gateway.server import Gateway
-from tests.integration.test_admin import CHAT, TOKENS, eventually
+from tests.integration.test_admin import CHAT, eventually
 from tests.integration.test_shared_state import replicas, shared_config
-from tests.redis_support import RedisServer, redis_server
+from tests.redis_support import RedisServer
 from tests.support import MODEL, SimProcess, chat_body
 
 HOT, SPREAD = 30, 30  # streams through B (one session) and through A (no affinity key)
 
 
-@pytest.fixture(autouse=True)
-def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNITGATE_ADMIN_TOKEN", TOKENS)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path / "redis") as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("admin_tokens")
 
 
 def fleet_config(sim: SimProcess, store: RedisServer, engine_load: bool) -> Config:

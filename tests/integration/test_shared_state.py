@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +20,11 @@ import pytest
 
 from gateway.config import Config
 from gateway.server import Gateway, running
-from tests.integration.test_admin import TOKENS, call, eventually, served_by
+from tests.integration.test_admin import call, eventually, served_by
 from tests.redis_support import RedisServer, redis_server
 from tests.support import SimProcess, gateway_config
 
-
-@pytest.fixture(autouse=True)
-def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNITGATE_ADMIN_TOKEN", TOKENS)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path / "redis") as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("admin_tokens")
 
 
 def shared_config(sim: SimProcess, server: RedisServer, **state: Any) -> Config:

@@ -14,13 +14,10 @@ import orjson
 import pytest
 
 from gateway.server import Gateway, running
-from tests.integration.test_admin import TOKENS, admin_config, call
+from tests.integration.test_admin import admin_config, call
 from tests.support import SimProcess
 
-
-@pytest.fixture(autouse=True)
-def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNITGATE_ADMIN_TOKEN", TOKENS)
+pytestmark = pytest.mark.usefixtures("admin_tokens")
 
 
 async def snapshots(resp: aiohttp.ClientResponse) -> Any:
