@@ -2,6 +2,11 @@
 
 Gauges that mirror state the gateway already keeps (in-flight per unit, queue depth,
 routability) are read at scrape time by a collector instead of being updated on every request.
+
+The counters alerts and dashboards look for (breaker transitions, resumptions, admission
+refusals) start at 0 for every unit, state and reason: a series that first appears already at
+1 has no earlier sample, so Prometheus' `increase()` and `rate()` would miss that first event
+(deploy/prometheus alerts on them).
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.health.breaker import BreakerState
 from gateway.health.states import Health
 from gateway.observability.fleet import Fleet
 from gateway.observability.histogram import HistogramFamily
 from gateway.observability.looplag import LoopLag
+from gateway.outcomes import Resumption
 from gateway.units import UnitRegistry
 
 
@@ -100,6 +107,11 @@ class Metrics:
         )
         for family in (self.ttft, self.itl, self.e2e):
             r.register(family)
+        for reason in ("saturated", "no_routable_unit"):
+            self.rejections.labels(reason)
+        for unit in list(units.units.values()):
+            self._zero(unit.id)
+        units.on_membership(lambda unit, added: self._zero(unit.id) if added else None)
         r.register(_StateCollector(units, queue_depth))
         r.register(_HealthCollector(units))
         if lag is not None:
@@ -108,6 +120,14 @@ class Metrics:
         # fresh from `refresh` (which asks them) before each scrape.
         self.fleet: Fleet | None = None
         self.refresh: Callable[[], Awaitable[None]] | None = None
+
+    def _zero(self, unit_id: str) -> None:
+        """The unit's breaker transitions and resumptions, exported at 0 from its start (see
+        above): their first increase shows in alerts and in the dashboard's rates."""
+        for state in (*BreakerState, "suppressed"):
+            self.breaker_transitions.labels(unit_id, state)
+        for outcome in Resumption:
+            self.resumptions.labels(unit_id, outcome)
 
     def render(self) -> bytes:
         """Call from a worker thread (see app.py): with a thousand units rendering takes ~0.5 s
@@ -131,9 +151,17 @@ class _StateCollector(Collector):
         routable = GaugeMetricFamily(
             "unitgate_unit_routable", "1 when the unit may take new requests.", labels=["unit"]
         )
+        # Tells an alert "out of routing" apart from "taken out by an operator" (disabled or
+        # draining), which must not page.
+        in_service = GaugeMetricFamily(
+            "unitgate_unit_in_service",
+            "1 while the operator allows the unit (enabled, not draining).",
+            labels=["unit"],
+        )
         for unit in list(self.units.units.values()):  # a snapshot: scrapes run off the loop
             inflight.add_metric([unit.id], unit.inflight)
             routable.add_metric([unit.id], 1.0 if unit.routable else 0.0)
+            in_service.add_metric([unit.id], 1.0 if unit.in_service else 0.0)
         panic = GaugeMetricFamily(
             "unitgate_panic_routing",
             "1 while a model's units are panic-routed: too few routable, so units out for soft "
@@ -145,6 +173,7 @@ class _StateCollector(Collector):
             panic.add_metric([model], 1.0 if model in active else 0.0)
         yield inflight
         yield routable
+        yield in_service
         yield panic
         yield GaugeMetricFamily(
             "unitgate_queue_depth", "Requests waiting for a unit slot.", value=self.queue_depth()
@@ -178,6 +207,19 @@ class _HealthCollector(Collector):
             "Duration of the node's last answered probe.",
             labels=["unit", "rank"],
         )
+        # What the node's last answered probe reported: with both, an alert can tell a stalled
+        # engine (work pending, step frozen) from an idle one, over a longer window than the
+        # prober's own `stall_timeout`.
+        step = GaugeMetricFamily(
+            "unitgate_node_engine_step",
+            "The engine step the node last reported (absent: no answer).",
+            labels=["unit", "rank"],
+        )
+        pending = GaugeMetricFamily(
+            "unitgate_node_engine_pending",
+            "Requests pending on the node's engine, as it last reported (absent: no answer).",
+            labels=["unit", "rank"],
+        )
         for unit in list(self.units.units.values()):  # a snapshot: scrapes run off the loop
             unit_ok.add_metric([unit.id], 1.0 if unit.healthy else 0.0)
             health = unit.health
@@ -189,10 +231,16 @@ class _HealthCollector(Collector):
                     node_ok.add_metric(labels, 1.0 if node.healthy else 0.0)
                 if node.latency_ms is not None:
                     latency.add_metric(labels, node.latency_ms / 1000)
+                if node.step is not None:
+                    step.add_metric(labels, node.step)
+                if node.pending is not None:
+                    pending.add_metric(labels, node.pending)
         yield unit_ok
         yield state
         yield node_ok
         yield latency
+        yield step
+        yield pending
 
 
 class _LagCollector(Collector):
