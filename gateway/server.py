@@ -25,6 +25,7 @@ from gateway.app import ops_app, public_app
 from gateway.config import Config
 from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
+from gateway.health.prober import live_count
 from gateway.health.supervisor import HealthSupervisor
 from gateway.net import LISTEN_BACKLOG
 from gateway.observability.audit import AuditObserver
@@ -61,6 +62,9 @@ class Role:
     reuse_port: bool = False  # the public port is shared with other workers
     record: Record | None = None
     traffic: Callable[[str, float], bool] | None = None
+    # This gateway's requests on a unit, for the probers to tell the leader's count of them
+    # from other replicas' (default: the live count; the control plane's is its workers').
+    own: Callable[[UnitState], int] | None = None
     limit: int | None = None
     workers: WorkersView | None = None  # the admin API's /admin/workers
 
@@ -91,7 +95,12 @@ class Gateway:
         self.units.on_membership(self._membership)
         self.units.on_panic(lambda change: _log_panic(self.events, change))
         self.health = HealthSupervisor(
-            config, self.units, self.events, self.metrics, traffic=role.traffic or self.live.flowing
+            config,
+            self.units,
+            self.events,
+            self.metrics,
+            traffic=role.traffic or self.live.flowing,
+            own=role.own or live_count,
         )
         # The request path's observers: it emits signals, these subscribe (proxy/signals.py).
         self.signals = Signals()

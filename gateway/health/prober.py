@@ -37,6 +37,16 @@ def no_traffic(unit_id: str, now: float) -> bool:
     return False
 
 
+# This gateway's requests on a unit, as the prober subtracts them from the leader's count.
+Own = Callable[[UnitState], int]
+
+
+def live_count(unit: UnitState) -> int:
+    """In one process the live count: it holds every request the leader can have of ours
+    (counted from the pick, before the leader sees it, to the end of the relay, after)."""
+    return unit.inflight
+
+
 class UnitProber:
     def __init__(
         self,
@@ -48,10 +58,10 @@ class UnitProber:
         config: HealthConfig,
         rng: Random,
         traffic: Traffic = no_traffic,
-        engine_load: bool = True,
+        own: Own | None = live_count,
     ) -> None:
         self.unit, self.registry, self.events = unit, registry, events
-        self.engine_load = engine_load  # [routing].engine_load: route on the leader's counts
+        self.own = own  # None: [routing].engine_load is off, the leader's counts are not read
         self.pool, self.config, self.rng = pool, config, rng
         self.traffic = traffic
         urls = unit.config.nodes
@@ -101,9 +111,9 @@ class UnitProber:
         flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now)
         result = self.verdict.observe(reports, now, canary_error, flowing)
         self._record_nodes(reports, result.nodes)
-        if self.engine_load:
+        if self.own is not None:
             leader = reports[0]
-            self.unit.foreign = others(leader.pending, leader.running, self.unit.inflight)
+            self.unit.foreign = others(leader.pending, leader.running, self.own(self.unit))
         if result.flip is not None:
             self._apply(result.flip)
         return result

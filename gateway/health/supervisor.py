@@ -14,7 +14,7 @@ from random import Random
 from types import TracebackType
 
 from gateway.config import Config
-from gateway.health.prober import Traffic, UnitProber, no_traffic
+from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.proxy.connection import ConnectionPool
@@ -35,9 +35,11 @@ class HealthSupervisor:
         metrics: Metrics,
         rng: Random | None = None,
         traffic: Traffic = no_traffic,
+        own: Own = live_count,
     ) -> None:
         self.config = config
         self.traffic = traffic
+        self.own = own
         self.registry = registry
         self.events = events
         self.metrics = metrics
@@ -118,7 +120,7 @@ class HealthSupervisor:
             self.config.health,
             self.rng,
             self.traffic,
-            self.config.routing.engine_load,
+            self.own if self.config.routing.engine_load else None,
         )
         run = prober.run(first_after)
         self._tasks[unit.id] = asyncio.get_running_loop().create_task(

@@ -29,6 +29,7 @@ from gateway.config.builder import table
 from gateway.observability.events import Event
 from gateway.observability.fleet import Fleet
 from gateway.server import Gateway
+from gateway.units import UnitState
 from gateway.workers import frames, state
 from gateway.workers.link import REPORT_EVERY
 
@@ -37,6 +38,7 @@ log = logging.getLogger("unitgate")
 READY_WITHIN = 30.0  # seconds for a started worker to listen
 DUE_AFTER = 3 * REPORT_EVERY  # seconds after a report by which the next one is late
 SILENT_AFTER = 10.0  # seconds without a report after which a worker vouches for nothing
+PEAK_S = 0.5  # how far back the probers' own count of this gateway's requests looks
 SCRAPE_WITHIN = 1.0  # seconds a /metrics scrape waits for the workers' fresh samples
 BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER = 0.1, 10.0, 30.0
 
@@ -54,6 +56,8 @@ class Reports:
     (hung: a dead one closes its link and is forgotten at once) vouches for nothing."""
 
     def __init__(self) -> None:
+        # (when, unit -> the workers' summed in-flight count then), over the last PEAK_S
+        self._sums: deque[tuple[float, dict[str, int]]] = deque()
         # worker -> (when its report came, unit -> horizon in seconds)
         self._flowing: dict[int, tuple[float, dict[str, float]]] = {}
         self._inflight: dict[int, dict[str, int]] = {}
@@ -63,6 +67,13 @@ class Reports:
         self._flowing[index] = (now, {str(u): float(f) for u, f in message["flowing"].items()})
         self._inflight[index] = {str(k): int(v) for k, v in message["inflight"].items()}
         self.requests[index] = int(message["requests"])
+        sums: dict[str, int] = {}
+        for counts in self._inflight.values():
+            for unit, n in counts.items():
+                sums[unit] = sums.get(unit, 0) + n
+        self._sums.append((now, sums))
+        while self._sums and self._sums[0][0] < now - PEAK_S:
+            self._sums.popleft()
 
     def forget(self, index: int) -> None:
         """The worker exited: its streams are gone with it."""
@@ -79,6 +90,14 @@ class Reports:
 
     def inflight(self, unit_id: str) -> int:
         return sum(counts.get(unit_id, 0) for counts in self._inflight.values())
+
+    def peak(self, unit: UnitState) -> int:
+        """The most this gateway's workers had in flight on `unit` over the last PEAK_S, as
+        the probers subtract it from the leader's count: a report is up to REPORT_EVERY old,
+        and during a burst a stale sum would make the leader's count of this gateway's own
+        requests look like other replicas' (and route the burst away from that unit). The
+        peak errs the other way: the others' load is underestimated, never invented."""
+        return max([unit.inflight, *(sums.get(unit.id, 0) for _, sums in self._sums)])
 
     def own(self, index: int) -> dict[str, int]:
         """Worker `index`'s in-flight counts, as its last report said."""

@@ -14,7 +14,7 @@ from gateway.config.proxy import GatewayConfig
 from gateway.health.states import Health
 from gateway.units import BitChange, UnitRegistry
 from gateway.workers import frames, state
-from gateway.workers.pool import SILENT_AFTER, Reports
+from gateway.workers.pool import PEAK_S, SILENT_AFTER, Reports
 from tests.support import gateway_config
 
 UNITS = [{"id": f"u{i}", "leader": f"http://127.0.0.1:{9000 + i}", "nodes": []} for i in range(3)]
@@ -147,3 +147,19 @@ def test_a_worker_takes_the_others_load_and_forgets_what_is_not_listed() -> None
     worker.units["u2"].foreign = 9  # from an earlier answer
     state.apply_load(worker, {"t": "load", "others": {"u0": 4}})
     assert [worker.units[u].foreign for u in ("u0", "u1", "u2")] == [4, 0, 0]
+
+
+def test_the_probers_own_count_is_the_workers_recent_peak() -> None:
+    """A burst rising between reports must not make this gateway's own requests look like
+    other replicas' at the leader: the probers subtract the peak of the last PEAK_S."""
+    control, _ = registries()
+    unit = control.units["u0"]
+    reports = Reports()
+    reports.update(0, 10.0, {"flowing": {}, "inflight": {"u0": 40}, "requests": 0})
+    reports.update(1, 10.05, {"flowing": {}, "inflight": {"u0": 30}, "requests": 0})
+    reports.update(0, 10.1, {"flowing": {}, "inflight": {"u0": 5}, "requests": 0})
+    unit.inflight = 35
+    assert reports.peak(unit) == 70  # 40 + 30 at 10.05
+    reports.update(1, 10.1 + PEAK_S + 0.01, {"flowing": {}, "inflight": {}, "requests": 0})
+    unit.inflight = 5
+    assert reports.peak(unit) == 5  # the old sums have aged out
