@@ -36,7 +36,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -56,7 +55,7 @@ from loadtest.bench.processes import (
     stop_child,
     tree_ticks,
 )
-from loadtest.bench.workers import TOKENS, _load
+from loadtest.bench.workers import TOKENS, _admin, _load
 
 ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
 PREFIX = "bench"
@@ -94,14 +93,6 @@ def redis_server(folder: Path) -> Iterator[redis.Redis]:
     finally:
         client.close()
         stop_child(proc)
-
-
-def _admin(url: str, token: str, path: str) -> None:
-    req = urllib.request.Request(url + path, data=b'{"reason": "benchmark"}', method="POST")
-    req.add_header("Authorization", f"Bearer {token}")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        resp.read()
 
 
 def propagation(tmp: Path, replicas: int, trials: int) -> dict[str, Any]:
@@ -171,13 +162,8 @@ def idle(tmp: Path, rounds: int) -> list[dict[str, Any]]:
         child([*sim_argv, "--ready-file", str(sim_ready)], sim_ready, None, "simulator") as sim,
     ):
         for backend in ("sqlite", "redis") * rounds:
-            state = state_toml(url, "idle") if backend == "redis" else ""
-            config = tmp / f"idle-{backend}-{len(runs)}.toml"
-            config.write_text(gateway_toml(sim["units"], admin=ADMIN, state=state))
-            ready = tmp / f"idle-{backend}-{len(runs)}.json"
-            argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
-            argv += ["--ready-file", str(ready)]
-            with child(argv, ready, None, f"gateway ({backend})", True) as gw:
+            name = f"idle-{backend}-{len(runs)}"
+            with _gateway(tmp, name, sim["units"], backend, url, None) as gw:
                 time.sleep(SETTLE_S)  # past its start-up work
                 before = tree_ticks(int(gw["pid"]))
                 time.sleep(IDLE_S)
@@ -198,17 +184,25 @@ def cost(tmp: Path, requests: int, rounds: int, pins: Pins | None) -> list[dict[
     runs: list[dict[str, Any]] = []
     with redis_server(tmp), child(sim_argv, sim_ready, load_cpu, "simulator") as sim:
         for backend in ("sqlite", "redis") * rounds:
-            state = state_toml(url, "cost") if backend == "redis" else ""
-            config = tmp / f"cost-{backend}-{len(runs)}.toml"
-            config.write_text(gateway_toml(sim["units"], admin=ADMIN, state=state))
-            ready = tmp / f"cost-{backend}-{len(runs)}.json"
-            argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
-            argv += ["--ready-file", str(ready)]
-            what = f"gateway ({backend})"
-            with child(argv, ready, relay_cpu, what, True) as gw, pinned(load_cpu):
+            name = f"cost-{backend}-{len(runs)}"
+            gateway = _gateway(tmp, name, sim["units"], backend, url, relay_cpu)
+            with gateway as gw, pinned(load_cpu):
                 run = asyncio.run(_load(gw["public"], int(gw["pid"]), requests))
             runs.append({"backend": backend, **run})
     return runs
+
+
+def _gateway(
+    tmp: Path, name: str, units: list[dict[str, Any]], backend: str, url: str, cpu: int | None
+) -> contextlib.AbstractContextManager[dict[str, Any]]:
+    """One benchmark gateway over `units` with the embedded (`sqlite`) or shared state."""
+    state = state_toml(url, name) if backend == "redis" else ""
+    config = tmp / f"{name}.toml"
+    config.write_text(gateway_toml(units, admin=ADMIN, state=state))
+    ready = tmp / f"{name}.json"
+    argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
+    argv += ["--ready-file", str(ready)]
+    return child(argv, ready, cpu, f"gateway ({backend})", True)
 
 
 def _mean(runs: list[dict[str, Any]], backend: str, field: str) -> float:
