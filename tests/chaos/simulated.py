@@ -7,6 +7,7 @@ import asyncio
 
 from loadtest.gen.shapes import RunConfig
 from tests.chaos.clusters import GatewayProcess
+from tests.chaos.harness import Fault, Load
 from tests.support import SimProcess
 
 CONCURRENCY = 24
@@ -36,6 +37,19 @@ async def node_health(sim: SimProcess, unit: str, rank: int, **mode: object) -> 
 def health_state(gateway: GatewayProcess, unit: str) -> str:
     state: str = gateway.ops.unit(unit)["health"]["state"]
     return state
+
+
+def assert_load_outlasted(load: Load, fault: Fault, margin_s: float = 1.0) -> None:
+    """A soft fault (probes that time out) is judged by whether the unit's traffic flows; if
+    the closed loop stopped sending before the fault's window closed, the unit goes idle with
+    its probes still failing and an ejection is the right verdict, so the scenario would test
+    nothing. Fails with that cause named, not as an ejection."""
+    assert fault.done_perf is not None, f"the fault {fault.name!r} never closed"
+    last = max((t.sent_at for t in load.traces), default=0.0)
+    assert last >= fault.done_perf + margin_s, (
+        f"the load stopped sending {fault.done_perf + margin_s - last:.2f} s too early:"
+        f" it must outlast the fault's window by {margin_s} s (lengthen its duration)"
+    )
 
 
 def ejections(gateway: GatewayProcess, after_wall: float) -> list[str]:

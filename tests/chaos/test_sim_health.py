@@ -24,6 +24,7 @@ from tests.chaos.simulated import (
     DURATION,
     FAULT_AT,
     MAX_TOKENS,
+    assert_load_outlasted,
     ejections,
     health_state,
     node_health,
@@ -47,7 +48,11 @@ async def test_4_node_answering_probes_slowly(sim: SimProcess, gateway: GatewayP
             await node_health(sim, "u0", 1, mode="ok")
 
     fault = Fault(FAULT_AT, "u0 follower probes slow", slow, when=streaming_on("u0", fresh_s=0.3))
-    load = await run_load(sim_load(gateway), workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    # The window is the wait for the `slow` mark (1.3 s here; up to 5 s) plus 3 s: the load
+    # runs on past it, or an idle u0 whose probes still fail would be rightly ejected.
+    config = sim_load(gateway, duration=DURATION + 4.0)
+    load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    assert_load_outlasted(load, fault)
     report = Report(
         "4. a node answers probes slowly (sim)", load.traces, fault.fired_perf, ("u0",), False
     )
@@ -82,6 +87,7 @@ async def test_9_every_node_answers_probes_slowly(sim: SimProcess, gateway: Gate
     fault = Fault(FAULT_AT, "every node's probes slow", all_slow)
     config = sim_load(gateway, duration=DURATION + 3.0)
     load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    assert_load_outlasted(load, fault)
     report = Report(
         "9. every node answers probes slowly for 5 s (sim)",
         load.traces,
