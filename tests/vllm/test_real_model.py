@@ -3,11 +3,15 @@ two followers: 9 query heads and 3 KV heads divide by 3, not by 2), from the Hug
 folder `engine.model.export` writes out of the packaged GGUF.
 
 The answer is checked against the builtin engine's own greedy answer from the GGUF file: two
-implementations, two formats, one model.
+implementations, two formats, one model. Then the leader is stopped, and both followers must
+exit on their own: vLLM's headless node would wait for its leader forever. (The same unit
+serves both checks: a vLLM unit takes over a minute to start here.)
 """
 
 from __future__ import annotations
 
+import signal
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,8 @@ from openai import OpenAI
 from engine.model import TPContext
 from engine.model.export import main as export
 from engine.model.gguf import GGUFFile, gguf_tokenizer, load_gguf, packaged_file
-from tests.vllm.support import start_unit
+from tests.engine.test_up_support import eventually
+from tests.vllm.support import group_gone, start_unit
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,7 +50,7 @@ def builtin_answer() -> str:
     return tokenizer.decode(ids)
 
 
-def test_a_three_node_vllm_unit_serves_the_exported_model(tmp_path: Path) -> None:
+def test_a_three_node_unit_serves_the_real_model_and_ends_with_its_leader(tmp_path: Path) -> None:
     folder = tmp_path / "smollm2-hf"
     assert export([str(folder), "--model", "smollm2"]) == 0
     expected = builtin_answer()
@@ -60,6 +65,13 @@ def test_a_three_node_vllm_unit_serves_the_exported_model(tmp_path: Path) -> Non
             max_tokens=MAX_TOKENS,
             temperature=0,
         )
+        assert response.choices[0].message.content == expected
+        unit.leader.proc.send_signal(signal.SIGTERM)
+        assert unit.leader.proc.wait(timeout=90) == 0, unit.leader.tail()
+        for follower in unit.followers:
+            assert follower.proc.wait(timeout=90) == 1, follower.tail()  # 1: it lost its leader
+            assert "gone for" in follower.text()
+        for node in unit.procs:  # no engine core or worker outlives its node
+            eventually(partial(group_gone, node), 30, f"{node.out.name} group ends")
     finally:
         unit.stop()
-    assert response.choices[0].message.content == expected
