@@ -61,17 +61,15 @@ class Reports:
         # worker -> (when its report came, unit -> horizon in seconds)
         self._flowing: dict[int, tuple[float, dict[str, float]]] = {}
         self._inflight: dict[int, dict[str, int]] = {}
+        self._summed: dict[str, int] = {}  # unit -> the workers' in-flight count, summed now
         self.requests: dict[int, int] = {}  # answered by each worker's current process
 
     def update(self, index: int, now: float, message: dict[str, Any]) -> None:
         self._flowing[index] = (now, {str(u): float(f) for u, f in message["flowing"].items()})
         self._inflight[index] = {str(k): int(v) for k, v in message["inflight"].items()}
         self.requests[index] = int(message["requests"])
-        sums: dict[str, int] = {}
-        for counts in self._inflight.values():
-            for unit, n in counts.items():
-                sums[unit] = sums.get(unit, 0) + n
-        self._sums.append((now, sums))
+        self._sum()
+        self._sums.append((now, self._summed))
         while self._sums and self._sums[0][0] < now - PEAK_S:
             self._sums.popleft()
 
@@ -80,6 +78,16 @@ class Reports:
         self._flowing.pop(index, None)
         self._inflight.pop(index, None)
         self.requests.pop(index, None)
+        self._sum()
+
+    def _sum(self) -> None:
+        """Once per change, for `inflight` and `peak` both (a new dict: `_sums` keeps the
+        old ones)."""
+        sums: dict[str, int] = {}
+        for counts in self._inflight.values():
+            for unit, n in counts.items():
+                sums[unit] = sums.get(unit, 0) + n
+        self._summed = sums
 
     def flowing(self, unit_id: str, now: float) -> bool:
         for at, horizons in self._flowing.values():
@@ -89,7 +97,7 @@ class Reports:
         return False
 
     def inflight(self, unit_id: str) -> int:
-        return sum(counts.get(unit_id, 0) for counts in self._inflight.values())
+        return self._summed.get(unit_id, 0)
 
     def peak(self, unit: UnitState) -> int:
         """The most this gateway's workers had in flight on `unit` over the last PEAK_S, as
