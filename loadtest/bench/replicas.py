@@ -55,9 +55,8 @@ from loadtest.bench.processes import (
     stop_child,
     tree_ticks,
 )
-from loadtest.bench.workers import TOKENS, _admin, _load
+from loadtest.bench.workers import ADMIN, TOKENS, admin_call, measured_load
 
-ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
 PREFIX = "bench"
 POLL_S = 0.001
 TRIAL_WITHIN_S = 5.0
@@ -121,7 +120,7 @@ def propagation(tmp: Path, replicas: int, trials: int) -> dict[str, Any]:
         for i in range(trials):
             action = "disable" if i % 2 == 0 else "enable"
             sent = time.time()
-            _admin(admins[i % replicas], token, f"/admin/units/u0/{action}")
+            admin_call(admins[i % replicas], token, f"/admin/units/u0/{action}")
             version = int(store.get(f"{PREFIX}:version") or 0)
             samples.append(_in_effect(store, keys, version, sent))
     slowest = sorted(max(s) for s in samples)
@@ -187,7 +186,7 @@ def cost(tmp: Path, requests: int, rounds: int, pins: Pins | None) -> list[dict[
             name = f"cost-{backend}-{len(runs)}"
             gateway = _gateway(tmp, name, sim["units"], backend, url, relay_cpu)
             with gateway as gw, pinned(load_cpu):
-                run = asyncio.run(_load(gw["public"], int(gw["pid"]), requests))
+                run = asyncio.run(measured_load(gw["public"], int(gw["pid"]), requests))
             runs.append({"backend": backend, **run})
     return runs
 

@@ -51,7 +51,9 @@ CONCURRENCY = 32
 ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
 
 
-def _admin(url: str, token: str, path: str, method: str = "POST") -> Any:
+def admin_call(url: str, token: str, path: str, method: str = "POST") -> Any:
+    """One admin API request with the benchmark's token; its JSON answer (also used by
+    bench.replicas)."""
     data = b'{"reason": "benchmark"}' if method == "POST" else None
     req = urllib.request.Request(url + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
@@ -75,11 +77,11 @@ def measure(tmp: Path, workers: int, changes: int) -> dict[str, Any]:
             ops = gw["metrics"]
             for i in range(changes):
                 action = "disable" if i % 2 == 0 else "enable"
-                _admin(ops, token, f"/admin/units/u0/{action}")
+                admin_call(ops, token, f"/admin/units/u0/{action}")
                 time.sleep(0.01)
             deadline = time.monotonic() + 10
             while True:  # every worker has acknowledged the last change
-                views = _admin(ops, token, "/admin/workers", "GET")["workers"]
+                views = admin_call(ops, token, "/admin/workers", "GET")["workers"]
                 if min(w["applied"] for w in views) >= changes or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
@@ -101,10 +103,12 @@ def capacity(tmp: Path, workers: int, requests: int, pins: Pins | None) -> dict[
         argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
         argv += ["--ready-file", str(ready)]
         with child(argv, ready, relay_cpu, "gateway", True) as gw, pinned(load_cpu):
-            return asyncio.run(_load(gw["public"], int(gw["pid"]), requests))
+            return asyncio.run(measured_load(gw["public"], int(gw["pid"]), requests))
 
 
-async def _load(url: str, pid: int, requests: int) -> dict[str, Any]:
+async def measured_load(url: str, pid: int, requests: int) -> dict[str, Any]:
+    """A warmed-up closed loop of CONCURRENCY and the CPU the gateway tree spent on it (also
+    used by bench.replicas)."""
     async with open_session(CONCURRENCY) as session:
         await closed_loop(session, [url], 2 * CONCURRENCY, CONCURRENCY, 0.0)
         cpu0 = tree_ticks(pid)
