@@ -8,10 +8,8 @@ divided by a factor, so a production `for: 1m` waits 1 s against units that a lo
 
 from __future__ import annotations
 
-import contextlib
 import re
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +20,7 @@ from typing import Any
 import orjson
 import yaml
 
+from loadtest.readyfile import wait_http_ok
 from tests.deploy.promql import tool
 from tests.support import free_ports, stop_process
 
@@ -131,15 +130,9 @@ def start_prometheus(
             cwd=tmp,
         )
     server = Prometheus(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + within
-    while True:
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(server.url + "/-/ready", timeout=2) as resp,
-        ):
-            if resp.status == 200:
-                return server
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.close()
-            raise RuntimeError(f"prometheus did not get ready:\n{server.log_tail()}")
-        time.sleep(0.1)
+    try:
+        wait_http_ok(server.url + "/-/ready", proc, within, "prometheus")
+    except RuntimeError as exc:
+        server.close()
+        raise RuntimeError(f"prometheus did not get ready ({exc}):\n{server.log_tail()}") from None
+    return server
