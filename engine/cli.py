@@ -10,23 +10,19 @@ LeaderWorkerSet, with `--from-env lws`: see engine/lws.py) starts one per host.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 from engine.backends.registry import BackendUnavailable, lookup
-from engine.flags import build_parser, place
-from engine.settings import NodeSettings
+from engine.flags import parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    args = sys.argv[1:] if argv is None else list(argv)
-    flags = build_parser(description=__doc__).parse_args(args)
     try:
-        settings = NodeSettings.from_flags(place(flags, args, os.environ))
+        settings = parse(argv, description=__doc__)
         return lookup(settings.backend)(settings)
     except (ValueError, BackendUnavailable) as exc:
         print(f"unitgate node: {exc}", file=sys.stderr)

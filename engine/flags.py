@@ -93,11 +93,16 @@ def build_parser(
     return p
 
 
-def parse(argv: Sequence[str] | None = None, prog: str = "unitgate node") -> NodeSettings:
+def parse(
+    argv: Sequence[str] | None = None,
+    prog: str = "unitgate node",
+    description: str | None = None,
+) -> NodeSettings:
     """Flags (and, with --from-env, the environment) -> checked settings; a bad value raises
     ValueError naming its flag or variable."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return NodeSettings.from_flags(place(build_parser(prog).parse_args(args), args, os.environ))
+    flags = build_parser(prog, description).parse_args(args)
+    return NodeSettings.from_flags(place(flags, args, os.environ))
 
 
 def place(
