@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from loadtest.readyfile import wait_http_ok
 from tests.deploy import dockerfile
 from tests.deploy.manifests import Pod, deployed, gateway_toml, is_lws, one, pods, settings_of
 from tests.engine.test_runtime_support import free_port, get_health
@@ -147,17 +148,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def wait_ready(url: str, gateway: Proc, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        assert gateway.proc.poll() is None, gateway.tail()
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"gateway not ready within {within} s:\n{gateway.tail()}")
+    try:
+        wait_http_ok(f"{url}/readyz", gateway.proc, within, "the gateway")
+    except RuntimeError as exc:
+        raise AssertionError(f"{exc}:\n{gateway.tail()}") from None
 
 
 def test_each_node_took_its_place_from_lws(cluster: Cluster) -> None:
