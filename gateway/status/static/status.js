@@ -4,7 +4,6 @@
 
 const TOKEN_KEY = "unitgate-admin-token";
 const RETRY_MS = 1000;
-let current = null; // the latest snapshot
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 function headers() {
@@ -90,8 +89,7 @@ function handle(block) {
     else if (line.startsWith("data: ")) data += line.slice(6);
   }
   if (event === "snapshot") {
-    current = JSON.parse(data);
-    render(current);
+    render(JSON.parse(data));
   } else if (event === "failed") {
     setLive("lost", JSON.parse(data).error);
   }
