@@ -123,6 +123,18 @@ async def test_6_clients_disconnect_mid_stream_at_once(
     # met no stream in flight.
     config = sim_load(gateway, duration=max(DURATION, FAULT_AT + START_WITHIN + 1.0))
     load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    # When each step happened, from the load's start: should the fault meet no stream in
+    # flight again (seen twice in full runs, never alone), this says which step was late.
+    origin = load.state.origin
+    sent = [t.sent_at for t in load.traces]
+    print(
+        f"scenario 6 timeline (s from the load's start): burst fired"
+        f" {(fault.fired_perf or origin) - origin:.2f}; every leaver streaming"
+        f" {max((t.started_at or 0.0 for t in leavers), default=origin) - origin:.2f};"
+        f" left {(left_at[0] if left_at else origin) - origin:.2f}; background sends"
+        f" {min(sent, default=origin) - origin:.2f}..{max(sent, default=origin) - origin:.2f}"
+        f"; load ended {load.state.elapsed():.2f}"
+    )
     fault.fired_perf = left_at[0] if left_at else None  # the fault is the moment they left
     report = Report(
         f"6. {LEAVERS} clients disconnect mid-stream at once (sim)",
