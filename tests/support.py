@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -112,20 +111,6 @@ def gateway_config(units: list[dict[str, Any]], **sections: dict[str, Any]) -> C
             raise ValueError("pass units as the first argument")
         raw[name] = {**raw.get(name, {}), **values}
     return config_from_dict(raw)
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct ports free now on 127.0.0.1 (all held while picked, so none repeats).
-    A process told one of them binds it later; one that binds port 0 meanwhile may be handed
-    a port picked one at a time and already released, so a test plans every port this way."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 async def until_routable(gw: Gateway, *unit_ids: str, within: float = 5.0) -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 
 from engine.up.backoff import Backoff
 from engine.up.plan import UnitPlan
+from engine.up.ports import free_port
 from engine.up.processes import Launcher, NodeProcess, describe_exit, stop_nodes
 
 log = logging.getLogger("unitgate.up")
@@ -75,12 +75,3 @@ async def _first_exit(nodes: list[NodeProcess]) -> NodeProcess:
         for task in waits:
             task.cancel()
     return waits[next(iter(done))]
-
-
-def free_port(host: str) -> int:
-    """A port the OS just handed out; the leader's store binds it a moment later."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.up.ports import free_port
 from loadtest.bench.machine import machine_facts
-from loadtest.bench.processes import free_port
 
 QUESTION = [
     {"role": "user", "content": "I need running shoes for flat feet. What should I look for?"}

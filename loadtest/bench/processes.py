@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -75,14 +74,6 @@ class Pins:
 
     load: int
     relay: int
-
-
-def free_port() -> int:
-    """A port free now on 127.0.0.1, for a child that must be told its port in advance."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def pin_cpus() -> Pins | None:

@@ -30,8 +30,8 @@ from pathlib import Path
 import aiohttp
 
 from engine.backends.vllm.tinymodel import write_tiny_model
+from engine.up.ports import free_port
 from loadtest.bench.machine import machine_facts
-from loadtest.bench.processes import free_port
 
 BACKENDS = ("builtin", "vllm")
 READY_S = 600.0

@@ -12,7 +12,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from engine.up.ports import free_port
 from loadtest.readyfile import wait_http_ok
 from tests.chaos.harness import RESUME_SECTION
 from tests.chaos.ops import Ops
@@ -34,13 +34,6 @@ REAL_MODEL = "tiny"
 # UNITGATE_CHAOS_WORKERS=2 runs the simulated scenarios against a control plane and two
 # workers (`make test` runs them both ways), instead of one gateway process.
 WORKERS = int(os.environ.get("UNITGATE_CHAOS_WORKERS", "1"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def toml_value(value: Any) -> str:

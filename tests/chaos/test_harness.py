@@ -11,8 +11,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from engine.up.ports import free_port
 from loadtest.gen.workload import RequestSpec
-from tests.chaos.clusters import free_port
 from tests.chaos.harness import Trace, send_traced
 from tests.chaos.report import Report
 

@@ -20,9 +20,10 @@ from typing import Any
 import orjson
 import yaml
 
+from engine.up.ports import free_ports
 from loadtest.readyfile import wait_http_ok
 from tests.deploy.promql import tool
-from tests.support import free_ports, stop_process
+from tests.support import stop_process
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -30,10 +30,11 @@ from typing import Any
 
 import pytest
 
+from engine.up.ports import free_port
 from loadtest.readyfile import wait_http_ok
 from tests.deploy import dockerfile
 from tests.deploy.manifests import Pod, deployed, gateway_toml, is_lws, one, pods, settings_of
-from tests.engine.test_runtime_support import free_port, get_health
+from tests.engine.test_runtime_support import get_health
 from tests.engine.test_up_support import Proc, stream_chat
 from tests.redis_support import RedisServer, redis_server
 

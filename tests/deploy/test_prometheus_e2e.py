@@ -32,11 +32,11 @@ from typing import TypeVar
 
 import pytest
 
+from engine.up.ports import free_ports
 from tests.chaos.clusters import RealCluster, start_real
 from tests.chaos.ops import first_event_after
 from tests.deploy.prometheus_server import Prometheus, shorten_for, start_prometheus
 from tests.deploy.promql import RULES, tool
-from tests.support import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -16,15 +15,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.model import ByteTokenizer, ModelConfig, TPContext, init_from_seed, load_hf_folder
+from engine.up.ports import free_port
 
 Worker = Callable[..., dict[str, Any]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _entry(rank: int, world: int, port: int, fn: Worker, args: tuple[Any, ...], out: str) -> None:
@@ -45,7 +38,7 @@ def _entry(rank: int, world: int, port: int, fn: Worker, args: tuple[Any, ...], 
 
 def run_group(world: int, fn: Worker, args: tuple[Any, ...], tmp: Path) -> list[dict[str, Any]]:
     """Run fn(tp, *args) on `world` spawned ranks; return each rank's result."""
-    ctx = mp.spawn(_entry, (world, _free_port(), fn, args, str(tmp)), nprocs=world, join=False)
+    ctx = mp.spawn(_entry, (world, free_port(), fn, args, str(tmp)), nprocs=world, join=False)
     deadline = time.monotonic() + 90
     while not ctx.join(timeout=0.1):
         if time.monotonic() > deadline:

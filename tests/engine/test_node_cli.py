@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_runtime_support import ROOT, free_port
+from engine.up.ports import free_port
+from tests.engine.test_runtime_support import ROOT
 from tests.engine.test_up_support import MODEL, Proc, health, stream_chat, unitgate
 
 pytestmark = pytest.mark.slow

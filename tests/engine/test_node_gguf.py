@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from engine.up.ports import free_port
 from tests.engine.test_node_cli import node
-from tests.engine.test_runtime_support import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ import pytest
 
 from engine.api import GenerationRequest, TokenEvent
 from engine.scheduler import SamplingParams
+from engine.up.ports import free_port
 from tests.engine.test_runtime_support import (
     PROMPT,
-    free_port,
     get_health,
     kill_all,
     spawn_node,

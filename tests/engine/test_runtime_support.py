@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from engine.backends.builtin.node import start_leader
 from engine.flags import parse
 from engine.model import ByteTokenizer
 from engine.runtime import LeaderEngine
+from engine.up.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQ_LEN = 1200  # room for a prompt that overflows the one-broadcast step frame
@@ -39,13 +39,6 @@ def start_unit(tmp: Path, timeout: float) -> tuple[LeaderEngine, Node]:
     except BaseException:
         kill_all(follower)
         raise
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

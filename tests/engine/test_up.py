@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.up.ports import free_ports
 from tests.engine.test_up_support import Proc, eventually, health, pid_gone, stream_chat, unitgate
-from tests.support import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,14 @@ import asyncio
 
 import aiohttp
 
+from engine.up.ports import free_ports
 from gateway.config import UnitConfig
 from gateway.health.states import Health
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
 from tests.integration.probing import Traffic, all_probed_ok, probed, until
-from tests.support import SimProcess, chat_body, free_ports
+from tests.support import SimProcess, chat_body
 
 
 async def test_readyz_is_never_200_while_every_unit_is_dead(http: aiohttp.ClientSession) -> None:

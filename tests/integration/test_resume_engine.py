@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from engine.up.ports import free_port
 from gateway.server import Gateway, running
-from tests.engine.test_runtime_support import free_port
 from tests.engine.test_up_support import MODEL, Proc, unitgate
 from tests.support import gateway_config, sse_events
 

@@ -5,19 +5,12 @@ Shared with the gateway's health tests, which kill or freeze a single follower p
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.up.ports import free_port
 from tests.support import SimProcess, start_sim
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def planned_units(nodes: Sequence[int]) -> list[dict[str, Any]]:

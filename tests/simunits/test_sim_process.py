@@ -15,17 +15,11 @@ from typing import Any
 
 import pytest
 
+from engine.up.ports import free_port
 from loadtest.readyfile import wait_ready_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _http(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -36,7 +30,7 @@ def _http(url: str, body: dict[str, Any] | None = None) -> Any:
 
 
 def _config_args(tmp_path: Path) -> list[str]:
-    leader, follower = (f"http://127.0.0.1:{_free_port()}" for _ in range(2))
+    leader, follower = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'[gateway]\nport = 8000\n\n[[units]]\nid = "alpha"\nleader = "{leader}"\n'

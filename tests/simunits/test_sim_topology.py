@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from engine.up.ports import free_port
 from loadtest.simunits import SimCluster
 from loadtest.simunits.cli import main
 from loadtest.simunits.topology import ConfigError, units_from_config
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_config_nodes_default_to_the_leader() -> None:

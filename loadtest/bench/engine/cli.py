@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import loadtest.bench.engine
+from engine.up.ports import free_port
 from loadtest.bench.engine import analyze
 from loadtest.bench.engine.report import render
 from loadtest.bench.engine.run import loadavg, machine, read, run_group, worker
-from loadtest.bench.processes import free_port
 
 
 def build_parser() -> argparse.ArgumentParser:

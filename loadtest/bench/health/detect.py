@@ -22,6 +22,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from engine.up.ports import free_port
 from gateway.config import HealthConfig
 from loadtest.bench.health.observe import (
     CoreTicks,
@@ -39,7 +40,7 @@ from loadtest.bench.health.observe import (
     wait_for,
 )
 from loadtest.bench.health.scale import unit_table
-from loadtest.bench.processes import CLK_TCK, Pins, child, cpu_ticks, free_port
+from loadtest.bench.processes import CLK_TCK, Pins, child, cpu_ticks
 
 POLL_S = 0.01
 FAULT_WITHIN_S = 5.0  # well past both targets: a miss is measured, not timed out

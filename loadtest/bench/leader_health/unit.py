@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.bench.processes import free_port, pinned, stop_child
+from engine.up.ports import free_port
+from loadtest.bench.processes import pinned, stop_child
 
 MODEL = "tiny"
 

@@ -19,7 +19,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from loadtest.bench.processes import READY_TIMEOUT_S, free_port, pinned, stop_child
+from engine.up.ports import free_port
+from loadtest.bench.processes import READY_TIMEOUT_S, pinned, stop_child
 from loadtest.readyfile import wait_http_ok
 
 NGINX_CONF = """\
