@@ -100,7 +100,8 @@ async def test_concurrent_writes_through_two_replicas_fall_into_one_order(
             call(http, (a, b)[i % 2], "POST", f"/admin/units/u0/{verb}", {"reason": f"w{i}"})
             for i, verb in enumerate(verbs)
         ]
-        assert {status for status, _ in await asyncio.gather(*calls)} == {200}
+        answers = await asyncio.gather(*calls)
+        assert {status for status, _ in answers} == {200}, [a for a in answers if a[0] != 200]
         client = store.client()
         version = int(client.get("fleet:version") or 0)
         assert 1 <= version <= len(verbs)  # asking for the current state again writes nothing
