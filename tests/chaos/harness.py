@@ -203,9 +203,33 @@ class ChaosRunner(Runner):
     It overrides `Runner._one`, the one place a request is sent; should that change, no trace
     is taken and every scenario fails on "the fault hit no stream in flight"."""
 
-    def __init__(self, config: RunConfig, workload: Workload) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        workload: Workload,
+        faults: Sequence[Fault] = (),
+        outlast_s: float | None = None,
+    ) -> None:
         super().__init__(config, workload)
         self.traces: list[Trace] = []
+        self.faults, self.outlast_s = faults, outlast_s
+
+    def _may_start(self, due: float) -> bool:
+        """With `outlast_s`, a closed loop also sends past its duration until every fault's
+        window has closed and `outlast_s` more have passed (within `OUTLAST_CAP_S`): a fault
+        whose length varies with the machine (a wait for a mark, 200 streams to start) then
+        always has live traffic around it, however late it closes."""
+        if super()._may_start(due):
+            return True
+        if self.outlast_s is None or not self.faults or due >= OUTLAST_CAP_S:
+            return False
+        cfg = self.config
+        if cfg.requests is not None and self.state.started >= cfg.requests:
+            return False
+        closed = [f.done_perf for f in self.faults if f.done_perf is not None]
+        if len(closed) < len(self.faults):
+            return True  # a fault is still open
+        return time.perf_counter() < max(closed) + self.outlast_s
 
     async def _one(self, session: aiohttp.ClientSession, record: RequestRecord) -> None:
         state = self.state
@@ -250,6 +274,7 @@ class Fault:
 
 
 WHEN_WAIT_S = 10.0
+OUTLAST_CAP_S = 60.0  # seconds from the load's start past which no request is sent, faults or not
 
 
 def streaming_on(
@@ -306,13 +331,18 @@ class Load:
 
 
 async def run_load(
-    run: RunConfig, work: Workload, faults: Sequence[Fault], ops: Ops | None = None
+    run: RunConfig,
+    work: Workload,
+    faults: Sequence[Fault],
+    ops: Ops | None = None,
+    outlast_s: float | None = None,
 ) -> Load:
     """The load runs to its bounds while the faults fire; both must be done to return.
-    A fault scheduled past the load's end still fires (the load does not cancel it).
+    A fault scheduled past the load's end still fires (the load does not cancel it), unless
+    `outlast_s` is given: then the load sends on until that long after the last fault closed.
     With `ops`, the gateway's resumption counters are read first (see `conclude`)."""
     before = await asyncio.to_thread(resumptions, ops) if ops is not None else {}
-    runner = ChaosRunner(run, work)
+    runner = ChaosRunner(run, work, faults, outlast_s)
     firing = asyncio.create_task(_fire_all(faults, runner.state, runner.traces))
     try:
         state = await runner.run()

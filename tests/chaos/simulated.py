@@ -13,6 +13,10 @@ from tests.support import SimProcess
 CONCURRENCY = 24
 MAX_TOKENS = 50  # 20 ms apart: 1 s streams
 DURATION = 8.0
+# Scenarios whose fault lasts as long as the machine makes it send on this long after it
+# closed. The closed loop sends in waves (its 24 streams of 1 s start and end together), so
+# this is `assert_load_outlasted`'s 1 s margin plus one wave and some slack.
+OUTLAST_S = 2.5
 FAULT_AT = 2.5
 
 
@@ -48,7 +52,7 @@ def assert_load_outlasted(load: Load, fault: Fault, margin_s: float = 1.0) -> No
     last = max((t.sent_at for t in load.traces), default=0.0)
     assert last >= fault.done_perf + margin_s, (
         f"the load stopped sending {fault.done_perf + margin_s - last:.2f} s too early:"
-        f" it must outlast the fault's window by {margin_s} s (lengthen its duration)"
+        f" it must outlast the fault's window by {margin_s} s (run it with outlast_s)"
     )
 
 
@@ -59,3 +63,36 @@ def ejections(gateway: GatewayProcess, after_wall: float) -> list[str]:
         for e in gateway.ops.events()
         if e["time"] >= after_wall and e["what"] in ("unhealthy", "breaker ejected")
     ]
+
+
+def assert_never_ejected(gateway: GatewayProcess, load: Load, fault: Fault) -> None:
+    """No unit was ejected since the fault fired; if one was, the failure shows what vouching
+    saw: each unit's events and how many of its streams were in flight around them."""
+    fired_wall = fault.fired_wall or 0.0
+    found = ejections(gateway, fired_wall)
+    if not found:
+        return
+    fired = fault.fired_perf or 0.0
+    lines = [
+        f"ejected after the fault: {found}",
+        "(times in s from the fault; closed at "
+        f"{(fault.done_perf or fired) - fired:.2f}; last send at "
+        f"{max((t.sent_at for t in load.traces), default=fired) - fired:.2f})",
+    ]
+    units = sorted({e.split(":")[0] for e in found})
+    for event in gateway.ops.events():
+        unit = event["unit"]
+        if unit in units and event["time"] >= fired_wall - 1.0:
+            at = event["time"] - fired_wall
+            streams = _flowing(load, unit, fired + at)
+            lines.append(f"  {at:6.2f} {unit} {event['what']} ({streams}): {event['reason']}")
+    raise AssertionError("\n".join(lines))
+
+
+def _flowing(load: Load, unit: str, at: float) -> str:
+    """Streams of `unit` started and not ended at `at`, and when the unit's last one began."""
+    mine = [t for t in load.traces if t.unit == unit and t.started_at is not None]
+    live = [t for t in mine if t.started_at <= at and (t.ended_at is None or t.ended_at > at)]
+    began = [t.started_at for t in mine if t.started_at is not None and t.started_at <= at]
+    last = f"{at - max(began):.2f} s before" if began else "never"
+    return f"{len(live)}; the last began {last}"

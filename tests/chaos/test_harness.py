@@ -12,8 +12,9 @@ import pytest
 from aiohttp import web
 
 from engine.up.ports import free_port
+from loadtest.gen.shapes import RunConfig
 from loadtest.gen.workload import RequestSpec
-from tests.chaos.harness import Trace, send_traced
+from tests.chaos.harness import Fault, Trace, run_load, send_traced, workload
 from tests.chaos.report import Report
 
 pytestmark = pytest.mark.chaos
@@ -40,7 +41,10 @@ ENDINGS: dict[str, list[bytes]] = {
 
 
 async def answer(request: web.Request) -> web.StreamResponse:
-    mode = (await request.json())["mode"]
+    mode = (await request.json()).get("mode")
+    if mode is None:  # a chat body from a load: answered like a unit, 20 ms later
+        await asyncio.sleep(0.02)
+        mode = "complete"
     if mode == "http_502_json":
         return web.json_response({"error": {"message": "no unit", "code": "upstream"}}, status=502)
     if mode == "http_502_html":
@@ -97,6 +101,26 @@ async def test_every_ending_is_judged(
     assert (trace.outcome, trace.started) == (outcome, started), trace
     if outcome != "completed":
         assert trace.kind == kind, trace
+
+
+async def test_a_load_told_to_outlast_its_faults_sends_until_after_the_last_one_closed(
+    server: str,
+) -> None:
+    """A fault that closes 1 s past the load's 0.3 s duration: sends go on until 0.3 s after
+    it closed, not past that; without `outlast_s` they stop at the duration."""
+
+    def fault() -> Fault:
+        return Fault(0.1, "long", lambda: asyncio.sleep(1.0))
+
+    config = RunConfig(server, concurrency=2, duration=0.3, requests=1000, timeout=5.0)
+    long = fault()
+    load = await run_load(config, workload("m", 4), [long], outlast_s=0.3)
+    assert long.done_perf is not None
+    last = max(t.sent_at for t in load.traces)
+    assert long.done_perf + 0.2 < last < long.done_perf + 0.35  # the last one may be sent late
+    assert {t.outcome for t in load.traces} == {"completed"}
+    plain = await run_load(config, workload("m", 4), [fault()])
+    assert max(t.sent_at for t in plain.traces) < plain.state.origin + 0.3
 
 
 async def test_a_refused_connection_is_an_explicit_failure_before_the_start() -> None:

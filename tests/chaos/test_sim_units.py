@@ -29,7 +29,14 @@ from tests.chaos.harness import (
 )
 from tests.chaos.ops import samples, until
 from tests.chaos.report import Report, conclude
-from tests.chaos.simulated import DURATION, FAULT_AT, MAX_TOKENS, node_health, sim_load
+from tests.chaos.simulated import (
+    FAULT_AT,
+    MAX_TOKENS,
+    OUTLAST_S,
+    assert_load_outlasted,
+    node_health,
+    sim_load,
+)
 from tests.support import MODEL, SimProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
@@ -120,9 +127,10 @@ async def test_6_clients_disconnect_mid_stream_at_once(
     # The background load outlasts the leavers' start, whatever it takes within its bound
     # (START_WITHIN): on a busy 2-core machine 200 streams once took over 5.5 s to all start,
     # and once (CI, 2026-12-02) over 13 s, and a load that had ended by then meant the fault
-    # met no stream in flight.
-    config = sim_load(gateway, duration=max(DURATION, FAULT_AT + START_WITHIN + 1.0))
-    load = await run_load(config, workload(MODEL, MAX_TOKENS), [fault], gateway.ops)
+    # met no stream in flight. So it sends on until OUTLAST_S after the burst is over.
+    work = workload(MODEL, MAX_TOKENS)
+    load = await run_load(sim_load(gateway), work, [fault], gateway.ops, OUTLAST_S)
+    assert_load_outlasted(load, fault)
     # When each step happened, from the load's start: should the fault meet no stream in
     # flight again (seen twice in full runs, never alone), this says which step was late.
     origin = load.state.origin
