@@ -74,6 +74,7 @@ class UnitProber:
             rise=config.rise,
             stall_timeout=config.stall_timeout,
             state=unit.health,
+            slow_grace=config.slow_grace(),
         )
         # Label lookups take a lock; do them once, not per failed probe.
         self.failures = [metrics.probe_failures.labels(unit.id, str(r)) for r in range(len(urls))]
@@ -96,7 +97,19 @@ class UnitProber:
 
     async def probe_round(self) -> Round:
         h = self.config
-        probes = asyncio.gather(*(probe_node(self.pool, t, h.timeout) for t in self.targets))
+        own_then: list[int] = []
+
+        async def leader() -> NodeReport:
+            report = await probe_node(self.pool, self.targets[0], h.timeout)
+            if self.own is not None:
+                # Taken as the leader's count arrives, not at the round's end: a follower
+                # that answers late holds the round open, and our streams that end meanwhile
+                # would pass for other replicas' (and route this unit's traffic away).
+                own_then.append(self.own(self.unit))
+            return report
+
+        followers = (probe_node(self.pool, t, h.timeout) for t in self.targets[1:])
+        probes = asyncio.gather(leader(), *followers)
         canary_error: str | None = None
         if h.canary_every and self.rounds % h.canary_every == 0:
             model = self.unit.models[0]
@@ -111,9 +124,9 @@ class UnitProber:
         flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now)
         result = self.verdict.observe(reports, now, canary_error, flowing)
         self._record_nodes(reports, result.nodes)
-        if self.own is not None:
-            leader = reports[0]
-            self.unit.foreign = others(leader.pending, leader.running, self.own(self.unit))
+        if own_then:
+            first = reports[0]
+            self.unit.foreign = others(first.pending, first.running, own_then[0])
         if result.flip is not None:
             self._apply(result.flip)
         return result

@@ -7,9 +7,11 @@ supervisor's: test_prober_lifecycle.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from gateway.health.states import Health, Outcome
 from gateway.health.verdict import Flip
+from gateway.units import UnitState
 from tests.gateway import prober_support
 from tests.gateway.prober_support import MODEL, Build, Node, served, timed_round
 
@@ -76,6 +78,31 @@ async def test_a_round_records_the_others_requests_the_leader_reports(rigs: Buil
         rig.unit.foreign = 5
         await timed_round(rig)
         assert rig.unit.foreign == 0  # an engine that reports no load: own counts only
+
+
+async def test_the_own_count_is_taken_when_the_leaders_count_arrives(rigs: Build) -> None:
+    """A follower answering late holds the round open; our streams that end meanwhile must
+    not pass for other replicas' (CI: a slow-probed unit then got no traffic for 2 s)."""
+    leader, follower = Node(0), Node(1)
+    leader.doc.update(pending=0, kv_slots_used=3)  # our 3 streams, as the leader counts them
+    async with served(leader, follower) as urls:
+        rig = rigs(urls)
+        rig.unit.inflight = 3
+        taken = asyncio.Event()
+
+        def own(unit: UnitState) -> int:
+            taken.set()
+            return unit.inflight
+
+        async def late() -> None:  # answers once the leader's count is in, our streams gone
+            with contextlib.suppress(TimeoutError):  # (a prober that takes it late: 0.5 s)
+                await asyncio.wait_for(taken.wait(), 0.5)
+            rig.unit.inflight = 0
+
+        rig.prober.own = own
+        follower.before = late
+        await timed_round(rig)
+        assert rig.unit.foreign == 0  # taken at the round's end, 3 of ours would count as others'
 
 
 async def test_the_canary_runs_every_kth_round_on_the_leader(rigs: Build) -> None:
