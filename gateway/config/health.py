@@ -23,13 +23,19 @@ class HealthConfig:
     canary_timeout: float = 2.0
     # Probe timeouts are soft: while the unit's traffic flows (an answer began, or one of its
     # streams got data, within max(traffic_window, pace_factor x that stream's own gap between
-    # reads)) they make the unit `slow`, not unhealthy.
+    # reads)) they make the unit `slow`, not unhealthy. A slow unit gets `slow_weight` of its
+    # share of new requests, so for it the window is traffic_window / slow_weight (4 s).
     traffic_window: float = 1.0
     pace_factor: float = 4.0
     slow_weight: float = 0.25  # a slow unit's routing weight, as a share of its own
     # Fewer than this share of a model's units in service routable: route across the ones out
     # for soft reasons or by their breaker too. 0 = never.
     panic_threshold: float = 0.5
+
+    def slow_grace(self) -> float:
+        """How long traffic last seen flowing still vouches for a `slow` unit: its share of
+        new requests is `slow_weight`, so the window grows to `traffic_window / slow_weight`."""
+        return self.traffic_window * (1.0 / self.slow_weight - 1.0)
 
     def __post_init__(self) -> None:
         for name in (

@@ -126,6 +126,12 @@ class GangVerdict:
     A probe timeout is soft evidence: a saturated leader answers `/health` late while it
     serves. It makes the round `slow` when the caller says the unit's live traffic flows, and
     bad (but soft) when nothing vouches for the unit. Everything else a node can report is hard.
+
+    A `slow` unit gets only a share of new requests (`slow_weight`), so gaps in its traffic
+    grow by the inverse of that share; judged by the plain window, the down-weighting itself
+    would starve the unit of the evidence that keeps it in (CI saw it: no new stream on a slow
+    unit for 2 s, then ejected). So while it is slow, traffic seen flowing within `slow_grace`
+    still vouches. Hard evidence (and a stalled engine) ejects it as before.
     """
 
     def __init__(
@@ -137,8 +143,11 @@ class GangVerdict:
         rise: int,
         stall_timeout: float,
         state: Health = Health.UNKNOWN,
+        slow_grace: float = 0.0,
     ) -> None:
         self.unit_id = unit_id
+        self.slow_grace = slow_grace
+        self.flowed_at: float | None = None  # when a round last found the traffic flowing
         self.labels = tuple(f"node {rank} ({_role(rank)} {url})" for rank, url in enumerate(urls))
         self.machine = HealthMachine(fall, rise, state)
         self.stall = StallWatch(stall_timeout)
@@ -167,9 +176,16 @@ class GangVerdict:
             bad.append(f"canary completion failed: {canary}")
         hard = hard or stalled is not None or canary is not None
         problem = "; ".join(bad) if bad else None
+        if flowing:
+            self.flowed_at = now
+        vouched = flowing or (
+            self.machine.state is Health.SLOW
+            and self.flowed_at is not None
+            and now - self.flowed_at <= self.slow_grace
+        )
         if problem is None:
             outcome = Outcome.GOOD
-        elif hard or not flowing:
+        elif hard or not vouched:
             outcome = Outcome.BAD
         else:
             outcome = Outcome.SLOW

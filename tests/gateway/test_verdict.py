@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.config import HealthConfig
 from gateway.health.probe import parse_health
 from gateway.health.result import NodeReport
 from gateway.health.states import Health, Outcome
@@ -87,6 +88,39 @@ def test_a_probe_timeout_is_soft_and_live_traffic_vouches_for_the_unit() -> None
     assert dead.outcome is BAD and not dead.hard
     assert dead.flip is not None and dead.flip.health is Health.UNHEALTHY and not dead.flip.hard
     assert dead.flip.reason.endswith("; no live traffic on the unit to vouch for it")
+
+
+def test_a_slow_unit_is_vouched_for_by_traffic_seen_within_its_grace() -> None:
+    """Down-weighted, a slow unit's traffic comes in wider gaps: a gap within `slow_grace` of
+    the last flowing round keeps it slow; past it, or on hard evidence, it is out."""
+    v = GangVerdict("u3", URLS, fall=2, rise=2, stall_timeout=1.5, slow_grace=3.0)
+    timeouts = [ok(0), TIMEOUT, ok(2)]
+    for now in (0.0, 0.25):
+        v.observe(timeouts, now, flowing=True)
+    assert v.health is Health.SLOW
+    for now in (1.0, 2.0, 3.0):  # nothing flows now, but it did 3 s ago at most
+        assert v.observe(timeouts, now, flowing=False).outcome is SLOW
+    assert v.health is Health.SLOW
+    assert v.observe(timeouts, 3.5, flowing=True).outcome is SLOW  # it flows again
+    late = [v.observe(timeouts, now, flowing=False) for now in (6.75, 7.0)]  # 3.25 s, 3.5 s
+    assert [r.outcome for r in late] == [BAD, BAD]
+    assert late[-1].flip is not None and late[-1].flip.health is Health.UNHEALTHY
+    assert late[-1].flip.reason.endswith("; no live traffic on the unit to vouch for it")
+    # The grace is for a unit already slow: a healthy one with nothing flowing is judged bad.
+    healthy = GangVerdict("u3", URLS, fall=2, rise=2, stall_timeout=1.5, slow_grace=3.0)
+    healthy.observe(good(), 0.0)
+    assert healthy.observe(timeouts, 0.5, flowing=False).outcome is BAD
+    # Hard evidence on a slow unit within its grace: bad at once.
+    v.observe(timeouts, 8.0, flowing=True)
+    v.observe(timeouts, 8.25, flowing=True)
+    refused = v.observe([ok(0), NodeReport(None, "connection refused"), ok(2)], 8.5)
+    assert refused.outcome is BAD and refused.hard
+
+
+def test_the_slow_grace_scales_with_the_slow_units_share_of_traffic() -> None:
+    assert HealthConfig().slow_grace() == pytest.approx(3.0)  # 1 s / 0.25 = 4 s in all
+    assert HealthConfig(traffic_window=2.0, slow_weight=0.5).slow_grace() == pytest.approx(2.0)
+    assert HealthConfig(slow_weight=1.0).slow_grace() == 0.0  # not down-weighted: no grace
 
 
 @pytest.mark.parametrize(
