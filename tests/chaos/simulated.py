@@ -91,8 +91,11 @@ def assert_never_ejected(gateway: GatewayProcess, load: Load, fault: Fault) -> N
 
 def _flowing(load: Load, unit: str, at: float) -> str:
     """Streams of `unit` started and not ended at `at`, and when the unit's last one began."""
-    mine = [t for t in load.traces if t.unit == unit and t.started_at is not None]
-    live = [t for t in mine if t.started_at <= at and (t.ended_at is None or t.ended_at > at)]
-    began = [t.started_at for t in mine if t.started_at is not None and t.started_at <= at]
-    last = f"{at - max(began):.2f} s before" if began else "never"
-    return f"{len(live)}; the last began {last}"
+    began = [
+        (t.started_at, t.ended_at)
+        for t in load.traces
+        if t.unit == unit and t.started_at is not None and t.started_at <= at
+    ]
+    live = sum(1 for _, ended in began if ended is None or ended > at)
+    last = f"{at - max(start for start, _ in began):.2f} s before" if began else "never"
+    return f"{live}; the last began {last}"
