@@ -1,8 +1,8 @@
 """OpenAI request bodies -> prompt ids and SamplingParams, or a 400 naming the parameter.
 
 The gateway validates too, but the leader is also reached directly (load tools, tests, another
-gateway version), so it checks everything it relies on. Unknown fields are ignored, as OpenAI
-servers do; known fields this engine cannot honour are refused rather than silently dropped.
+gateway version), so it checks everything it relies on. Which fields are honoured, accepted
+without effect or refused is decided in `fields.py`; nothing is dropped in silence.
 """
 
 from __future__ import annotations
@@ -17,23 +17,19 @@ from engine.api import Engine
 from engine.model.tokenizer import Tokenizer
 from engine.scheduler import InvalidParams, SamplingParams
 from engine.server.errors import JSON, ApiError, bad
+from engine.server.fields import (
+    CHAT,
+    COMPLETION,
+    MESSAGE,
+    STREAM_OPTIONS,
+    TEXT_PART,
+    check_fields,
+)
 
 Kind = Literal["chat", "completion"]
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat defaults to the rest of context
-# Fields whose non-neutral values would change the answer in ways this engine cannot produce.
-UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}),
-    "tools": (None, []),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +49,8 @@ class ParsedRequest:
 def parse_request(kind: Kind, raw: bytes, engine: Engine) -> ParsedRequest:
     data = _load(raw)
     _check_model(data, engine.model_name)
-    _check_supported(data)
+    check_fields(data, CHAT if kind == "chat" else COMPLETION)
+    _check_n(data)
     tokenizer = engine.tokenizer
     ids = _chat_prompt(data, tokenizer) if kind == "chat" else _completion_prompt(data, tokenizer)
     param = "messages" if kind == "chat" else "prompt"
@@ -61,6 +58,7 @@ def parse_request(kind: Kind, raw: bytes, engine: Engine) -> ParsedRequest:
     room = engine.max_seq_len - len(ids)
     default_max = room if kind == "chat" else min(room, COMPLETION_DEFAULT_MAX_TOKENS)
     options = _get(data, "stream_options", dict, "an object") or {}
+    check_fields(options, STREAM_OPTIONS, "stream_options")
     return ParsedRequest(
         kind=kind,
         prompt_ids=tuple(ids),
@@ -90,14 +88,10 @@ def _check_model(data: JSON, served: str) -> None:
         raise ApiError(404, message, param="model", code="model_not_found")
 
 
-def _check_supported(data: JSON) -> None:
+def _check_n(data: JSON) -> None:
     n = _get(data, "n", int, "an integer")
     if n is not None and n != 1:
         raise bad(f"'n' must be 1 (one choice per request), got {n}", "n")
-    for name, neutral in UNSUPPORTED.items():
-        value = data.get(name)
-        if not any(value == v for v in neutral):
-            raise bad(f"'{name}' is not supported by this engine (got {value!r})", name)
 
 
 def _chat_prompt(data: JSON, tokenizer: Tokenizer) -> list[int]:
@@ -118,20 +112,31 @@ def _message(message: Any, where: str) -> dict[str, str]:
     if not isinstance(role, str) or role not in CHAT_ROLES:
         param = f"{where}.role"
         raise bad(f"'{param}' must be one of {sorted(CHAT_ROLES)}, got {role!r}", param)
+    check_fields(message, MESSAGE, where)
     return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), where)}
 
 
 def _content(content: Any, where: str) -> str:
-    """A string, or text parts joined by newlines (as vLLM does); other part types are refused."""
+    """A string, or text parts joined by newlines (as vLLM does). Other parts are refused by
+    type: an image or a sound the model never sees would change the answer."""
+    param = f"{where}.content"
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        strings = [t for t in texts if isinstance(t, str)]
-        if len(strings) == len(content):
-            return "\n".join(strings)
-    param = f"{where}.content"
-    raise bad(f"'{param}' must be a string or an array of text parts", param)
+    if not isinstance(content, list):
+        raise bad(f"'{param}' must be a string or an array of text parts", param)
+    return "\n".join(_text(part, f"{param}[{i}]", param) for i, part in enumerate(content))
+
+
+def _text(part: Any, where: str, param: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind != "text":
+        what = f"a part of type {kind!r}" if isinstance(kind, str) else "not a text part"
+        raise bad(f"'{where}' is {what}; this engine reads text parts only", param)
+    check_fields(part, TEXT_PART, where)
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise bad(f"'{where}.text' must be a string", param)
+    return text
 
 
 def _completion_prompt(data: JSON, tokenizer: Tokenizer) -> list[int]:
