@@ -12,6 +12,13 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.errors import InvalidRequest
 from gateway.observability.metrics import Metrics
+from gateway.paths import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
+    MESSAGES_PATH,
+    RESPONSES_PATH,
+)
 from gateway.proxy.handler import ProxyHandler
 from gateway.status.page import StatusPage
 from gateway.units import UnitRegistry
@@ -37,6 +44,19 @@ def public_app(
     async def models(_: web.Request) -> web.Response:
         return web.Response(body=models_body, content_type="application/json")
 
+    model_bodies = {
+        m: orjson.dumps({"id": m, "object": "model", "created": created, "owned_by": "unitgate"})
+        for m in config.gateway.models
+    }
+
+    async def model(request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        body = model_bodies.get(name)
+        if body is None:
+            message = f"The model '{name}' does not exist"
+            return InvalidRequest(message, status=404, code="model_not_found").response()
+        return web.Response(body=body, content_type="application/json")
+
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
 
@@ -47,9 +67,13 @@ def public_app(
             return _json(503, {"status": "no routable unit"})
         return _json(200, {"status": "ready"})
 
-    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
-    app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_post(CHAT_PATH, proxy.chat_completions)
+    app.router.add_post(COMPLETIONS_PATH, proxy.completions)
+    app.router.add_post(RESPONSES_PATH, proxy.responses)
+    app.router.add_post(MESSAGES_PATH, proxy.messages)
+    app.router.add_post(EMBEDDINGS_PATH, proxy.embeddings)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

@@ -24,6 +24,7 @@ from typing import Literal
 
 from gateway.config import Config, UnitConfig
 from gateway.health.states import Health
+from gateway.paths import SERVED_BY_KIND
 from gateway.routing.affinity import hash_key
 from gateway.shares import below_share
 
@@ -43,6 +44,7 @@ class NodeStatus:
     step: int | None = None
     pending: int | None = None
     pid: int | None = None
+    kv_usage: float | None = None  # the leader's KV-cache share in use, where its kind says
 
 
 @dataclass(slots=True)
@@ -72,6 +74,7 @@ class UnitState:
         "configured_cap",
         "draining",
         "enabled",
+        "extra_head",
         "foreign",
         "hard",
         "health",
@@ -83,6 +86,7 @@ class UnitState:
         "nodes",
         "panicked",
         "reasons",
+        "serves",
         "token_ids",
         "weight",
     )
@@ -97,6 +101,9 @@ class UnitState:
         self.config = config
         self.id = config.id
         self.leader = config.leader
+        self.serves = SERVED_BY_KIND[config.kind]  # the API paths its kind answers
+        # The unit's own header lines on every request (its API key, its `headers`).
+        self.extra_head = config.header_lines()
         self.weight = config.weight  # lowered by the registry while the unit is slow
         self.configured_cap = cap
         self.cap = cap  # lowered by the breaker while it admits trial requests only

@@ -131,9 +131,15 @@ def _refusal(config: Config, options: UpOptions) -> str | None:
 def _local_plan(config: Config) -> Plan:
     plan = plan_units(config)
     if not plan.units:
-        raise PlanError("no unit of the config is on loopback: nothing to start here")
+        raise PlanError(
+            'no unit of the config is of kind "unitgate" on loopback: nothing to start here'
+        )
     for unit in plan.skipped:
-        log.info("unit %s: not on loopback, not started here (the gateway still routes)", unit)
+        log.info(
+            "unit %s: not on loopback or a stock server, not started here (the gateway still"
+            " routes)",
+            unit,
+        )
     return plan
 
 

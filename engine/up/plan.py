@@ -98,15 +98,19 @@ class UnitPlan:
 @dataclass(frozen=True, slots=True)
 class Plan:
     units: tuple[UnitPlan, ...]
-    skipped: tuple[str, ...]  # units whose nodes are not on loopback: someone else runs them
+    skipped: tuple[str, ...]  # not on loopback, or stock servers: someone else runs them
 
 
 def plan_units(config: Config) -> Plan:
-    """Every unit whose node URLs are all on loopback becomes a local unit; the rest are left
-    to whoever runs them (the gateway still routes to them)."""
+    """Every unit of this project's kind whose node URLs are all on loopback becomes a local
+    unit; the rest (other kinds: stock servers) are left to whoever runs them (the gateway
+    still routes to them)."""
     units: list[UnitPlan] = []
     skipped: list[str] = []
     for unit in config.units:
+        if unit.kind != "unitgate":  # a stock server: its own operator runs it
+            skipped.append(unit.id)
+            continue
         local = [is_loopback(_host(unit, url)) for url in unit.nodes]
         if not any(local):
             skipped.append(unit.id)

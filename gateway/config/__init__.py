@@ -26,13 +26,14 @@ from gateway.config.proxy import (
     RetryConfig,
     RoutingConfig,
     TimeoutConfig,
-    UnitConfig,
     UpstreamConfig,
 )
 from gateway.config.state import StateConfig
+from gateway.config.unit import KINDS, UnitConfig
 
 __all__ = [
     "AFFINITY_MODES",
+    "KINDS",
     "TRACE_EXPORTERS",
     "AdminConfig",
     "AdmissionConfig",
@@ -81,6 +82,14 @@ class Config:
             extra = sorted(set(unit.models) - served)
             _check(
                 not extra, "models", extra, f"unit {unit.id!r} lists models not in [gateway].models"
+            )
+            public = unit.models or self.gateway.models
+            _check(
+                not unit.served_model or len(public) == 1,
+                "served_model",
+                unit.served_model,
+                f"unit {unit.id!r} serves {len(public)} models: served_model needs exactly one"
+                " (set the unit's models)",
             )
 
     def unit_cap(self, unit: UnitConfig) -> int:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from gateway.config.checks import base_url as _url
 from gateway.config.checks import check as _check
 from gateway.config.checks import positive as _positive
 
@@ -178,99 +175,3 @@ class AdmissionConfig:
         _check(self.queue_size >= 0, "queue_size", self.queue_size, "must be >= 0")
         _check(self.queue_timeout >= 0, "queue_timeout", self.queue_timeout, "must be >= 0")
         _check(self.retry_after >= 0, "retry_after", self.retry_after, "must be >= 0")
-
-
-BACKENDS = ("builtin", "vllm")
-# engine.settings.WEIGHT_DTYPES, copied so the gateway needs no engine (a test keeps them equal).
-WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "gguf")
-PACKAGED_MODELS = ("smollm2",)  # engine.model.gguf.PACKAGED's names, kept equal the same way
-
-
-@dataclass(frozen=True, slots=True)
-class UnitConfig:
-    id: str
-    leader: str
-    # Health URLs of every node in rank order; rank 0 is the leader. Defaults to [leader].
-    nodes: tuple[str, ...] = ()
-    weight: float = 1.0
-    max_inflight: int | None = None
-    # Empty = every model the gateway serves.
-    models: tuple[str, ...] = ()
-    # The operator's initial enable bit (the admin API flips it at run time).
-    enabled: bool = True
-    # How `unitgate up` runs the unit's nodes (the gateway itself only routes): "builtin" (this
-    # project's engine) or "vllm" (needs `pip install 'unitgate[vllm]'`).
-    backend: str = "builtin"
-    # What the nodes serve: for "builtin", "smollm2" (the packaged SmolLM2-135M-Instruct), a
-    # Llama .gguf file or a Hugging Face folder; "" = the seeded random tiny model (tests,
-    # benchmarks). For "vllm" a model folder, required.
-    model: str = ""
-    # Positions per sequence the builtin engine keeps KV cache for (the prompt and the answer);
-    # None = the model's own context. SmolLM2's 8,192 would reserve ~380 MB per slot.
-    max_seq_len: int | None = None
-    # How the builtin engine stores the matrices: "float32" (exact to the file), "float16"
-    # (half the bytes a decode step reads), "bfloat16", or "gguf": a GGUF model's own quantized
-    # blocks, multiplied by a fused kernel (a quarter of float16's bytes; the fastest on CPU,
-    # see README). None = float32. Activations and the KV cache stay float32.
-    weight_dtype: str | None = None
-    # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
-    engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
-
-    def __post_init__(self) -> None:
-        _check(
-            bool(self.id) and self.id.strip() == self.id,
-            "id",
-            self.id,
-            "must be a non-empty id without spaces",
-        )
-        _url("leader", self.leader)
-        for url in self.nodes:
-            _url("nodes", url)
-        if not self.nodes:
-            object.__setattr__(self, "nodes", (self.leader.rstrip("/"),))
-        object.__setattr__(self, "leader", self.leader.rstrip("/"))
-        _check(self.weight > 0 and math.isfinite(self.weight), "weight", self.weight, "must be > 0")
-        if self.max_inflight is not None:
-            _check(self.max_inflight >= 1, "max_inflight", self.max_inflight, "must be >= 1")
-        self._check_backend()
-
-    def _check_backend(self) -> None:
-        _check(self.backend in BACKENDS, "backend", self.backend, f"must be one of {BACKENDS}")
-        vllm = self.backend == "vllm"
-        _check(not vllm or bool(self.model), "model", self.model, 'is required with "vllm"')
-        _check(
-            vllm or not self.engine_args,
-            "engine_args",
-            self.engine_args,
-            'only applies to backend = "vllm"',
-        )
-        if self.max_seq_len is not None:
-            _check(self.max_seq_len >= 2, "max_seq_len", self.max_seq_len, "must be >= 2")
-            _check(
-                not vllm,
-                "max_seq_len",
-                self.max_seq_len,
-                'only applies to backend = "builtin" (vLLM: engine_args.max_model_len)',
-            )
-        if self.weight_dtype is not None:
-            _check(
-                self.weight_dtype in WEIGHT_DTYPES,
-                "weight_dtype",
-                self.weight_dtype,
-                f"must be one of {WEIGHT_DTYPES}",
-            )
-            _check(
-                not vllm,
-                "weight_dtype",
-                self.weight_dtype,
-                'only applies to backend = "builtin" (vLLM: engine_args.dtype)',
-            )
-            _check(
-                self.weight_dtype != "gguf"
-                or self.model in PACKAGED_MODELS
-                or self.model.endswith(".gguf"),
-                "weight_dtype",
-                self.weight_dtype,
-                f"needs a GGUF model ({', '.join(PACKAGED_MODELS)} or a .gguf path), not "
-                f"{repr(self.model) if self.model else 'the seeded tiny model'}",
-            )

@@ -1,17 +1,16 @@
-"""Probing one node's `/health` (and the optional canary completion) over raw connections.
+"""Probing a node over raw connections: the I/O every unit kind's probe is built from.
 
 A thousand units of four nodes probed every second is 4,000 requests a second; aiohttp's
 client would spend most of a core on them. A dedicated `ConnectionPool` (the request path's
-raw keep-alive client) with a prebuilt request head keeps a probe to a write, a parse and a
-JSON decode. Every call runs under its own deadline, and a timed-out or cancelled exchange
-closes its connection (the pool discards what did not end cleanly), so a late answer can
-never be read as the answer to the next probe.
+raw keep-alive client) with a prebuilt request head keeps a probe to a write and a parse.
+Every call runs under its own deadline, and a timed-out or cancelled exchange closes its
+connection (the pool discards what did not end cleanly), so a late answer can never be read
+as the answer to the next probe. What an answer means is each kind's business (kinds/).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import orjson
 
@@ -21,39 +20,57 @@ from gateway.proxy.upstream import request_head
 
 
 class Target:
-    """A node's address and its request head, built once rather than on every probe."""
+    """A node's address and one GET's request head, built once rather than on every probe.
+    `extra` is the unit's own header lines (its API key, its `headers`)."""
 
-    __slots__ = ("endpoint", "head")
+    __slots__ = ("endpoint", "head", "path")
 
-    def __init__(self, url: str, path: str = "/health") -> None:
+    def __init__(
+        self, url: str, path: str = "/health", extra: bytes = b"", accept: str = "application/json"
+    ) -> None:
         self.endpoint = Endpoint(url.rstrip("/"))
+        self.path = path
         host = self.endpoint.host_header.decode()
         self.head = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n\r\n"
-        ).encode("latin-1")
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: {accept}\r\n".encode("latin-1")
+            + extra
+            + b"\r\n"
+        )
 
 
-async def probe_node(pool: ConnectionPool, target: Target, within: float) -> NodeReport:
-    """`within` seconds bound the whole probe, connecting included."""
+class ProbeFailed(Exception):
+    """A GET that got no answer: the report says why (a timeout is the soft kind)."""
+
+    def __init__(self, report: NodeReport) -> None:
+        super().__init__(report.error)
+        self.report = report
+
+
+async def get(pool: ConnectionPool, target: Target, within: float) -> tuple[int, bytes, float]:
+    """Status, body and milliseconds taken; `within` seconds bound it, connecting included.
+    Raises ProbeFailed when no answer came."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     try:
         async with asyncio.timeout(within):
             status, body = await exchange(pool, target.endpoint, target.head, b"")
     except TimeoutError:
-        return NodeReport(None, f"no answer within {within * 1000:.0f} ms", timed_out=True)
+        report = NodeReport(None, f"no answer within {within * 1000:.0f} ms", timed_out=True)
+        raise ProbeFailed(report) from None
     except OSError as exc:
-        return NodeReport(None, describe(exc))
-    return parse_health(status, body, (loop.time() - start) * 1000)
+        raise ProbeFailed(NodeReport(None, describe(exc))) from None
+    return status, body, (loop.time() - start) * 1000
 
 
-async def canary(pool: ConnectionPool, endpoint: Endpoint, model: str, within: float) -> str | None:
+async def canary(
+    pool: ConnectionPool, endpoint: Endpoint, model: str, within: float, extra: bytes = b""
+) -> str | None:
     """A 1-token completion on the leader; returns why it failed, or None when it worked.
 
     Catches what `/health` cannot: a leader that answers probes but cannot generate.
     """
     body = orjson.dumps({"model": model, "prompt": "ping", "max_tokens": 1})
-    head = request_head(endpoint, "/v1/completions", len(body), "unitgate-canary", None)
+    head = request_head(endpoint, "/v1/completions", len(body), "unitgate-canary", None, extra)
     try:
         async with asyncio.timeout(within):
             status, answer = await exchange(pool, endpoint, head, body)
@@ -88,44 +105,9 @@ async def exchange(
             pool.release(endpoint, conn)  # closes it unless the answer ended cleanly
 
 
-def parse_health(status: int, body: bytes, latency_ms: float) -> NodeReport:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        doc = None
-    if not isinstance(doc, dict):
-        return NodeReport(latency_ms, f"HTTP {status} without a JSON object body")
-    said = _text(doc, "status")
-    error = None
-    if status != 200:
-        error = f"HTTP {status}" + (f" (status {said})" if said else "")
-    return NodeReport(
-        latency_ms,
-        error,
-        said,
-        _text(doc, "unit"),
-        _text(doc, "role"),
-        _int(doc, "rank"),
-        _int(doc, "pid"),
-        _int(doc, "step"),
-        _int(doc, "pending"),
-        _int(doc, "kv_slots_used"),
-    )
-
-
 def describe(exc: OSError) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, ConnectionBroken):
         return str(exc).replace("the unit", "the node")
     return exc.strerror or str(exc) or type(exc).__name__
-
-
-def _text(doc: dict[str, Any], key: str) -> str | None:
-    value = doc.get(key)
-    return value if isinstance(value, str) else None
-
-
-def _int(doc: dict[str, Any], key: str) -> int | None:
-    value = doc.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from random import Random
 
 from gateway.config import HealthConfig
-from gateway.health.probe import Target, canary, probe_node
+from gateway.health.kinds import node_probes
+from gateway.health.probe import canary
 from gateway.health.result import NodeReport
 from gateway.health.states import Health
 from gateway.health.verdict import Flip, GangVerdict, Round
@@ -65,8 +66,9 @@ class UnitProber:
         self.pool, self.config, self.rng = pool, config, rng
         self.traffic = traffic
         urls = unit.config.nodes
-        self.targets = [Target(url) for url in urls]
+        self.probes = node_probes(unit.config, unit.models)
         self.leader = Endpoint(unit.leader)
+        self.extra = unit.config.header_lines()
         self.verdict = GangVerdict(
             unit.id,
             urls,
@@ -100,7 +102,7 @@ class UnitProber:
         own_then: list[int] = []
 
         async def leader() -> NodeReport:
-            report = await probe_node(self.pool, self.targets[0], h.timeout)
+            report = await self.probes[0](self.pool, h.timeout)
             if self.own is not None:
                 # Taken as the leader's count arrives, not at the round's end: a follower
                 # that answers late holds the round open, and our streams that end meanwhile
@@ -108,13 +110,13 @@ class UnitProber:
                 own_then.append(self.own(self.unit))
             return report
 
-        followers = (probe_node(self.pool, t, h.timeout) for t in self.targets[1:])
+        followers = (probe(self.pool, h.timeout) for probe in self.probes[1:])
         probes = asyncio.gather(leader(), *followers)
         canary_error: str | None = None
         if h.canary_every and self.rounds % h.canary_every == 0:
-            model = self.unit.models[0]
+            model = self.unit.config.served_model or self.unit.models[0]
             canary_error, reports = await asyncio.gather(
-                canary(self.pool, self.leader, model, h.canary_timeout), probes
+                canary(self.pool, self.leader, model, h.canary_timeout, self.extra), probes
             )
         else:
             reports = await probes
@@ -137,6 +139,7 @@ class UnitProber:
             node.error = problem
             node.latency_ms = report.latency_ms
             node.step, node.pending, node.pid = report.step, report.pending, report.pid
+            node.kv_usage = report.kv_usage
             if problem is not None:
                 self.failures[node.rank].inc()
 

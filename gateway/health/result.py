@@ -25,3 +25,4 @@ class NodeReport:
     pending: int | None = None
     running: int | None = None  # the leader's sequences holding KV slots (`kv_slots_used`)
     timed_out: bool = False
+    kv_usage: float | None = None  # the share of the leader's KV cache in use, if it says

@@ -13,13 +13,11 @@ from typing import Any
 
 from gateway.errors import UpstreamError
 from gateway.outcomes import End
+from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.lease import Lease
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo
 from gateway.units import UnitState
-
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
 
 
 class Call:

@@ -14,7 +14,9 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_non
 
 from gateway.config import Config
 from gateway.errors import Overloaded, UpstreamError
+from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
+from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.routing.admission import Admission
@@ -91,16 +93,18 @@ class Dispatcher:
         call.attempts += 1
         self.signals.attempt_started(call, unit)
         started = asyncio.get_running_loop().time()
+        served = unit.config.served_model
         try:
             first_byte_at = min(started + call.first_byte, call.deadline)
             answer = await self.upstream.open(
                 unit.id,
                 unit.leader,
                 call.send_path,
-                call.send_body,
+                for_unit(call.send_body, served) if served else call.send_body,
                 call.rid,
                 first_byte_at,
                 call.traceparent,
+                unit.extra_head,
             )
         except BaseException as exc:
             call.lease.drop()
@@ -109,17 +113,20 @@ class Dispatcher:
                 call.last_error = exc
                 self.signals.attempt_failed(call, unit, exc, started)
             raise  # anything else (the client left: CancelledError) ends the request
+        if served:
+            answer.names = Renamer(served, call.info.model)
         self.signals.attempt_opened(call, unit, answer.status)
         return unit, answer
 
     async def _admit(self, call: Call) -> UnitState:
         def pick() -> UnitState | None:
-            routable = self.units.routable(call.info.model)
+            routable = self._routable(call)
             if not routable or all(u in call.tried for u in routable):
                 if call.last_error is not None:
                     raise call.last_error  # every unit tried: the last failure is the answer
                 raise Overloaded(
-                    f"no routable unit serves model '{call.info.model}'",
+                    f"no routable unit serves model '{call.info.model}'"
+                    + ("" if call.send_path in RESUMABLE else f" at {call.send_path}"),
                     status=503,
                     code="no_routable_unit",
                     retry_after=self.admission.retry_after,
@@ -133,12 +140,20 @@ class Dispatcher:
             self.signals.rejected(exc.code or "overloaded")
             raise
 
+    def _routable(self, call: Call) -> tuple[UnitState, ...]:
+        """The model's routable units, narrowed to those that serve the call's API."""
+        routable = self.units.routable(call.info.model)
+        path = call.send_path
+        if path in RESUMABLE or all(path in u.serves for u in routable):
+            return routable  # every kind serves chat and completions
+        return tuple(u for u in routable if path in u.serves)
+
     def _may_retry(self, exc: BaseException | None, attempts: int, call: Call) -> bool:
         if not isinstance(exc, UpstreamError) or not exc.retryable:
             return False
         if attempts >= self.config.retry.max_attempts:
             return False
-        if all(u in call.tried for u in self.units.routable(call.info.model)):
+        if all(u in call.tried for u in self._routable(call)):
             return False  # nowhere else to go: do not spend budget
         if not self.budget.withdraw(asyncio.get_running_loop().time()):
             self.signals.budget_exhausted()

@@ -16,7 +16,15 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.errors import GatewayError, UpstreamError
 from gateway.outcomes import End
-from gateway.proxy.call import CHAT_PATH, COMPLETIONS_PATH, Call
+from gateway.paths import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
+    MESSAGES_PATH,
+    RESPONSES_PATH,
+)
+from gateway.proxy.apis import validate_embeddings, validate_messages, validate_responses
+from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.intake import Intake, Validator, request_id
@@ -43,6 +51,15 @@ class ProxyHandler:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy(request, COMPLETIONS_PATH, validate_completion)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, RESPONSES_PATH, validate_responses)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, MESSAGES_PATH, validate_messages)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, EMBEDDINGS_PATH, validate_embeddings)
 
     async def _proxy(
         self, request: web.Request, path: str, validate: Validator
@@ -80,7 +97,7 @@ class ProxyHandler:
         self.signals.answer_ended(call, unit, End.COMPLETE, None)
         return web.Response(
             status=answer.status,
-            body=answer.first,
+            body=answer.first if answer.names is None else answer.names.whole(answer.first),
             headers=headers_for(unit, call.rid),
             content_type=answer.content_type.split(";")[0],
         )

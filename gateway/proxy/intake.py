@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import InvalidRequest
+from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.continuation import resumable, with_token_ids
 from gateway.proxy.tracker import StreamTracker
@@ -46,7 +47,7 @@ class Intake:
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
         tracker, send = None, body
-        if self.config.resume.enabled and resumable(data, call.chat):
+        if self.config.resume.enabled and call.path in RESUMABLE and resumable(data, call.chat):
             tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
             send = with_token_ids(data)
         call.accept(body, data, info, key, tracker, send)

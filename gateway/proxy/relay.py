@@ -20,6 +20,7 @@ from gateway.errors import error_body
 from gateway.health.pace import next_gap, quiet_after
 from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
+from gateway.proxy.names import Renamer
 from gateway.proxy.signals import GapSink
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
@@ -51,6 +52,7 @@ class _Pump:
         "last",
         "loop",
         "mid_event",
+        "names",
         "paused",
         "tracker",
     )
@@ -61,8 +63,10 @@ class _Pump:
         client: asyncio.Transport,
         itl: GapSink,
         tracker: StreamTracker | None,
+        names: Renamer | None = None,
     ) -> None:
         self.conn = conn
+        self.names = names
         self.client = client
         self.itl = itl
         self.tracker = tracker
@@ -78,8 +82,12 @@ class _Pump:
             self.conn.abort()
             self.conn.wake()
             return
-        if pieces:
+        if pieces or (complete and self.names is not None):
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self.names is not None:
+                data = self.names.feed(data)
+                if complete:
+                    data += self.names.flush()
             if self.tracker is not None:
                 data = self.tracker.feed(data)
             if data:
@@ -153,7 +161,9 @@ class StreamRelay:
         out.content_type = answer.content_type.split(";")[0]
         self.response = out
         self._writer = await out.prepare(self.request)
-        first = answer.first if self.tracker is None else self.tracker.feed(answer.first)
+        first = answer.first if answer.names is None else answer.names.feed(answer.first)
+        if self.tracker is not None:
+            first = self.tracker.feed(first)
         try:
             await out.write(first)  # sends the head together with the first bytes
         except ConnectionError:
@@ -168,7 +178,7 @@ class StreamRelay:
         bytes have not been sent yet; the first answer's went with the head."""
         conn, writer = answer.connection, self._writer
         assert conn is not None and writer is not None and self.request.transport is not None
-        pump = _Pump(conn, self.request.transport, itl, self.tracker)
+        pump = _Pump(conn, self.request.transport, itl, self.tracker, answer.names)
         pump.mid_event = self._mid_event
         conn.sink = pump.push
         pending = [answer.first] if resumed and answer.first else []

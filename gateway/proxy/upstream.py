@@ -22,6 +22,7 @@ from gateway.proxy.connection import (
     LagTotal,
     UpstreamConnection,
 )
+from gateway.proxy.names import Renamer
 
 _SSE = b"text/event-stream"
 
@@ -36,6 +37,8 @@ class Answer:
     # Set while the body is still streaming; None once `first` is the complete body.
     connection: UpstreamConnection | None
     endpoint: Endpoint
+    # Turns the unit's name for the model back into the public id (a unit's served_model).
+    names: Renamer | None = None
 
     @property
     def streaming(self) -> bool:
@@ -69,6 +72,7 @@ class UpstreamClient:
         request_id: str,
         first_byte_at: float,
         traceparent: str | None = None,
+        extra: bytes = b"",
     ) -> Answer:
         """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in."""
         endpoint = self._endpoints.get(base_url) or self._endpoints.setdefault(
@@ -81,7 +85,8 @@ class UpstreamClient:
                 await self.pool.reserve()
                 reserved = True
                 conn = await self.pool.acquire(endpoint, reserved=True)
-                conn.send(request_head(endpoint, path, len(body), request_id, traceparent), body)
+                head = request_head(endpoint, path, len(body), request_id, traceparent, extra)
+                conn.send(head, body)
                 await conn.wait_for(lambda: _ready(conn))
             return self._answer(unit_id, endpoint, conn)
         except BaseException as exc:
@@ -130,15 +135,26 @@ def _ready(conn: UpstreamConnection) -> bool:
 
 
 def request_head(
-    endpoint: Endpoint, path: str, length: int, request_id: str, traceparent: str | None
+    endpoint: Endpoint,
+    path: str,
+    length: int,
+    request_id: str,
+    traceparent: str | None,
+    extra: bytes = b"",
 ) -> bytes:
-    """The POST head of every request to a leader (proxied requests and the prober's canary)."""
+    """The POST head of every request to a leader (proxied requests and the prober's canary).
+    `extra` is the unit's own header lines (its API key, its `headers`): the client's own
+    headers, its Authorization among them, never reach a unit."""
     trace = f"traceparent: {traceparent}\r\n" if traceparent else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
-        f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {length}\r\n"
-        f"x-request-id: {request_id}\r\n{trace}\r\n"
-    ).encode("latin-1")
+        (
+            f"POST {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
+            f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {length}\r\n"
+            f"x-request-id: {request_id}\r\n{trace}"
+        ).encode("latin-1")
+        + extra
+        + b"\r\n"
+    )
 
 
 def _classify(unit_id: str, exc: BaseException, *, connected: bool) -> BaseException:

@@ -43,19 +43,19 @@ def parse_body(body: bytes) -> dict[str, Any]:
 
 
 def validate_chat(data: dict[str, Any], models: frozenset[str], prefix_chars: int) -> RequestInfo:
-    model, stream, user = _common(data, models)
+    model, stream, user = common(data, models)
     messages = _required(data, "messages", list, "an array")
     if not messages:
         raise InvalidRequest("'messages' must not be empty", param="messages")
     for i, message in enumerate(messages):
         _check_message(message, f"messages[{i}]")
-    return RequestInfo(model, stream, user, _prefix_of_messages(messages, prefix_chars))
+    return RequestInfo(model, stream, user, prefix_of_messages(messages, prefix_chars))
 
 
 def validate_completion(
     data: dict[str, Any], models: frozenset[str], prefix_chars: int
 ) -> RequestInfo:
-    model, stream, user = _common(data, models)
+    model, stream, user = common(data, models)
     prompt = data.get("prompt")
     if prompt is None:
         raise InvalidRequest("missing required parameter 'prompt'", param="prompt")
@@ -76,7 +76,13 @@ def validate_completion(
     return RequestInfo(model, stream, user, prefix)
 
 
-def _common(data: dict[str, Any], models: frozenset[str]) -> tuple[str, bool, str | None]:
+def common(
+    data: dict[str, Any],
+    models: frozenset[str],
+    budgets: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "n"),
+) -> tuple[str, bool, str | None]:
+    """The fields every routed API shares: model (served here), stream, sampling, user;
+    `budgets` are the integer fields that must be >= 1."""
     model = _required(data, "model", str, "a string")
     if model not in models:
         raise InvalidRequest(
@@ -87,7 +93,7 @@ def _common(data: dict[str, Any], models: frozenset[str]) -> tuple[str, bool, st
         )
     stream = _optional(data, "stream", bool, "a boolean")
     _optional(data, "stream_options", dict, "an object")
-    for name in ("max_tokens", "max_completion_tokens", "n"):
+    for name in budgets:
         value = _optional(data, name, int, "an integer")
         if value is not None and value < 1:
             raise InvalidRequest(f"'{name}' must be >= 1, got {value}", param=name)
@@ -121,7 +127,7 @@ def _check_message(message: Any, where: str) -> None:
         )
 
 
-def _prefix_of_messages(messages: list[dict[str, Any]], limit: int) -> str:
+def prefix_of_messages(messages: list[dict[str, Any]], limit: int) -> str:
     parts: list[str] = []
     size = 0
     for message in messages:

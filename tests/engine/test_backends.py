@@ -91,8 +91,8 @@ def test_the_gateway_knows_the_engines_weight_dtypes() -> None:
     """The gateway keeps a copy (it must not need the engine installed): the same names."""
     from engine.model.gguf import PACKAGED
     from engine.settings import WEIGHT_DTYPES
-    from gateway.config.proxy import PACKAGED_MODELS
-    from gateway.config.proxy import WEIGHT_DTYPES as GATEWAY_WEIGHT_DTYPES
+    from gateway.config.unit import PACKAGED_MODELS
+    from gateway.config.unit import WEIGHT_DTYPES as GATEWAY_WEIGHT_DTYPES
 
     assert GATEWAY_WEIGHT_DTYPES == WEIGHT_DTYPES
     assert tuple(PACKAGED) == PACKAGED_MODELS

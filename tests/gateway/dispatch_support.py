@@ -18,7 +18,8 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.errors import UpstreamError
 from gateway.outcomes import Failure
-from gateway.proxy.call import CHAT_PATH, COMPLETIONS_PATH, Call
+from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
+from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.lease import Lease
 from gateway.proxy.signals import Observer, Signals

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.errors import Overloaded, UpstreamError
 from gateway.outcomes import Failure
-from gateway.proxy.call import CHAT_PATH
+from gateway.paths import CHAT_PATH
 from tests.gateway import dispatch_support
 from tests.gateway.dispatch_support import FIRST, HEAVY, LIGHT, Make, answering, refused
 from tests.gateway.servers import Peer, RawServer, never, serve_app, until

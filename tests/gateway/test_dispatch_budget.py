@@ -9,7 +9,8 @@ import pytest
 
 from gateway.errors import Overloaded, UpstreamError
 from gateway.outcomes import Failure
-from gateway.proxy.call import CHAT_PATH, COMPLETIONS_PATH, Call
+from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
+from gateway.proxy.call import Call
 from tests.gateway import dispatch_support
 from tests.gateway.dispatch_support import HEAVY, LIGHT, Make, answering, refused
 from tests.gateway.servers import serve_app

@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.health.probe import Target, probe_node
+from gateway.health.kinds.unitgate import probe_node
+from gateway.health.probe import Target
 from gateway.health.states import Health, Outcome
 from gateway.proxy.connection import ConnectionPool
 from tests.gateway import prober_support

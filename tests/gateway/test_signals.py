@@ -9,7 +9,8 @@ from gateway.errors import UpstreamError
 from gateway.health.feed import BreakerFeed
 from gateway.observability.histogram import Histogram
 from gateway.outcomes import End, Failure
-from gateway.proxy.call import COMPLETIONS_PATH, Call
+from gateway.paths import COMPLETIONS_PATH
+from gateway.proxy.call import Call
 from gateway.proxy.lease import Lease
 from gateway.proxy.signals import DISCARD, Observer, Signals
 from gateway.routing.admission import Admission

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import HealthConfig
-from gateway.health.probe import parse_health
+from gateway.health.kinds.unitgate import parse_health
 from gateway.health.result import NodeReport
 from gateway.health.states import Health, Outcome
 from gateway.health.verdict import GangVerdict, HealthMachine, StallWatch

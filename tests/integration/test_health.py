@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 
 from gateway.config import UnitConfig
-from gateway.health.probe import Target, probe_node
+from gateway.health.kinds.unitgate import probe_node
+from gateway.health.probe import Target
 from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
 from gateway.proxy.connection import ConnectionPool

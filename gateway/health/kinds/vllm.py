@@ -1,0 +1,96 @@
+"""The `vllm` kind: a stock `vllm serve` leader (its followers: `unitgate watch` sidecars).
+
+Alive means `GET /health` answers 200 (vLLM answers it with an empty body, and 503 once its
+engine is dead). Load and progress come from vLLM's own `/metrics` (vllm_metrics.py), read on
+its own interval (`load_interval`, 1 s by default) rather than every round: the cheap /health
+keeps the detection of a dead leader at the round's pace, and the prober reuses the last load
+between reads. The report carries the identity the config gives the leader, since vLLM
+reports none, with `pending` = requests running + waiting, `running` = running, and `step` =
+the engine's step count, so engine-load routing and stall detection work as for the builtin
+engine: a stall is work running or waiting while the step count stands still for
+`[health].stall_timeout`.
+
+A long prefill is told apart from a stall because vLLM prefills in chunks (chunked prefill,
+at most `max_num_batched_tokens` tokens a step) and every chunk is an engine step that counts.
+What cannot be told apart is one step longer than `stall_timeout`: set it above the slowest
+step the unit takes (a full batch of prefill chunks), as for the builtin engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway.config import UnitConfig
+from gateway.health.kinds.vllm_metrics import QUERY, EngineLoad, parse_load
+from gateway.health.probe import ProbeFailed, Target, get
+from gateway.health.result import NodeReport
+from gateway.proxy.connection import ConnectionPool
+
+log = logging.getLogger("unitgate.health")
+
+
+class VllmProbe:
+    __slots__ = ("health", "interval", "load", "metrics", "read_at", "unit_id", "warned")
+
+    def __init__(self, unit_id: str, url: str, extra: bytes, interval: float) -> None:
+        self.unit_id = unit_id
+        self.health = Target(url, "/health", extra)
+        self.metrics = Target(url, QUERY, extra, accept="text/plain")
+        self.interval = interval
+        self.load: EngineLoad | None = None
+        self.read_at: float | None = None  # loop time of the last /metrics read
+        self.warned = False  # a /metrics without vLLM's gauges is said once
+
+    async def __call__(self, pool: ConnectionPool, within: float) -> NodeReport:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            status, _, latency_ms = await get(pool, self.health, within)
+        except ProbeFailed as failed:
+            return failed.report
+        if status != 200:
+            return NodeReport(latency_ms, f"HTTP {status} from /health")
+        if self.read_at is None or start - self.read_at >= self.interval:
+            await self._read_load(pool, within - (loop.time() - start))
+        load = self.load
+        if load is None:
+            return NodeReport(latency_ms, None, "ok", self.unit_id, "leader", 0)
+        return NodeReport(
+            latency_ms,
+            None,
+            "ok",
+            self.unit_id,
+            "leader",
+            0,
+            None,
+            load.progress,
+            load.running + load.waiting,
+            load.running,
+            kv_usage=load.kv_usage,
+        )
+
+    async def _read_load(self, pool: ConnectionPool, within: float) -> None:
+        """A failed read keeps the last load (a slow /metrics is no evidence of death: the
+        /health answer is); a read that finds no vLLM gauges forgets it."""
+        self.read_at = asyncio.get_running_loop().time()
+        if within <= 0:
+            return
+        try:
+            status, body, _ = await get(pool, self.metrics, within)
+        except ProbeFailed:
+            return
+        self.load = parse_load(body) if status == 200 else None
+        if self.load is None and not self.warned:
+            self.warned = True
+            log.warning(
+                "unit %s: %s/metrics answered HTTP %d without vLLM's request gauges: no engine"
+                " load or stall detection for it",
+                self.unit_id,
+                self.metrics.endpoint.host_header.decode(),
+                status,
+            )
+
+
+def leader_probe(unit: UnitConfig, extra: bytes) -> VllmProbe:
+    return VllmProbe(unit.id, unit.nodes[0], extra, unit.load_interval)

@@ -1,0 +1,18 @@
+"""The public API's paths the gateway routes, and which of them each unit kind serves.
+
+A leaf module (no imports) so the registry, the request path and the apps share one table.
+The builtin engine (kind "unitgate") serves chat and completions; a stock vLLM and an
+OpenAI-compatible server are sent every routed API (one that lacks it answers 404 itself).
+"""
+
+from __future__ import annotations
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+RESPONSES_PATH = "/v1/responses"
+MESSAGES_PATH = "/v1/messages"
+EMBEDDINGS_PATH = "/v1/embeddings"
+# The APIs whose streams can be resumed token-exactly (proxy/continuation.py).
+RESUMABLE = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+ROUTED = RESUMABLE | {RESPONSES_PATH, MESSAGES_PATH, EMBEDDINGS_PATH}
+SERVED_BY_KIND = {"unitgate": RESUMABLE, "vllm": ROUTED, "openai": ROUTED}
