@@ -24,6 +24,7 @@ _DELEGATED = {
     "admin": "gateway.admin.cli",
     "worker": "gateway.workers.cli",  # started by the control plane, not by hand
     "replica": "engine.up.replica",  # started by `unitgate up --replicas N`, not by hand
+    "watch": "gateway.watch.cli",
 }
 
 
@@ -90,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="simulated units for tests and load tests (see `unitgate sim -h`)")
     sub.add_parser("node", help="one node of a unit, builtin or vLLM (see `unitgate node -h`)")
     sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
+    sub.add_parser("watch", help="/health for a process that serves none (see `unitgate watch -h`)")
     sub.add_parser(
         "loadtest", help="drive an OpenAI endpoint and report (see `unitgate loadtest -h`)"
     )

@@ -82,7 +82,12 @@ def test_the_kustomization_lists_every_file_but_the_secret_and_the_examples() ->
     listed = {KUBE / name for name in read_kustomization()["resources"]}
     assert listed <= set(files())
     left_out = {p.relative_to(KUBE).as_posix() for p in set(files()) - listed}
-    assert left_out == {"secret.example.yaml", "units/vllm-cuda.yaml", "units/vllm-neuron.yaml"}
+    assert left_out == {
+        "secret.example.yaml",
+        "units/vllm-cuda.yaml",
+        "units/vllm-neuron.yaml",
+        "units/vllm-stock.yaml",
+    }
 
 
 def test_kustomize_builds_exactly_the_listed_objects() -> None:
