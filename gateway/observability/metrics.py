@@ -69,6 +69,14 @@ class Metrics:
             ["unit", "kind"],
             registry=r,
         )
+        self.tokens = Counter(
+            "unitgate_tokens",
+            "Tokens by serving unit and type (prompt, completion): a resumable stream's counted"
+            " from the token ids its units sent, any other answer's as its own usage says (a"
+            " plain stream's only when its client asked for usage).",
+            ["unit", "type"],
+            registry=r,
+        )
         self.rejections = Counter(
             "unitgate_admission_rejections",
             "Requests refused by admission control.",

@@ -52,6 +52,9 @@ class MetricsObserver(Observer):
         self.m.requests.labels(unit, str(call.status)).inc()
         if call.unit is not None:
             self.m.e2e.labels(unit).observe(asyncio.get_running_loop().time() - call.start)
+        if call.usage is not None:
+            self.m.tokens.labels(unit, "prompt").inc(call.usage.prompt)
+            self.m.tokens.labels(unit, "completion").inc(call.usage.completion)
 
     def token_gaps(self, unit_id: str) -> Histogram:
         return self.m.itl.labels(unit_id)

@@ -16,6 +16,7 @@ from gateway.outcomes import End
 from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.lease import Lease
 from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.usage import Usage
 from gateway.proxy.validation import RequestInfo
 from gateway.units import UnitState
 
@@ -45,6 +46,7 @@ class Call:
         "tracker",
         "tried",
         "unit",
+        "usage",
     )
 
     # Set by intake (`accept`) once the body is read and valid; reading them earlier is a bug
@@ -81,6 +83,8 @@ class Call:
         self.error: BaseException | None = None  # what ended the request instead, if anything
         self.trace: object = None  # the tracing observer's own state for this request
         self.traceparent: str | None = None  # the next attempt's W3C traceparent, if traced
+        # Tokens as the unit reported them in its answer's own events (usage.py), once read.
+        self.usage: Usage | None = None
 
     @property
     def chat(self) -> bool:

@@ -32,6 +32,7 @@ from gateway.proxy.lease import Lease
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.signals import Signals
 from gateway.proxy.stream import headers_for, relay_stream
+from gateway.proxy.usage import of_body
 from gateway.proxy.validation import validate_chat, validate_completion
 from gateway.routing.admission import Admission
 
@@ -94,10 +95,12 @@ class ProxyHandler:
         if answer.streaming:
             return await relay_stream(self.context, request, call, answer)
         call.end = End.COMPLETE
+        body = answer.first if answer.names is None else answer.names.whole(answer.first)
+        call.usage = of_body(body) if answer.status == 200 else None
         self.signals.answer_ended(call, unit, End.COMPLETE, None)
         return web.Response(
             status=answer.status,
-            body=answer.first if answer.names is None else answer.names.whole(answer.first),
+            body=body,
             headers=headers_for(unit, call.rid),
             content_type=answer.content_type.split(";")[0],
         )

@@ -24,6 +24,7 @@ from gateway.proxy.names import Renamer
 from gateway.proxy.signals import GapSink
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
+from gateway.proxy.usage import UsageReader
 
 DONE = b"data: [DONE]\n\n"
 
@@ -55,6 +56,7 @@ class _Pump:
         "names",
         "paused",
         "tracker",
+        "usage",
     )
 
     def __init__(
@@ -64,9 +66,11 @@ class _Pump:
         itl: GapSink,
         tracker: StreamTracker | None,
         names: Renamer | None = None,
+        usage: UsageReader | None = None,
     ) -> None:
         self.conn = conn
         self.names = names
+        self.usage = usage
         self.client = client
         self.itl = itl
         self.tracker = tracker
@@ -88,6 +92,8 @@ class _Pump:
                 data = self.names.feed(data)
                 if complete:
                     data += self.names.flush()
+            if self.usage is not None:
+                self.usage.feed(data)
             if self.tracker is not None:
                 data = self.tracker.feed(data)
             if data:
@@ -137,9 +143,11 @@ class StreamRelay:
         idle: float,
         tracker: StreamTracker | None = None,
         quiet: tuple[float, float] = (1.0, 4.0),
+        usage: UsageReader | None = None,
     ) -> None:
         """`quiet` is (floor, factor) of the pace rule (health/pace.py) that decides when a
-        stream on an ejected unit counts as stalled."""
+        stream on an ejected unit counts as stalled; `usage` reads the answer's usage."""
+        self.usage = usage
         assert request.transport is not None
         self.request = request
         self.headers = headers
@@ -162,6 +170,8 @@ class StreamRelay:
         self.response = out
         self._writer = await out.prepare(self.request)
         first = answer.first if answer.names is None else answer.names.feed(answer.first)
+        if self.usage is not None:
+            self.usage.feed(first)
         if self.tracker is not None:
             first = self.tracker.feed(first)
         try:
@@ -178,7 +188,7 @@ class StreamRelay:
         bytes have not been sent yet; the first answer's went with the head."""
         conn, writer = answer.connection, self._writer
         assert conn is not None and writer is not None and self.request.transport is not None
-        pump = _Pump(conn, self.request.transport, itl, self.tracker, answer.names)
+        pump = _Pump(conn, self.request.transport, itl, self.tracker, answer.names, self.usage)
         pump.mid_event = self._mid_event
         conn.sink = pump.push
         pending = [answer.first] if resumed and answer.first else []

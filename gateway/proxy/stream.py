@@ -20,6 +20,7 @@ from gateway.proxy.context import ProxyContext
 from gateway.proxy.relay import StreamRelay
 from gateway.proxy.resume import resume
 from gateway.proxy.upstream import Answer
+from gateway.proxy.usage import Usage, UsageReader
 from gateway.units import UnitState
 
 
@@ -39,6 +40,8 @@ async def relay_stream(
         proxy.config.timeouts.idle,
         call.tracker,
         (proxy.config.resume.ejected_idle, proxy.config.health.pace_factor),
+        # A stream that is never resumed has one answer: its own events say its usage.
+        UsageReader() if call.tracker is None else None,
     )
     end = await _relay(proxy, call, relay, unit, answer, first=True)
     while end is not End.COMPLETE and end is not End.CLIENT_GONE:
@@ -47,10 +50,23 @@ async def relay_stream(
             break
         unit, answer = nxt
         end = await _relay(proxy, call, relay, unit, answer, first=False)
+    call.usage = _usage(call, relay)
     if end is End.COMPLETE:
         await relay.finish()
     assert relay.response is not None
     return relay.response
+
+
+def _usage(call: Call, relay: StreamRelay) -> Usage | None:
+    """A resumable stream's tokens are counted by its tracker from the ids the units sent
+    (whether the client asked for usage or not, over every continuation); any other
+    stream's are what its own events said."""
+    tracker = call.tracker
+    if tracker is not None:
+        if not tracker.capable or tracker.prompt_ids is None:
+            return None
+        return Usage(len(tracker.prompt_ids), tracker.produced)
+    return relay.usage.usage if relay.usage is not None else None
 
 
 async def _relay(

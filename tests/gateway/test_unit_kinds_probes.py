@@ -89,7 +89,7 @@ class StockVllm:
         self.auth: list[str | None] = []
         app = web.Application()
         app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/metrics", self.metrics)  # a server without vLLM's /metrics/
         self.app = app
 
     async def health(self, request: web.Request) -> web.Response:
@@ -119,6 +119,7 @@ async def test_vllm_probe_reads_metrics_on_its_own_interval() -> None:
             probe.interval = 0.0
             await probe(pool, 1.0)
             assert stock.metrics_reads == 2
+            assert probe.metrics is probe.full  # /metrics/ was 404: read in full from then on
         finally:
             pool.close()
 
@@ -141,9 +142,15 @@ async def test_vllm_probe_failure_modes() -> None:
 
 
 async def test_openai_probe_on_models_or_a_health_path() -> None:
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "smol"}]})
+
+    async def ping(_: web.Request) -> web.Response:
+        return web.Response(status=204)
+
     app = web.Application()
-    app.router.add_get("/v1/models", lambda _: web.json_response({"data": [{"id": "smol"}]}))
-    app.router.add_get("/ping", lambda _: web.Response(status=204))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/ping", ping)
     async with serve_app(app) as url:
         pool = ConnectionPool(1.0, 30.0, 0)
         try:

@@ -74,7 +74,9 @@ class KeyedServer:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for kind in ("response.created", "response.output_text.delta", "response.completed"):
-            event = {"type": kind, "response": {"model": body["model"]}}
+            event: dict[str, Any] = {"type": kind, "response": {"model": body["model"]}}
+            if kind == "response.completed":
+                event["response"]["usage"] = {"input_tokens": 5, "output_tokens": 3}
             await out.write(f"event: {kind}\ndata: ".encode() + orjson.dumps(event) + b"\n\n")
         await out.write_eof()
         return out
@@ -92,6 +94,14 @@ async def keyed(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[KeyedSer
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         yield session
+
+
+def tokens(gw: Any, unit: str) -> tuple[float | None, float | None]:
+    sample = gw.metrics.registry.get_sample_value
+    return tuple(  # type: ignore[return-value]
+        sample("unitgate_tokens_total", {"unit": unit, "type": kind})
+        for kind in ("prompt", "completion")
+    )
 
 
 def keyed_unit(url: str, **extra: Any) -> dict[str, Any]:
@@ -160,6 +170,8 @@ async def test_responses_and_messages_streams_are_relayed_with_public_names(
     assert raw.count(b"event: ") == 3 and b"served-name" not in raw
     assert raw.count(PUBLIC.encode()) == 3
     assert server.seen[-1][0] == path
+    # Metered from the stream's own final event.
+    assert tokens(gw, "k0") == (5, 3)
 
 
 async def test_embeddings_and_a_single_models_entry(
@@ -219,6 +231,9 @@ async def test_the_simulator_as_an_openai_unit_streams_resumable_chat_under_a_pu
         # The gateway asked for ids (to resume on a break) and the unit gave them.
         served = resp.headers["x-unitgate-unit"]
         assert gw.units.units[served].token_ids is True
+        # Counted from the ids the unit sent, though the client asked for no usage.
+        prompt, completion = tokens(gw, served)
+        assert prompt and prompt > 0 and completion == 8  # the sim's 8 tokens (tests/conftest.py)
 
 
 async def test_an_openai_unit_that_does_not_list_its_model_is_kept_out(

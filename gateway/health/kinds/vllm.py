@@ -22,7 +22,7 @@ import asyncio
 import logging
 
 from gateway.config import UnitConfig
-from gateway.health.kinds.vllm_metrics import QUERY, EngineLoad, parse_load
+from gateway.health.kinds.vllm_metrics import FULL, QUERY, EngineLoad, parse_load
 from gateway.health.probe import ProbeFailed, Target, get
 from gateway.health.result import NodeReport
 from gateway.proxy.connection import ConnectionPool
@@ -31,12 +31,13 @@ log = logging.getLogger("unitgate.health")
 
 
 class VllmProbe:
-    __slots__ = ("health", "interval", "load", "metrics", "read_at", "unit_id", "warned")
+    __slots__ = ("full", "health", "interval", "load", "metrics", "read_at", "unit_id", "warned")
 
     def __init__(self, unit_id: str, url: str, extra: bytes, interval: float) -> None:
         self.unit_id = unit_id
         self.health = Target(url, "/health", extra)
         self.metrics = Target(url, QUERY, extra, accept="text/plain")
+        self.full = Target(url, FULL, extra, accept="text/plain")  # if QUERY is not served
         self.interval = interval
         self.load: EngineLoad | None = None
         self.read_at: float | None = None  # loop time of the last /metrics read
@@ -78,6 +79,9 @@ class VllmProbe:
             return
         try:
             status, body, _ = await get(pool, self.metrics, within)
+            if status != 200 and self.metrics is not self.full:
+                self.metrics = self.full  # a server without the filtered path: read it all
+                status, body, _ = await get(pool, self.metrics, within)
         except ProbeFailed:
             return
         self.load = parse_load(body) if status == 200 else None

@@ -27,10 +27,12 @@ STEPS = "vllm:iteration_tokens_total"
 TOKENS = ("vllm:prompt_tokens", "vllm:generation_tokens")
 # The sample names read (a histogram's count, a counter's total), each as a line starts.
 _SAMPLES = (RUNNING, WAITING, *KV_USAGE, STEPS + "_count", *(f"{name}_total" for name in TOKENS))
-# prometheus_client's exposition (what vLLM serves /metrics with) returns only the samples
-# named in `name[]` query parameters: a few hundred bytes instead of ~50 KB. A server that
-# ignores the query sends everything, which `wanted_lines` then picks from.
-QUERY = "/metrics?" + "&".join(f"name[]={quote(name, safe='')}" for name in _SAMPLES).replace(
+# prometheus_client's exposition returns only the samples named in `name[]` query parameters:
+# a few hundred bytes instead of ~50 KB (2 ms instead of 24 ms for vLLM 0.32 to answer). vLLM
+# serves it at /metrics/ (its exact /metrics route ignores the query); a server without that
+# path is read at /metrics in full, and `wanted_lines` picks from everything.
+FULL = "/metrics"
+QUERY = "/metrics/?" + "&".join(f"name[]={quote(name, safe='')}" for name in _SAMPLES).replace(
     "[]", "%5B%5D"
 )
 _STARTS = tuple(b"\n" + name.encode() + end for name in _SAMPLES for end in (b"{", b" "))
