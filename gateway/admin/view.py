@@ -56,6 +56,8 @@ def unit_view(
         },
         "drained": drained(unit, quiet),
         "leader": unit.leader,
+        "kind": unit.config.kind,
+        "served_model": unit.config.served_model or None,
         "weight": unit.weight,
         "cap": unit.cap,
         "models": list(unit.models),
@@ -67,6 +69,10 @@ def unit_view(
                 "healthy": node.healthy,
                 "latency_ms": node.latency_ms,
                 "error": node.error,
+                # The leader's engine as its last report said (None where it says nothing).
+                "step": node.step,
+                "pending": node.pending,
+                "kv_usage": node.kv_usage,
             }
             for node in unit.nodes
         ],

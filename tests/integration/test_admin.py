@@ -151,7 +151,11 @@ async def test_list_units_shape(
     assert unit["admin"]["state"] == "enabled" and unit["admin"]["who"] == "config"
     assert unit["leader"] == clean_sim.units[1]["leader"]
     assert [n["url"] for n in unit["nodes"]] == clean_sim.units[1]["nodes"]
-    assert set(unit["nodes"][0]) == {"url", "role", "rank", "healthy", "latency_ms", "error"}
+    assert set(unit["nodes"][0]) == {
+        *("url", "role", "rank", "healthy", "latency_ms", "error"),
+        *("step", "pending", "kv_usage"),
+    }
+    assert unit["kind"] == "unitgate" and unit["served_model"] is None
     assert [n["role"] for n in unit["nodes"]] == ["leader", "follower"]
 
 
