@@ -26,3 +26,6 @@ class NodeReport:
     running: int | None = None  # the leader's sequences holding KV slots (`kv_slots_used`)
     timed_out: bool = False
     kv_usage: float | None = None  # the share of the leader's KV cache in use, if it says
+    # What the stall check compares between rounds where `step` alone can stand still while
+    # the engine works (a stock vLLM's long prefill: kinds/vllm_metrics.py); None: `step`.
+    progress: int | None = None

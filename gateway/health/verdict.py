@@ -104,7 +104,11 @@ class StallWatch:
         self.pending = False
         self.since = 0.0
 
-    def observe(self, step: int | None, pending: int | None, now: float) -> str | None:
+    def observe(
+        self, step: int | None, pending: int | None, now: float, shown: int | None = None
+    ) -> str | None:
+        """`step` is what must move (a progress fingerprint where the step count alone can
+        stand still while the engine works); `shown` the step count the message names."""
         if step is None or pending is None:
             return None  # the leader did not answer: that round is bad for another reason
         busy = pending > 0
@@ -114,7 +118,8 @@ class StallWatch:
         frozen_for = now - self.since
         if busy and frozen_for > self.timeout:
             return (
-                f"engine stalled: step {step} unchanged for {frozen_for:.1f} s"
+                f"engine stalled: step {step if shown is None else shown} unchanged for"
+                f" {frozen_for:.1f} s"
                 f" with {pending} pending"
             )
         return None
@@ -169,7 +174,10 @@ class GangVerdict:
         bad = [f"{self.labels[rank]}: {p}" for rank, p in enumerate(nodes) if p is not None]
         hard = any(p is not None and not r.timed_out for p, r in zip(nodes, reports, strict=True))
         leader = reports[0]
-        stalled = self.stall.observe(leader.step, leader.pending, now)
+        if leader.progress is None:
+            stalled = self.stall.observe(leader.step, leader.pending, now)
+        else:
+            stalled = self.stall.observe(leader.progress, leader.pending, now, leader.step)
         if stalled is not None:
             bad.append(stalled)
         if canary is not None:

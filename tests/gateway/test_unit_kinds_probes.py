@@ -13,7 +13,8 @@ from gateway.health.kinds import node_probes
 from gateway.health.kinds.openai import OpenAIProbe, missing_model
 from gateway.health.kinds.unitgate import ContractProbe
 from gateway.health.kinds.vllm import VllmProbe
-from gateway.health.kinds.vllm_metrics import EngineLoad, parse_load, wanted_lines
+from gateway.health.kinds.vllm_metrics import parse_load, wanted_lines
+from gateway.health.result import NodeReport
 from gateway.health.verdict import GangVerdict
 from gateway.proxy.connection import ConnectionPool
 from tests.gateway.servers import serve_app
@@ -26,7 +27,7 @@ def test_a_busy_vllm_metrics_text_reads_as_load_and_steps() -> None:
     assert load is not None
     assert (load.running, load.waiting) == (4, 0)
     assert load.kv_usage == pytest.approx(0.0221, abs=1e-4)
-    assert load.progress == 709  # vllm:iteration_tokens_total_count: engine steps
+    assert load.steps == 709  # vllm:iteration_tokens_total_count: engine steps
 
 
 def test_an_idle_vllm_reads_as_no_load() -> None:
@@ -49,7 +50,38 @@ vllm:num_requests_waiting{engine="0"} 1.0
 vllm:prompt_tokens_total{engine="0"} 100.0
 vllm:generation_tokens_total{engine="0"} 7.0
 """
-    assert parse_load(text) == EngineLoad(5, 1, None, 107)
+    load = parse_load(text)
+    assert load is not None and (load.running, load.waiting, load.kv_usage, load.steps) == (
+        5,
+        1,
+        None,
+        107,
+    )
+
+
+def test_a_long_prefill_moves_progress_though_no_step_ends() -> None:
+    """Measured on vLLM 0.32 with a 7,000-token prompt: between chunks only the KV-cache
+    usage moved; the step count and the token counters moved at the first token."""
+    text = (VLLM / "metrics_busy.txt").read_text()
+    before = parse_load(text.encode())
+    chunked = text.replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="smol"} 0.02209944751381221',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="smol"} 0.11',
+    )
+    after = parse_load(chunked.encode())
+    assert before is not None and after is not None and before.steps == after.steps
+    assert before.progress != after.progress
+    assert parse_load(text.encode()) == before  # the same text, the same fingerprint
+
+
+def test_the_stall_check_watches_progress_and_names_the_step() -> None:
+    verdict = GangVerdict("u0", ["http://h:1"], fall=1, rise=1, stall_timeout=1.0)
+    busy = NodeReport(1.0, None, "ok", "u0", "leader", 0, None, 709, 1, 1, progress=1)
+    assert verdict.observe([busy], 0.0).problem is None
+    moved = NodeReport(1.0, None, "ok", "u0", "leader", 0, None, 709, 1, 1, progress=2)
+    assert verdict.observe([moved], 1.5).problem is None  # a prefill chunk: not a stall
+    stalled = verdict.observe([moved], 3.0).problem
+    assert stalled == "engine stalled: step 709 unchanged for 1.5 s with 1 pending"
 
 
 def test_a_metrics_text_without_vllms_gauges_is_no_load() -> None:

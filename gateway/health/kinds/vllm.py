@@ -11,9 +11,10 @@ engine: a stall is work running or waiting while the step count stands still for
 `[health].stall_timeout`.
 
 A long prefill is told apart from a stall because vLLM prefills in chunks (chunked prefill,
-at most `max_num_batched_tokens` tokens a step) and every chunk is an engine step that counts.
-What cannot be told apart is one step longer than `stall_timeout`: set it above the slowest
-step the unit takes (a full batch of prefill chunks), as for the builtin engine.
+at most `max_num_batched_tokens` tokens a step) and every chunk moves the KV-cache usage the
+stall check watches besides the step count (vllm_metrics.py: `progress`). What cannot be told
+apart is one step longer than `stall_timeout`: set it above the slowest step the unit takes
+(a full chunk of prefill), as for the builtin engine.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ class VllmProbe:
             "leader",
             0,
             None,
-            load.progress,
+            load.steps,
             load.running + load.waiting,
             load.running,
             kv_usage=load.kv_usage,
+            progress=load.progress,
         )
 
     async def _read_load(self, pool: ConnectionPool, within: float) -> None:
