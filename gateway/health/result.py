@@ -29,3 +29,6 @@ class NodeReport:
     # What the stall check compares between rounds where `step` alone can stand still while
     # the engine works (a stock vLLM's long prefill: kinds/vllm_metrics.py); None: `step`.
     progress: int | None = None
+    # False when the kind read no new load this round (a stock vLLM's /metrics is read every
+    # `load_interval`, the counts above are then the last read's): the stall check skips it.
+    fresh: bool = True

@@ -174,7 +174,9 @@ class GangVerdict:
         bad = [f"{self.labels[rank]}: {p}" for rank, p in enumerate(nodes) if p is not None]
         hard = any(p is not None and not r.timed_out for p, r in zip(nodes, reports, strict=True))
         leader = reports[0]
-        if leader.progress is None:
+        if not leader.fresh:
+            stalled = None  # the same reading as before: it says nothing new about progress
+        elif leader.progress is None:
             stalled = self.stall.observe(leader.step, leader.pending, now)
         else:
             stalled = self.stall.observe(leader.progress, leader.pending, now, leader.step)

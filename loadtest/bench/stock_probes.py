@@ -28,7 +28,7 @@ from pathlib import Path
 from loadtest.bench.processes import CLK_TCK, child, cpu_ticks, pin_cpus, pinned
 from loadtest.readyfile import wait_http_ok
 
-CONFIGS = ((1.0, 1.0), (0.25, 1.0), (0.25, 0.25))  # (probe interval, load interval) seconds
+CONFIGS = ((1.0, 1.0), (1.0, 2.0), (0.25, 1.0), (0.25, 0.25))  # (probe, load interval) s
 SERVED = "smol"
 TOML = """\
 [gateway]

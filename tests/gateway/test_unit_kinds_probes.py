@@ -197,3 +197,20 @@ async def test_openai_probe_on_models_or_a_health_path() -> None:
             assert not_200.error == "HTTP 204 from /ping"
         finally:
             pool.close()
+
+
+def test_a_reading_reused_between_metrics_reads_is_not_taken_for_a_stall() -> None:
+    """/metrics read every 2 s, probes every 0.25 s, stall_timeout 1.5 s: the rounds between
+    reads carry the last reading, marked not fresh, and do not count as standing still."""
+    verdict = GangVerdict("u0", ["http://h:1"], fall=1, rise=1, stall_timeout=1.5)
+    step = 0
+    for tick in range(40):
+        now = tick * 0.25
+        fresh = tick % 8 == 0
+        step += fresh  # the engine moves; the gateway sees it only at each read
+        report = NodeReport(
+            1.0, None, "ok", "u0", "leader", 0, None, step, 1, 1, progress=step, fresh=fresh
+        )
+        assert verdict.observe([report], now).problem is None, now
+    frozen = NodeReport(1.0, None, "ok", "u0", "leader", 0, None, step, 1, 1, progress=step)
+    assert verdict.observe([frozen], 10.0).problem is not None  # a fresh reading, 2 s unchanged

@@ -4,11 +4,13 @@ Alive means `GET /health` answers 200 (vLLM answers it with an empty body, and 5
 engine is dead). Load and progress come from vLLM's own `/metrics` (vllm_metrics.py), read on
 its own interval (`load_interval`, 1 s by default) rather than every round: the cheap /health
 keeps the detection of a dead leader at the round's pace, and the prober reuses the last load
-between reads. The report carries the identity the config gives the leader, since vLLM
-reports none, with `pending` = requests running + waiting, `running` = running, and `step` =
-the engine's step count, so engine-load routing and stall detection work as for the builtin
-engine: a stall is work running or waiting while the step count stands still for
-`[health].stall_timeout`.
+between reads (marked not fresh, so the stall check waits for the next reading rather than
+taking an old one for an engine standing still).
+
+The report carries the identity the config gives the leader, since vLLM reports none, with
+`pending` = requests running + waiting, `running` = running, and `step` = the engine's step
+count, so engine-load routing and stall detection work as for the builtin engine: a stall is
+work running or waiting while the step count stands still for `[health].stall_timeout`.
 
 A long prefill is told apart from a stall because vLLM prefills in chunks (chunked prefill,
 at most `max_num_batched_tokens` tokens a step) and every chunk moves the KV-cache usage the
@@ -53,8 +55,11 @@ class VllmProbe:
             return failed.report
         if status != 200:
             return NodeReport(latency_ms, f"HTTP {status} from /health")
-        if self.read_at is None or start - self.read_at >= self.interval:
-            await self._read_load(pool, within - (loop.time() - start))
+        # (a 200 without load, the first rounds or a server without gauges, is fresh: there is
+        # no progress reading to wait for)
+        fresh = self.read_at is None or start - self.read_at >= self.interval
+        if fresh:
+            fresh = await self._read_load(pool, within - (loop.time() - start))
         load = self.load
         if load is None:
             return NodeReport(latency_ms, None, "ok", self.unit_id, "leader", 0)
@@ -71,21 +76,22 @@ class VllmProbe:
             load.running,
             kv_usage=load.kv_usage,
             progress=load.progress,
+            fresh=fresh,
         )
 
-    async def _read_load(self, pool: ConnectionPool, within: float) -> None:
-        """A failed read keeps the last load (a slow /metrics is no evidence of death: the
-        /health answer is); a read that finds no vLLM gauges forgets it."""
+    async def _read_load(self, pool: ConnectionPool, within: float) -> bool:
+        """Whether a new load was read. A failed read keeps the last load (a slow /metrics is
+        no evidence of death: the /health answer is); one without vLLM's gauges forgets it."""
         self.read_at = asyncio.get_running_loop().time()
         if within <= 0:
-            return
+            return False
         try:
             status, body, _ = await get(pool, self.metrics, within)
             if status != 200 and self.metrics is not self.full:
                 self.metrics = self.full  # a server without the filtered path: read it all
                 status, body, _ = await get(pool, self.metrics, within)
         except ProbeFailed:
-            return
+            return False
         self.load = parse_load(body) if status == 200 else None
         if self.load is None and not self.warned:
             self.warned = True
@@ -96,6 +102,7 @@ class VllmProbe:
                 self.metrics.endpoint.host_header.decode(),
                 status,
             )
+        return self.load is not None
 
 
 def leader_probe(unit: UnitConfig, extra: bytes) -> VllmProbe:

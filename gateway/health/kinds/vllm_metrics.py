@@ -9,12 +9,13 @@ What is read, summed over every label set (an engine per data-parallel rank, a m
 - `vllm:num_requests_running` and `vllm:num_requests_waiting`: the load;
 - `vllm:kv_cache_usage_perc` (older releases: `vllm:gpu_cache_usage_perc`): KV-cache use, 0..1;
 - steps: the `_count` of the `vllm:iteration_tokens_total` histogram, which vLLM observes
-  once per engine step that produced output (without it, the token counters summed);
+  once per engine step that produced output (a full /metrics without it: the prompt and
+  generation token counters summed);
 - progress: anything that moves while the engine works. Steps alone stand still through a
   long prefill (a step that only prefills a chunk produces no output, and the prompt token
   counter moves at the first token), but each chunk allocates KV blocks and the scheduler
   reports the new `kv_cache_usage_perc` every step, and a newly scheduled request adds to
-  `vllm:prefix_cache_queries_total`. So progress changes whenever any of the four does.
+  `vllm:prefix_cache_queries_total`. So progress changes whenever any of the three does.
 """
 
 from __future__ import annotations
@@ -31,14 +32,9 @@ STEPS = "vllm:iteration_tokens_total"
 TOKENS = ("vllm:prompt_tokens", "vllm:generation_tokens")
 QUERIES = "vllm:prefix_cache_queries_total"
 # The sample names read (a histogram's count, a counter's total), each as a line starts.
-_SAMPLES = (
-    RUNNING,
-    WAITING,
-    *KV_USAGE,
-    STEPS + "_count",
-    *(f"{name}_total" for name in TOKENS),
-    QUERIES,
-)
+_SAMPLES = (RUNNING, WAITING, *KV_USAGE, STEPS + "_count", QUERIES)
+# Read only where a server has no step histogram (then the token counters stand in).
+_FALLBACK = tuple(f"{name}_total" for name in TOKENS)
 # prometheus_client's exposition returns only the samples named in `name[]` query parameters:
 # a few hundred bytes instead of ~50 KB (2 ms instead of 24 ms for vLLM 0.32 to answer). vLLM
 # serves it at /metrics/ (its exact /metrics route ignores the query); a server without that
@@ -47,7 +43,9 @@ FULL = "/metrics"
 QUERY = "/metrics/?" + "&".join(f"name[]={quote(name, safe='')}" for name in _SAMPLES).replace(
     "[]", "%5B%5D"
 )
-_STARTS = tuple(b"\n" + name.encode() + end for name in _SAMPLES for end in (b"{", b" "))
+_STARTS = tuple(
+    b"\n" + name.encode() + end for name in (*_SAMPLES, *_FALLBACK) for end in (b"{", b" ")
+)
 
 
 _MASK = (1 << 62) - 1
@@ -88,7 +86,7 @@ def parse_load(text: bytes) -> EngineLoad | None:
     steps = sums.get(STEPS + "_count")
     if steps is None and tokens:
         steps = sum(tokens)
-    moving = (steps, sum(tokens), sums.get(QUERIES), kv)
+    moving = (steps, sums.get(QUERIES), kv)
     progress = None if all(v is None for v in moving) else hash(moving) & _MASK
     return EngineLoad(
         int(sums[RUNNING]),
