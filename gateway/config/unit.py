@@ -71,8 +71,9 @@ class UnitConfig:
     # "openai" only: a path whose 200 means alive, instead of /v1/models listing the model.
     health_path: str = ""
     # "vllm" only: seconds between reads of the leader's /metrics (load and progress); the
-    # cheap /health is probed every round.
-    load_interval: float = 1.0
+    # cheap /health is probed every round. 2 s keeps 100 units probed every second under 10%
+    # of a core (loadtest.bench.stock_probes).
+    load_interval: float = 2.0
     # How `unitgate up` runs the unit's nodes (the gateway itself only routes): "builtin" (this
     # project's engine) or "vllm" (needs `pip install 'unitgate[vllm]'`).
     backend: str = "builtin"

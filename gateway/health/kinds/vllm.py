@@ -2,7 +2,7 @@
 
 Alive means `GET /health` answers 200 (vLLM answers it with an empty body, and 503 once its
 engine is dead). Load and progress come from vLLM's own `/metrics` (vllm_metrics.py), read on
-its own interval (`load_interval`, 1 s by default) rather than every round: the cheap /health
+its own interval (`load_interval`, 2 s by default) rather than every round: the cheap /health
 keeps the detection of a dead leader at the round's pace, and the prober reuses the last load
 between reads (marked not fresh, so the stall check waits for the next reading rather than
 taking an old one for an engine standing still).
