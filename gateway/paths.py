@@ -1,8 +1,9 @@
 """The public API's paths the gateway routes, and which of them each unit kind serves.
 
 A leaf module (no imports) so the registry, the request path and the apps share one table.
-The builtin engine (kind "unitgate") serves chat and completions; a stock vLLM and an
-OpenAI-compatible server are sent every routed API (one that lacks it answers 404 itself).
+The builtin engine (kind "unitgate") serves chat and completions; the vLLM backend's leaders,
+a stock vLLM and an OpenAI-compatible server are sent every routed API (one that lacks it
+answers 404 itself).
 """
 
 from __future__ import annotations
@@ -16,3 +17,9 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 RESUMABLE = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 ROUTED = RESUMABLE | {RESPONSES_PATH, MESSAGES_PATH, EMBEDDINGS_PATH}
 SERVED_BY_KIND = {"unitgate": RESUMABLE, "vllm": ROUTED, "openai": ROUTED}
+
+
+def served(kind: str, backend: str) -> frozenset[str]:
+    """What a unit answers: a unit of this project's kind run with the vLLM backend serves
+    vLLM's own API on its leader, so every routed API."""
+    return ROUTED if kind == "unitgate" and backend == "vllm" else SERVED_BY_KIND[kind]

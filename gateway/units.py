@@ -24,7 +24,7 @@ from typing import Literal
 
 from gateway.config import Config, UnitConfig
 from gateway.health.states import Health
-from gateway.paths import SERVED_BY_KIND
+from gateway.paths import served
 from gateway.routing.affinity import hash_key
 from gateway.shares import below_share
 
@@ -101,7 +101,7 @@ class UnitState:
         self.config = config
         self.id = config.id
         self.leader = config.leader
-        self.serves = SERVED_BY_KIND[config.kind]  # the API paths its kind answers
+        self.serves = served(config.kind, config.backend)  # the API paths it answers
         # The unit's own header lines on every request (its API key, its `headers`).
         self.extra_head = config.header_lines()
         self.weight = config.weight  # lowered by the registry while the unit is slow

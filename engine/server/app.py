@@ -1,4 +1,5 @@
-"""The leader's HTTP app: the OpenAI-compatible API over any `Engine` (builtin or vLLM)."""
+"""The builtin engine leader's HTTP app: the OpenAI-compatible API over an `Engine` (the vLLM
+backend's leader serves vLLM's own server instead)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Running the leader server of either backend until the node is told to stop.
+"""Running the builtin engine's leader server until the node is told to stop, and the node
+contract's thread listener (`health_at`) every backend's leader uses.
 
-Both backends' leaders serve the same API and /health contract, so they share this one
-routine (and nothing here imports a backend, so each backend can import it).
+The vLLM backend's leader serves vLLM's own OpenAI server instead (engine/backends/vllm/
+server.py) and takes only `health_at` from here; nothing here imports a backend, so each
+backend can import it.
 """
 
 from __future__ import annotations

@@ -101,3 +101,11 @@ def test_up_starts_only_units_of_its_own_kind() -> None:
 
 def test_unit_config_builds_directly() -> None:
     assert UnitConfig(id="u", leader="http://h:1/", kind="openai").nodes == ("http://h:1",)
+
+
+def test_what_each_unit_answers() -> None:
+    from gateway.paths import RESUMABLE, ROUTED, served
+
+    assert served("unitgate", "builtin") == RESUMABLE
+    assert served("unitgate", "vllm") == ROUTED  # vLLM's own server on the leader
+    assert served("vllm", "builtin") == served("openai", "builtin") == ROUTED

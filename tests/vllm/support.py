@@ -69,12 +69,14 @@ def spawn(tmp: Path, name: str, *args: str) -> Proc:
     return Proc(proc, log)
 
 
-def node_flags(model: Path, unit: str, rank: int, world: int, master: str) -> list[str]:
+def node_flags(
+    model: Path, unit: str, rank: int, world: int, master: str, vllm_args: dict[str, Any]
+) -> list[str]:
     return [
         *("node", "--backend", "vllm", "--model", str(model), "--unit", unit),
         *("--rank", str(rank), "--world-size", str(world), "--master", master),
         *("--role", "leader" if rank == 0 else "follower", "--max-seq-len", "1024"),
-        *("--vllm-args", json.dumps({"dtype": "float32"})),
+        *("--vllm-args", json.dumps({"dtype": "float32", **vllm_args})),
     ]
 
 
@@ -104,16 +106,25 @@ class Unit:
         clean_shm(since=self.started)
 
 
-def start_unit(tmp: Path, model: Path, unit: str, world: int, served: str = "tiny") -> Unit:
-    """Followers first, then the leader; ready once every node announced its port."""
+def start_unit(
+    tmp: Path,
+    model: Path,
+    unit: str,
+    world: int,
+    served: str = "tiny",
+    vllm_args: dict[str, Any] | None = None,
+) -> Unit:
+    """Followers first, then the leader; ready once every node announced its port.
+    `vllm_args`: `vllm serve` arguments besides float32 (every node gets them)."""
     started = time.time()
+    extra = vllm_args or {}
     master = f"127.0.0.1:{free_port()}"
     api, *ports = [free_port() for _ in range(world + 1)]  # ports: /health, rank order
     followers = [
         spawn(
             tmp,
             f"{unit}-rank{rank}",
-            *node_flags(model, unit, rank, world, master),
+            *node_flags(model, unit, rank, world, master, extra),
             *("--health-port", str(ports[rank])),
         )
         for rank in range(1, world)
@@ -121,7 +132,7 @@ def start_unit(tmp: Path, model: Path, unit: str, world: int, served: str = "tin
     leader = spawn(
         tmp,
         f"{unit}-rank0",
-        *node_flags(model, unit, 0, world, master),
+        *node_flags(model, unit, 0, world, master, extra),
         *("--port", str(api), "--health-port", str(ports[0]), "--served-model-name", served),
     )
     health = [f"http://127.0.0.1:{p}/health" for p in ports]

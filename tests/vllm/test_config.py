@@ -5,6 +5,7 @@ Fast, and runs in either venv (nothing here imports vLLM)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from engine.backends.vllm.args import engine_kwargs
+from engine.backends.vllm.serve_args import argv
 from engine.flags import build_parser
 from engine.model import ModelConfig
 from engine.model.tokenizer import HFTokenizer
@@ -105,9 +107,21 @@ def test_a_single_node_sets_no_multi_node_args() -> None:
     assert kwargs["tensor_parallel_size"] == 1 and kwargs["enforce_eager"] is True
 
 
+def test_server_arguments_pass_through_and_the_model_id_defaults_to_the_folder() -> None:
+    server = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True, "api_key": "k"}
+    kwargs = engine_kwargs(node_args("--role", "leader", "--vllm-args", json.dumps(server)))
+    assert server.items() <= kwargs.items()
+    assert kwargs["served_model_name"] == "m"  # --model /m
+
+
 @pytest.mark.parametrize(
     ("vllm_args", "message"),
-    [("[1]", "expected a JSON object"), ("{", "not valid JSON"), ('{"node_rank": 1}', "--rank")],
+    [
+        ("[1]", "expected a JSON object"),
+        ("{", "not valid JSON"),
+        ('{"node_rank": 1}', "--rank"),
+        ('{"port": 9000}', "'port' is set by unitgate .from --port"),
+    ],
 )
 def test_bad_vllm_args_are_refused(vllm_args: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -148,3 +162,34 @@ def _param_counts(folder: Path) -> list[int]:
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         return [f.get_tensor(name).numel() for name in f.keys()]  # noqa: SIM118
+
+
+def test_serve_arguments_become_the_words_vllm_serve_would_get() -> None:
+    """By each option's kind, as vLLM declares it (a stand-in parser with the same kinds)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--disable-log-stats", action="store_true")
+    parser.add_argument("--api-key", nargs="+")
+    parser.add_argument("--middleware", action="append")
+    parser.add_argument("--structured-outputs-config", type=json.loads)
+    parser.add_argument("--chat-template")
+    kwargs = {
+        "enforce_eager": False,
+        "disable_log_stats": True,
+        "api_key": "k",
+        "middleware": ["a.b", "c.d"],
+        "structured_outputs_config": {"backend": "xgrammar"},
+        "chat_template": "-{{ x }}",
+    }
+    words = argv(parser, kwargs)
+    assert words == [
+        *("--no-enforce-eager", "--disable-log-stats", "--api-key", "k"),
+        *("--middleware", "a.b", "--middleware", "c.d"),
+        '--structured-outputs-config={"backend": "xgrammar"}',
+        "--chat-template=-{{ x }}",
+    ]
+    parsed = parser.parse_args(words)
+    assert parsed.structured_outputs_config == {"backend": "xgrammar"}
+    assert parsed.chat_template == "-{{ x }}" and parsed.api_key == ["k"]
+    with pytest.raises(ValueError, match="'enforce_eagr' is not a vLLM engine or server"):
+        argv(parser, {"enforce_eagr": True})

@@ -1,6 +1,6 @@
-"""A vLLM unit that cannot start is refused at once, in one line naming the bad key, by
-`unitgate node` and by `unitgate up` (before any node starts). Needs vLLM (for its argument
-names) but starts no engine."""
+"""A vLLM unit that cannot start is refused at once, in one line naming the bad key or value,
+by `unitgate node` and by `unitgate up` (before any node starts). Needs vLLM (for its argument
+names and checks) but starts no engine."""
 
 from __future__ import annotations
 
@@ -27,13 +27,39 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_node_refuses_an_unknown_engine_argument(tiny_model: Path) -> None:
-    done = run(
-        *("node", "--backend", "vllm", "--role", "leader", "--model", str(tiny_model)),
-        *("--port", str(free_port()), "--vllm-args", '{"dtyp": "float32"}'),
+def node(model: Path, vllm_args: str) -> subprocess.CompletedProcess[str]:
+    return run(
+        *("node", "--backend", "vllm", "--role", "leader", "--model", str(model)),
+        *("--port", str(free_port()), "--vllm-args", vllm_args),
     )
+
+
+def test_node_refuses_an_unknown_argument(tiny_model: Path) -> None:
+    done = node(tiny_model, '{"dtyp": "float32"}')
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "unitgate node: --vllm-args: 'dtyp' is not a vLLM engine argument" in done.stderr
+    assert "unitgate node: --vllm-args: 'dtyp' is not a vLLM engine or server argument" in (
+        done.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("vllm_args", "message"),
+    [
+        ('{"max_model_len": "long"}', "argument --max-model-len: invalid"),
+        (
+            '{"enable_auto_tool_choice": true, "tool_call_parser": "hermes2"}',
+            "invalid tool call parser: hermes2",
+        ),
+    ],
+)
+def test_node_refuses_a_bad_serve_argument_before_starting_vllm(
+    tiny_model: Path, vllm_args: str, message: str
+) -> None:
+    """vLLM's own parser and server checks, run by the node before any engine starts."""
+    done = node(tiny_model, vllm_args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"unitgate node: --vllm-args: {message}" in done.stderr
+    assert "EngineCore" not in done.stderr
 
 
 def test_up_refuses_a_vllm_unit_with_an_unknown_engine_argument(
@@ -48,5 +74,7 @@ def test_up_refuses_a_vllm_unit_with_an_unknown_engine_argument(
     )
     done = run("up", "--config", str(tmp_path / "config.toml"), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
-    message = "unitgate up: unit v0: engine_args: 'max_num_seq' is not a vLLM engine argument"
+    message = (
+        "unitgate up: unit v0: engine_args: 'max_num_seq' is not a vLLM engine or server argument"
+    )
     assert message in done.stderr

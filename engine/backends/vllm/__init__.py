@@ -1,4 +1,4 @@
-"""The vLLM backend: a unit whose nodes run vLLM, behind the project's own leader server.
+"""The vLLM backend: a unit whose nodes run vLLM, the leader behind vLLM's own OpenAI server.
 
 Nothing here imports vLLM at module level: `unitgate node --backend builtin` and the gateway
 must work where vLLM is not installed. `require_vllm` is the one place that says what to

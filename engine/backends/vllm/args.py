@@ -1,10 +1,12 @@
-"""`unitgate node` flags -> vLLM engine arguments, for the leader and for headless followers.
+"""`unitgate node` flags -> `vllm serve` arguments, for the leader and for headless followers.
 
 One node of a unit is one vLLM node: `--world-size` nodes make vLLM's `nnodes`, `--rank` its
 `node_rank`, and `--master` the address of its torch.distributed rendezvous. Tensor parallelism
 spans the nodes (one worker per node unless the engine args say otherwise). Everything else is
-vLLM's own engine arguments, passed through by name from `--vllm-args` (a JSON object, which is
-what `unitgate up` builds from a unit's `engine_args` table).
+what `vllm serve` takes, passed through by name from `--vllm-args` (a JSON object, which is
+what `unitgate up` builds from a unit's `engine_args` table): vLLM's engine arguments, and the
+leader's OpenAI server's own (`tool_call_parser`, `chat_template`, `api_key`, ...), which a
+follower ignores as `vllm serve --headless` does. `serve_args` parses them with vLLM's parser.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from engine.settings import NodeSettings
@@ -27,6 +30,9 @@ RESERVED = {
     "headless": "--role",
     "distributed_executor_backend": "--backend",
     "served_model_name": "--served-model-name",
+    "host": "--host",
+    "port": "--port",
+    "uds": "--host and --port",
 }
 # A vLLM step on a CPU can take seconds, where the builtin engine's --collective-timeout default
 # (10 s) assumes milliseconds; below this floor a healthy but busy unit would be declared dead.
@@ -45,7 +51,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vllm-args",
         metavar="JSON",
-        help='vLLM engine arguments as a JSON object, e.g. \'{"dtype": "float32"}\'',
+        help="what `vllm serve` takes, by name, as a JSON object: engine arguments and the "
+        'leader\'s server\'s, e.g. \'{"dtype": "float32", "tool_call_parser": "hermes"}\'',
     )
     parser.add_argument(
         "--leader-lost-after",
@@ -79,15 +86,15 @@ def check_keys(engine_args: dict[str, Any], where: str) -> None:
 
 
 def check_known(engine_args: dict[str, Any], known: set[str], where: str) -> None:
-    """A misspelt engine argument must stop the node, not be silently dropped."""
+    """A misspelt argument must stop the node, not be silently dropped."""
     for key in engine_args:
         if key not in known:
-            raise ValueError(f"{where}: {key!r} is not a vLLM engine argument")
+            raise ValueError(f"{where}: {key!r} is not a vLLM engine or server argument")
 
 
 def engine_kwargs(settings: NodeSettings) -> dict[str, Any]:
-    """AsyncEngineArgs keyword arguments for this node (leader or follower alike: vLLM needs
-    both sides to agree on the whole parallel config)."""
+    """`vllm serve`'s arguments by name for this node, leader or follower alike (vLLM needs
+    both sides to agree on the whole parallel config; a follower ignores the server's)."""
     kwargs: dict[str, Any] = {
         **DEFAULTS,
         "model": settings.model,
@@ -104,22 +111,15 @@ def engine_kwargs(settings: NodeSettings) -> dict[str, Any]:
         host, port = settings.master_addr
         kwargs |= {"nnodes": settings.world_size, "node_rank": settings.rank}
         kwargs |= {"master_addr": host, "master_port": port}
-    if settings.served_model_name:
-        kwargs["served_model_name"] = settings.served_model_name
+    # The id clients send: the folder's name unless told, not vLLM's default (the full path).
+    kwargs["served_model_name"] = settings.served_model_name or Path(settings.model).name
     return kwargs
 
 
 def known_engine_args() -> set[str]:
-    """The names AsyncEngineArgs takes; imports vLLM (seconds), so only where it will run."""
+    """The names `--vllm-args` takes: vLLM's engine arguments (AsyncEngineArgs) and its
+    OpenAI server's (FrontendArgs). Imports vLLM (seconds), so only where it will run."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
 
-    return {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-
-
-def build_engine_args(settings: NodeSettings) -> Any:
-    """vLLM's AsyncEngineArgs; imports vLLM, so call it after the environment is set."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    kwargs = engine_kwargs(settings)
-    check_known(kwargs, known_engine_args(), "--vllm-args")
-    return AsyncEngineArgs(**kwargs)
+    return {f.name for cls in (AsyncEngineArgs, FrontendArgs) for f in dataclasses.fields(cls)}

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from argparse import Namespace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from engine.backends.vllm.args import build_engine_args
 from engine.backends.vllm.processes import reap_children
+from engine.backends.vllm.serve_args import build_engine_args
 from engine.backends.vllm.watchdog import LeaderWatch
 from engine.runtime.health import NodeStats, serve_health, stop_health
 from engine.settings import NodeSettings
@@ -31,8 +32,8 @@ MIN_FIRST_CONTACT_S = 300.0
 
 
 class FollowerNode:
-    def __init__(self, settings: NodeSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: NodeSettings, args: Namespace) -> None:
+        self.settings, self.args = settings, args
         self.stats = NodeStats("follower", settings.unit, settings.rank, settings.num_slots)
         self.executor: Any = None
         self.server: ThreadingHTTPServer | None = None
@@ -79,7 +80,7 @@ class FollowerNode:
         from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
         try:
-            config = build_engine_args(self.settings).create_engine_config(
+            config = build_engine_args(self.args).create_engine_config(
                 usage_context=UsageContext.OPENAI_API_SERVER, headless=True
             )
             executor = MultiprocExecutor(config, monitor_workers=False)
@@ -106,5 +107,6 @@ class FollowerNode:
             self.executor.shutdown()
 
 
-def run_follower(settings: NodeSettings) -> int:
-    return FollowerNode(settings).run()
+def run_follower(settings: NodeSettings, args: Namespace) -> int:
+    """`args`: this node's `vllm serve` arguments (see serve_args); the server's are unused."""
+    return FollowerNode(settings, args).run()

@@ -1,9 +1,10 @@
 """`unitgate node --backend vllm`: one node of a vLLM unit, leader or follower.
 
-The leader runs vLLM's AsyncLLM in this process behind the project's own leader server, so the
-API and the /health contract (with its optional thread listener) are the builtin engine's.
-Followers are headless vLLM nodes with their own /health. Either way the node owns everything
-vLLM spawns: on any exit it reaps them and removes their shared memory.
+The leader runs vLLM's AsyncLLM in this process behind vLLM's own OpenAI server, with the
+`vllm serve` arguments of `--vllm-args`; the node contract is on its /health (and on the thread
+listener of `--health-port`). Followers are headless vLLM nodes with their own /health. Either
+way the node owns everything vLLM spawns: on any exit it reaps them and removes their shared
+memory.
 """
 
 from __future__ import annotations
@@ -14,17 +15,12 @@ import os
 import signal
 import threading
 import time
+from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
 
 from engine.backends.vllm import require_vllm
-from engine.backends.vllm.args import (
-    check_known,
-    engine_kwargs,
-    known_engine_args,
-    parse_vllm_args,
-    step_timeout,
-)
+from engine.backends.vllm.args import parse_vllm_args, step_timeout
 from engine.backends.vllm.env import apply_defaults, clean_shm, node_defaults
 from engine.settings import NodeSettings
 
@@ -47,6 +43,7 @@ def check_settings(settings: NodeSettings) -> None:
 def run_node(settings: NodeSettings) -> int:
     require_vllm()  # first: everything below may import vLLM's dependencies
     from engine.backends.vllm.processes import reap_children
+    from engine.backends.vllm.serve_args import serve_args
 
     started = time.time()  # shared memory written since then is this node's to clean up
     check_settings(settings)
@@ -55,8 +52,8 @@ def run_node(settings: NodeSettings) -> int:
     if own_host in ("", "0.0.0.0", "::"):  # not an address peers can reach: let vLLM pick
         defaults.pop("VLLM_HOST_IP")
     apply_defaults(defaults, os.environ)
-    # A misspelt engine argument fails here, in one line, not minutes later in a worker.
-    check_known(engine_kwargs(settings), known_engine_args(), "--vllm-args")
+    # A misspelt argument or a bad value fails here, in one line, not minutes later in a worker.
+    args = serve_args(settings)
     clean_shm()
     # Until the server (or the follower loop) installs its own handlers, SIGTERM must unwind
     # through the `finally` below: the default action would orphan vLLM's processes mid-start.
@@ -65,8 +62,8 @@ def run_node(settings: NodeSettings) -> int:
         if settings.role == "follower":
             from engine.backends.vllm.follower import run_follower
 
-            return run_follower(settings)
-        return _run_leader(settings)
+            return run_follower(settings, args)
+        return _run_leader(settings, args)
     finally:
         reap_children(grace=3.0, since=started)
 
@@ -75,12 +72,14 @@ def _raise_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run_leader(settings: NodeSettings) -> int:
+def _run_leader(settings: NodeSettings, args: Namespace) -> int:
     import uvloop
 
     from engine.backends.vllm.leader import start_leader
+    from engine.backends.vllm.server import bind, serve_until_signal
     from engine.backends.vllm.watchdog import StallWatch
-    from engine.server.run import health_at, serve_until_signal
+    from engine.runtime.leader_health import LeaderHealth
+    from engine.server.run import health_at
 
     stalled: list[str] = []
 
@@ -91,21 +90,31 @@ def _run_leader(settings: NodeSettings) -> int:
         os.kill(os.getpid(), signal.SIGTERM)
 
     async def lead() -> None:
-        leader = await start_leader(settings)
-        engine = leader.engine
-        watch = StallWatch(engine.health, step_timeout(settings), on_stall)
-        watch.start()
+        leader = await start_leader(settings, args)
+        watch = StallWatch(leader.health, step_timeout(settings), on_stall).start()
         try:
-            await serve_until_signal(engine, settings.host, settings.port, health_at(settings))
+            listener = LeaderHealth(leader.health, health_at(settings))
+            await serve_until_signal(leader.app, args, sock, listener)
         finally:
             watch.stop()
+            _record_failure(leader.health(), stalled)
             if stalled:
-                engine.fail(stalled[0])
+                leader.fail(stalled[0])
             _shutdown_within(leader.shutdown, SHUTDOWN_DEADLINE_S)
 
-    uvloop.run(lead())
+    sock = bind(settings.host, settings.port)  # a taken port fails now, not after the start
+    try:
+        uvloop.run(lead())
+    finally:
+        sock.close()
     log.info("leader of unit %s stopped", settings.unit)
     return 1 if stalled else 0
+
+
+def _record_failure(health: dict[str, object], stalled: list[str]) -> None:
+    """vLLM's server stops by itself once its engine is dead; that too is a failed unit."""
+    if not stalled and health["status"] != "ok":
+        stalled.append(str(health.get("reason", health["status"])))
 
 
 def _shutdown_within(shutdown: Callable[[], None], deadline: float) -> None:
