@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.config import ConfigError, config_from_dict
+from gateway.config import ConfigError, config_from_dict, load_config
 from gateway.config.unit import UnitConfig
 
 
@@ -109,3 +110,17 @@ def test_what_each_unit_answers() -> None:
     assert served("unitgate", "builtin") == RESUMABLE
     assert served("unitgate", "vllm") == ROUTED  # vLLM's own server on the leader
     assert served("vllm", "builtin") == served("openai", "builtin") == ROUTED
+
+
+def test_the_commented_stock_unit_in_config_toml_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example at the end of config.toml, uncommented, is a valid unit."""
+    text = (Path(__file__).parents[2] / "config.toml").read_text()
+    example = text[text.index('# [[units]]\n# id = "v0"') :]
+    toml = "\n".join(line.removeprefix("# ") for line in example.splitlines())
+    monkeypatch.setenv("V0_API_KEY", "k")
+    path = tmp_path / "c.toml"
+    path.write_text('[gateway]\nmodels = ["m"]\n' + toml + "\n")
+    unit = load_config(path).units[0]
+    assert (unit.kind, unit.served_model, len(unit.nodes)) == ("vllm", "smol", 2)
