@@ -57,9 +57,11 @@ def recorded_ids(raw: bytes) -> tuple[list[int], list[int]]:
     return prompt, generated
 
 
+@pytest.mark.parametrize("unit", ["chat_stream_token_ids", "multinode_tp3_chat_stream_token_ids"])
 @pytest.mark.parametrize("seed", range(20))
-def test_a_vllm_chat_stream_with_ids_hidden_is_vllms_plain_stream(seed: int) -> None:
-    raw = (VLLM / "chat_stream_token_ids.sse").read_bytes()
+def test_a_vllm_chat_stream_with_ids_hidden_is_vllms_plain_stream(unit: str, seed: int) -> None:
+    """One stock server, and a stock three-node unit (TP = 3) answering the same request."""
+    raw = (VLLM / f"{unit}.sse").read_bytes()
     tracker = StreamTracker(chat=True, client_ids=False, include_usage=True)
     out = events(fed(tracker, raw, seed))
     plain = events((VLLM / "chat_stream.sse").read_bytes())

@@ -30,8 +30,9 @@ def test_a_busy_vllm_metrics_text_reads_as_load_and_steps() -> None:
     assert load.steps == 709  # vllm:iteration_tokens_total_count: engine steps
 
 
-def test_an_idle_vllm_reads_as_no_load() -> None:
-    load = parse_load((VLLM / "metrics_idle.txt").read_bytes())
+@pytest.mark.parametrize("name", ["metrics_idle.txt", "multinode_tp3_metrics_idle.txt"])
+def test_an_idle_vllm_reads_as_no_load(name: str) -> None:
+    load = parse_load((VLLM / name).read_bytes())
     assert load is not None and (load.running, load.waiting) == (0, 0)
 
 
