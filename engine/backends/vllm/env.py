@@ -59,15 +59,15 @@ def clean_shm(since: float | None = None) -> int:
     nobody maps them any more, and they can only be this node's processes' or a peer's on this
     machine. A file still mapped by a live process (another unit here) is always left alone.
     """
-    in_use = _open_shm_files()
+    in_use = _held_inodes()
     candidates = glob.glob(SHM_PATTERN)
     if since is not None:
         candidates += [p for pattern in MP_PATTERNS for p in glob.glob(pattern) if _since(p, since)]
     removed = 0
     for path in candidates:
-        if os.path.realpath(path) in in_use:
-            continue
         with contextlib.suppress(FileNotFoundError, PermissionError, IsADirectoryError):
+            if os.stat(path).st_ino in in_use:
+                continue
             os.unlink(path)
             removed += 1
     if removed:
@@ -82,19 +82,24 @@ def _since(path: str, since: float) -> bool:
         return False
 
 
-def _open_shm_files() -> set[str]:
-    """Every /dev/shm file some process has open or mapped, from /proc."""
-    held: set[str] = set()
+def _held_inodes() -> set[int]:
+    """The inode of every /dev/shm file some process has open or mapped, from /proc.
+
+    Inodes, not paths: glibc makes a named semaphore under a temporary name, links it to its
+    `sem.*` name and removes the temporary one, so a process holding `sem.mp-*` maps a path
+    /proc shows as `/dev/shm/sem.XXXXXX (deleted)`, never the name a cleanup finds. Compared
+    by path, a live process's semaphore looked unused and was removed (another vLLM node's
+    workers then failed to start, FileNotFoundError in SemLock._rebuild)."""
+    held: set[int] = set()
     for pid in filter(str.isdigit, _listdir("/proc")):
         for fd in _listdir(f"/proc/{pid}/fd"):
             with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/"):
-                    held.add(target)
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                    held.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
         with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
             for line in maps:
                 if "/dev/shm/" in line:
-                    held.add(line.split(None, 5)[-1].strip().removesuffix(" (deleted)"))
+                    held.add(int(line.split(None, 5)[4]))
     return held
 
 
