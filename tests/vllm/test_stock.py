@@ -1,0 +1,294 @@
+"""Two stock `vllm serve` processes (vLLM 0.32's own OpenAI server, the SmolLM2 export) as
+`kind = "vllm"` units behind a real gateway, one of them started with `--api-key`: vLLM's API
+through the gateway with the official client, load read from their /metrics, and a server
+killed mid-stream whose client gets the same greedy text from the other.
+
+The two servers take a minute or two to start on two cores, so one pair serves the module;
+the kill is the last test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import jsonschema
+import pytest
+from openai import AsyncOpenAI
+
+from gateway.config import config_from_dict
+from gateway.health.kinds.vllm_metrics import QUERY
+from gateway.server import Gateway, running
+from tests.gateway.servers import until
+from tests.support import until_routable
+from tests.vllm.stock_support import TOOL_FLAGS, Stock, export_smollm2, start_stock, wait_ready
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("vllm_required"),
+]
+PUBLIC = "SmolLM2-135M-Instruct"
+KEY = "stock-key-7"
+QUESTION = [{"role": "user", "content": "Name three fruits, one per line."}]
+
+
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iterator[list[Stock]]:
+    tmp = tmp_path_factory.mktemp("stock")
+    model = export_smollm2(tmp / "smollm2-hf")
+    servers = [
+        start_stock(tmp, "s0", model, *TOOL_FLAGS, cpu=0),
+        start_stock(tmp, "s1", model, *TOOL_FLAGS, "--api-key", KEY, cpu=1),
+    ]
+    try:
+        took = wait_ready(servers)
+        print(f"two stock vLLM servers ready in {took:.0f} s")
+        yield servers
+    finally:
+        for server in servers:
+            if server.proc.proc.poll() is None:
+                os.killpg(server.proc.proc.pid, signal.SIGKILL)
+                server.proc.proc.wait(30)
+
+
+@pytest.fixture
+async def gateway(stock: list[Stock], monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
+    monkeypatch.setenv("S1_KEY", KEY)
+    raw: dict[str, Any] = {
+        "gateway": {"port": 0, "models": [PUBLIC], "shutdown_timeout": 5.0},
+        "metrics": {"port": 0},
+        "routing": {"affinity": "none"},
+        # Two engines share two cores: probes get room to answer late.
+        "health": {"interval": 0.25, "timeout": 1.0, "fall": 2, "stall_timeout": 30.0},
+        "timeouts": {"first_byte": 120.0, "idle": 60.0},
+        "breaker": {"enabled": False},
+        "admin": {"enabled": False},
+        "units": [
+            {"id": "s0", "leader": stock[0].url, "kind": "vllm", "served_model": "smol"},
+            {
+                "id": "s1",
+                "leader": stock[1].url,
+                "kind": "vllm",
+                "served_model": "smol",
+                "api_key_env": "S1_KEY",
+            },
+        ],
+    }
+    async with running(config_from_dict(raw)) as gw:
+        await until_routable(gw, within=60.0)
+        yield gw
+
+
+def client(gw: Gateway) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{gw.public_url}/v1", api_key="the-clients-key", max_retries=0)
+
+
+def status_of(url: str, key: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_api_key_server_refuses_requests_without_it(stock: list[Stock]) -> None:
+    """What the gateway's probes must get past: `--api-key` guards /v1 (not /health)."""
+    assert status_of(f"{stock[1].url}/v1/models") == 401
+    assert status_of(f"{stock[1].url}/v1/models", KEY) == 200
+
+
+async def test_both_units_are_probed_and_their_load_read_from_metrics(
+    gateway: Gateway, stock: list[Stock]
+) -> None:
+    for unit in gateway.units.units.values():
+        node = unit.nodes[0]
+        await until(lambda n=node: n.step is not None, 10.0, f"{unit.id}: load read")  # type: ignore[misc]
+        assert node.healthy and node.pending == 0 and node.kv_usage is not None
+    # vLLM's /metrics honours prometheus_client's name[] filter: the probe reads a few lines.
+    async with aiohttp.ClientSession() as http, http.get(f"{stock[0].url}{QUERY}") as resp:
+        text = await resp.read()
+    assert b"vllm:num_requests_running{" in text and len(text) < 2000, text[:300]
+    # While a request runs (200 tokens, ignore_eos: several seconds here), the leader's
+    # report shows it within a /metrics read or two.
+    api = client(gateway)
+    task = asyncio.create_task(
+        api.chat.completions.create(
+            model=PUBLIC,
+            messages=QUESTION,
+            max_tokens=200,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    try:
+        await until(
+            lambda: any((u.nodes[0].pending or 0) > 0 for u in gateway.units.units.values()),
+            30.0,
+            "a unit reports the running request",
+        )
+    finally:
+        await task
+
+
+async def test_a_streamed_chat_under_the_public_name(gateway: Gateway) -> None:
+    stream = await client(gateway).chat.completions.create(
+        model=PUBLIC, messages=QUESTION, max_tokens=24, temperature=0, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip() and {c.model for c in chunks} == {PUBLIC}
+
+
+async def test_a_named_tool_choice_gives_arguments_that_parse(gateway: Gateway) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "search_products",
+            "description": "Search the shop's catalogue",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    }
+    answer = await client(gateway).chat.completions.create(
+        model=PUBLIC,
+        messages=[{"role": "user", "content": "Find me running shoes"}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "search_products"}},
+        max_tokens=60,
+        temperature=0,
+    )
+    call = answer.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "search_products"  # type: ignore[union-attr]
+    # vLLM constrains the arguments; what SmolLM2 puts in them is its own business (a bare
+    # JSON string, seen with vLLM 0.32), but they parse.
+    json.loads(call.function.arguments)  # type: ignore[union-attr]
+
+
+async def test_a_json_schema_answer_validates(gateway: Gateway) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "price": {"type": "number"},
+            "reasons": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 40},
+                "minItems": 1,
+                "maxItems": 3,
+            },
+        },
+        "required": ["name", "price", "reasons"],
+        "additionalProperties": False,
+    }
+    answer = await client(gateway).chat.completions.create(
+        model=PUBLIC,
+        messages=[{"role": "user", "content": "A product card for a rain jacket."}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "card", "schema": schema, "strict": True},
+        },
+        max_tokens=400,
+        temperature=0,
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
+
+
+async def test_logprobs_and_two_choices(gateway: Gateway) -> None:
+    api = client(gateway)
+    answer = await api.chat.completions.create(
+        model=PUBLIC, messages=QUESTION, max_tokens=6, logprobs=True, top_logprobs=2
+    )
+    content = answer.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and all(len(t.top_logprobs) == 2 for t in content)
+    two = await api.chat.completions.create(
+        model=PUBLIC, messages=QUESTION, max_tokens=6, n=2, temperature=1.0, seed=3
+    )
+    assert [c.index for c in two.choices] == [0, 1]
+    stream = await api.chat.completions.create(
+        model=PUBLIC, messages=QUESTION, max_tokens=6, n=2, temperature=1.0, stream=True
+    )
+    assert {c.choices[0].index async for c in stream if c.choices} == {0, 1}
+
+
+async def test_responses_and_messages_stream_through(gateway: Gateway) -> None:
+    stream = await client(gateway).responses.create(
+        model=PUBLIC, input="Say hi", max_output_tokens=12, stream=True
+    )
+    kinds = [event.type async for event in stream]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+    body = {
+        "model": PUBLIC,
+        "max_tokens": 12,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Say hi"}],
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gateway.public_url}/v1/messages", json=body) as resp,
+    ):
+        assert resp.status == 200
+        raw = await resp.read()
+    assert raw.startswith(b"event: message_start") and b"event: message_stop" in raw
+    assert f'"model":"{PUBLIC}"'.encode() in raw and b'"model":"smol"' not in raw
+
+
+async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_text(
+    gateway: Gateway, stock: list[Stock], record_property: Any
+) -> None:
+    """Last in the module: it kills one of the two servers."""
+    api = client(gateway)
+    # ignore_eos (a vLLM field, carried to the continuation): all 48 tokens, a long stream.
+    ask = {"model": PUBLIC, "messages": QUESTION, "max_tokens": 48, "temperature": 0}
+    reference = await api.chat.completions.create(**ask, extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+    expected = reference.choices[0].message.content
+    assert expected and reference.usage.completion_tokens == 48  # type: ignore[union-attr]
+    body = {**ask, "stream": True, "ignore_eos": True}
+    got, killed_at, detected = "", 0.0, asyncio.get_running_loop().create_future()
+
+    async def ejection(victim: str) -> None:
+        unit = gateway.units.units[victim]
+        await until(lambda: not unit.healthy, 10.0, f"{victim} ejected")
+        detected.set_result(time.monotonic() - killed_at)
+
+    watcher: asyncio.Task[None] | None = None
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gateway.public_url}/v1/chat/completions", json=body) as resp,
+    ):
+        victim = resp.headers["x-unitgate-unit"]
+        pieces = 0
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"]:
+                got += chunk["choices"][0]["delta"].get("content") or ""
+                pieces += 1
+            if pieces == 8 and not killed_at:
+                server = stock[int(victim[1])]
+                os.killpg(server.proc.proc.pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+                watcher = asyncio.create_task(ejection(victim))
+    assert killed_at and watcher is not None, "the stream ended before the kill"
+    await watcher
+    record_property("detection_s", round(detected.result(), 3))
+    print(f"kill -9 of {victim} mid-stream: ejected {detected.result():.2f} s later")
+    assert got == expected
