@@ -11,7 +11,7 @@ version at least the drain's has applied it, so from that report on it admits no
 its count can only fall. `drained` is true only when every live replica's report is that
 current and shows 0 on the unit: the fleet's real "safe to remove".
 
-What this cannot see, and the README says: a replica cut off from Redis for longer than
+What this cannot see, and docs/operating.md says: a replica cut off from Redis for longer than
 `replica_ttl` while it still serves. It cannot hear of the drain either; the operator must
 know their partitions.
 """
