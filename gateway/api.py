@@ -7,7 +7,8 @@ keeps its meaning. Config: `load_config`, `config_from_dict`, `Config`, `UnitCon
 `metrics_url`, `draining`) and stops it on exit; `is_routable` reads its routing verdict.
 Around it: `read_tokens` (the admin tokens a config's environment provides), `is_loopback`
 and `raise_fd_limit`, which a process hosting the gateway calls once before it starts, and
-`LISTEN_BACKLOG`, the listen backlog the gateway's servers use.
+`LISTEN_BACKLOG`, the listen backlog the gateway's servers use; `setup_logging(level, format)`
+sets a process's log lines up as the gateway's (`LOG_FORMATS`: text or json).
 
 Two leaf modules are public on their own, since importing this module imports the whole
 gateway: `gateway.oslimits` (`raise_fd_limit`) and `gateway.net` (`LISTEN_BACKLOG`,
@@ -18,13 +19,22 @@ simulated units, which must run in front of any OpenAI server, use them without 
 from __future__ import annotations
 
 from gateway.admin.auth import read_tokens
-from gateway.config import Config, ConfigError, UnitConfig, config_from_dict, load_config
+from gateway.config import (
+    LOG_FORMATS,
+    Config,
+    ConfigError,
+    UnitConfig,
+    config_from_dict,
+    load_config,
+)
 from gateway.net import LISTEN_BACKLOG, is_loopback
+from gateway.observability.logformat import setup as setup_logging
 from gateway.oslimits import raise_fd_limit
 from gateway.server import Gateway, running
 
 __all__ = [
     "LISTEN_BACKLOG",
+    "LOG_FORMATS",
     "Config",
     "ConfigError",
     "Gateway",
@@ -36,6 +46,7 @@ __all__ = [
     "raise_fd_limit",
     "read_tokens",
     "running",
+    "setup_logging",
 ]
 
 

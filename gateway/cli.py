@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from gateway.config import Config, ConfigError, load_config
+from gateway.check_config import report as report_config_errors
+from gateway.config import LOG_FORMATS, Config, ConfigError, load_config
+from gateway.observability.logformat import setup as setup_logging
+from gateway.version import version
 
 # Subcommands implemented elsewhere, imported only when chosen: module holding their `main`.
 _DELEGATED = {
@@ -25,6 +29,7 @@ _DELEGATED = {
     "worker": "gateway.workers.cli",  # started by the control plane, not by hand
     "replica": "engine.up.replica",  # started by `unitgate up --replicas N`, not by hand
     "watch": "gateway.watch.cli",
+    "check-config": "gateway.check_config",
 }
 
 
@@ -36,14 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         return code
     parser = _parser()
     ns = parser.parse_args(args)
-    logging.basicConfig(
-        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         config = load_config(ns.config)
     except ConfigError as exc:
-        print(f"unitgate: {exc}", file=sys.stderr)
+        report_config_errors(exc)  # every problem, one per line
         return 2
+    log_format = ns.log_format or config.logging.format  # the flag wins over [logging]
+    setup_logging(ns.log_level, log_format)
     if ns.command == "gateway":
         return _run_gateway(config, ns.ready_file)
     if ns.simulated and ns.replicas == 1:
@@ -56,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         simulated=ns.simulated,
         config_path=Path(ns.config),
         log_level=ns.log_level,
+        log_format=log_format,
     )
     return run_up(config, options)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unitgate", description=__doc__)
+    parser.add_argument("-V", "--version", action="version", version=f"unitgate {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     gw = sub.add_parser("gateway", help="run the gateway")
     up = sub.add_parser("up", help="run a local cluster of units plus the gateway (the demo)")
@@ -70,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
             "--config", default="config.toml", help="TOML config (default: ./config.toml)"
         )
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        p.add_argument(
+            "--log-format",
+            choices=LOG_FORMATS,
+            help="text, or json: one JSON object per line (default: [logging] format, text)",
+        )
     gw.add_argument(
         "--ready-file", type=Path, help="write bound addresses here as JSON once listening"
     )
@@ -92,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("node", help="one node of a unit, builtin or vLLM (see `unitgate node -h`)")
     sub.add_parser("admin", help="the running gateway's admin API (see `unitgate admin -h`)")
     sub.add_parser("watch", help="/health for a process that serves none (see `unitgate watch -h`)")
+    sub.add_parser(
+        "check-config", help="validate a config and its UNITGATE__* overrides, list every error"
+    )
     sub.add_parser(
         "loadtest", help="drive an OpenAI endpoint and report (see `unitgate loadtest -h`)"
     )
@@ -123,7 +137,7 @@ def _run_gateway(config: Config, ready_file: Path | None) -> int:
     try:
         uvloop.run(serve(config, ready_file))
     except ConfigError as exc:  # found at start-up (admin token, state file): one line, no trace
-        print(f"unitgate: {exc}", file=sys.stderr)
+        report_config_errors(exc)
         return 2
     return 0
 
@@ -132,13 +146,31 @@ def _up(config: Config, config_path: Path) -> int:
     """Start simulated units on the config's unit URLs, then the gateway in the foreground."""
     ready = config_path.with_name(".unitgate-sim.ready")
     ready.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="unitgate-sim-") as folder:
+        units = Path(folder, "units.toml")
+        units.write_text(_units_toml(config), encoding="utf-8")
+        return _with_simulated_units(config, units, ready)
+
+
+def _units_toml(config: Config) -> str:
+    """The units as loaded (environment overrides applied), in the `[[units]]` form the
+    simulator reads: it takes the file's tables, not the gateway's checked config."""
+    blocks = [
+        f"[[units]]\nid = {json.dumps(u.id)}\nleader = {json.dumps(u.leader)}\n"
+        f"nodes = [{', '.join(json.dumps(n) for n in u.nodes)}]\n"
+        for u in config.units
+    ]
+    return "\n".join(blocks)
+
+
+def _with_simulated_units(config: Config, units: Path, ready: Path) -> int:
     sim = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "loadtest.simunits",
             "--from-config",
-            str(config_path),
+            str(units),
             "--ready-file",
             str(ready),
         ]

@@ -2,6 +2,10 @@
 
 Retryability is decided where a failure is understood (the upstream client) and carried on the
 error as data, so the retry policy never has to guess from exception types.
+
+An error has two texts: `message`, what the client is told, and `detail`, what the log says.
+A unit's failure tells the client its kind and the request id only: the unit's address, the
+OS's error text and the unit's own error body stay in `detail`, for the operator.
 """
 
 from __future__ import annotations
@@ -24,18 +28,31 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
 
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, code=self.code, param=self.param)
+    @property
+    def detail(self) -> str:
+        """What the log says about it (by default what the client is told)."""
+        return self.message
+
+    def client_message(self, request_id: str | None = None) -> str:
+        """What the client is told; a failure the operator must look into names the request."""
+        return self.message
+
+    def body(self, request_id: str | None = None) -> bytes:
+        message = self.client_message(request_id)
+        return error_body(message, self.type, code=self.code, param=self.param)
 
     def headers(self) -> dict[str, str]:
         return {}
 
-    def response(self) -> web.Response:
+    def response(self, request_id: str | None = None) -> web.Response:
+        headers = self.headers()
+        if request_id is not None:
+            headers["x-request-id"] = request_id
         return web.Response(
             status=self.status,
-            body=self.body(),
+            body=self.body(request_id),
             content_type="application/json",
-            headers=self.headers(),
+            headers=headers,
         )
 
 
@@ -77,7 +94,9 @@ class UpstreamError(GatewayError):
         retryable: bool,
         status: int | None = None,
     ):
-        super().__init__(f"unit {unit_id} failed ({kind}): {detail}", code=kind)
+        super().__init__(kind.message, code=kind)
+        self._detail = detail
+        self.at = ""  # the unit's address, when the upstream client knows it
         self.unit_id = unit_id
         self.kind = kind
         self.retryable = retryable
@@ -85,6 +104,21 @@ class UpstreamError(GatewayError):
         # LOCAL: the gateway's own limits (open files, upstream connections) ran out, not the
         # unit: the service, not the upstream, is what is unavailable.
         self.status = 504 if kind.timeout else 503 if kind is Failure.LOCAL else 502
+
+    @property
+    def detail(self) -> str:
+        at = f" at {self.at}" if self.at else ""
+        return f"unit {self.unit_id}{at} failed ({self.kind}): {self._detail}"
+
+    def client_message(self, request_id: str | None = None) -> str:
+        message = self.message
+        if self.upstream_status is not None:
+            message = f"{message} (HTTP {self.upstream_status})"
+        return message if request_id is None else with_request_id(message, request_id)
+
+
+def with_request_id(message: str, request_id: str) -> str:
+    return f"{message} (request id {request_id})"
 
 
 def error_body(

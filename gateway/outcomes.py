@@ -25,6 +25,23 @@ class Failure(StrEnum):
     def timeout(self) -> bool:
         return self in (Failure.CONNECT_TIMEOUT, Failure.FIRST_BYTE_TIMEOUT)
 
+    @property
+    def message(self) -> str:
+        """What the client is told: the kind of failure, never the unit's address or the
+        OS's error text (those are logged)."""
+        return _FAILURES[self]
+
+
+_FAILURES = {
+    Failure.CONNECT: "upstream connect failed",
+    Failure.CONNECT_TIMEOUT: "upstream connect timed out",
+    Failure.RESET: "the upstream connection broke before the answer began",
+    Failure.STATUS: "the unit answered with a server error",
+    Failure.FIRST_BYTE_TIMEOUT: "the unit timed out before the first byte",
+    Failure.PROTOCOL: "the unit's answer was not valid HTTP",
+    Failure.LOCAL: "the gateway's own upstream capacity ran out",
+}
+
 
 class End(StrEnum):
     """How one relayed answer ended (relay.StreamRelay.pump)."""

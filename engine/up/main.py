@@ -55,6 +55,7 @@ class UpOptions:
     simulated: bool = False  # simulated units instead of the builtin engine's (replicas > 1)
     config_path: Path | None = None  # what child replicas and the simulator load themselves
     log_level: str = "info"  # the child replicas'
+    log_format: str = "text"  # the child replicas' (text or json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +194,7 @@ class _Run:
             self.options.log_level,
             READY_TIMEOUT,
             store_url,
+            self.options.log_format,
         )
         grace = config.gateway.shutdown_timeout + STOP_GRACE_S
         return [ReplicaSupervisor(p, launcher, Backoff(), grace) for p in self.fleet.ports[1:]]

@@ -21,7 +21,15 @@ from engine.up.fleet import ReplicaPorts, replica_config
 from engine.up.plan import Plan, PlanError, plan_units
 from engine.up.ready import wait_routable
 from engine.up.readyfile import write_ready
-from gateway.api import Config, ConfigError, load_config, raise_fd_limit, running
+from gateway.api import (
+    LOG_FORMATS,
+    Config,
+    ConfigError,
+    load_config,
+    raise_fd_limit,
+    running,
+    setup_logging,
+)
 
 log = logging.getLogger("unitgate.up")
 
@@ -36,15 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-file", type=Path, required=True, help="written once ready")
     p.add_argument("--ready-within", type=float, default=180.0, help="seconds")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="text", choices=LOG_FORMATS)
     return p
 
 
 def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=ns.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s [replica {ns.index}]: %(message)s",
-    )
+    text = f"%(asctime)s %(levelname)s %(name)s [replica {ns.index}]: %(message)s"
+    setup_logging(ns.log_level, ns.log_format, text, f"replica {ns.index}")
     try:
         file_config = load_config(ns.config)
         plan = plan_units(file_config)

@@ -51,6 +51,7 @@ class ReplicaLauncher:
     log_level: str
     ready_within: float
     store_url: str | None  # the redis-server `up` started, or None: the config's own [state]
+    log_format: str = "text"  # or json
 
     def log_path(self, index: int) -> Path:
         return self.log_dir / f"replica-{index}.log"
@@ -65,6 +66,7 @@ class ReplicaLauncher:
             *("--metrics-port", str(ports.metrics)),
             *("--ready-file", str(self.ready_path(ports.index))),
             *("--ready-within", f"{self.ready_within:g}", "--log-level", self.log_level),
+            *("--log-format", self.log_format),
         ]
         if self.store_url is not None:
             args += ["--store-url", self.store_url]

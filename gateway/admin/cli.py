@@ -18,6 +18,7 @@ import orjson
 
 from gateway.admin import tables
 from gateway.admin.client import AdminClient, ClientError
+from gateway.admin.drain_wait import DEFAULT_WAIT, wait_drained
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 DEFAULT_TOKEN_ENV = "UNITGATE_ADMIN_TOKEN"
@@ -26,7 +27,12 @@ Command = Callable[[AdminClient, argparse.Namespace], Any]
 
 
 def main(argv: list[str]) -> int:
-    ns = parser().parse_args(argv)
+    p = parser()
+    ns = p.parse_args(argv)
+    if ns.command == "drain" and ns.wait_timeout is not None and not ns.wait:
+        p.error(
+            "drain --timeout is how long --wait waits; the request timeout goes before the verb"
+        )
     client = AdminClient(ns.url, os.environ.get(ns.token_env, ""), ns.timeout, ns.token_env)
     command, render = COMMANDS[ns.command]
     try:
@@ -41,39 +47,91 @@ def main(argv: list[str]) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="unitgate admin", description=__doc__)
-    p.add_argument("--url", default=DEFAULT_URL, help=f"operator listener (default {DEFAULT_URL})")
-    p.add_argument("--json", action="store_true", help="print the API's JSON answer")
-    p.add_argument(
-        "--token-env",
-        default=DEFAULT_TOKEN_ENV,
-        metavar="NAME",
-        help=f"env var holding the bearer token (default {DEFAULT_TOKEN_ENV})",
+    p = argparse.ArgumentParser(
+        prog="unitgate admin", description=__doc__, parents=[_global_flags()]
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("units", help="list units and why each is (not) routable")
-    sub.add_parser("unit", help="one unit in detail, nodes included").add_argument("id")
-    disable = sub.add_parser("disable", help="no new requests; in-flight ones finish")
+
+    def verb(name: str, text: str, timeout: bool = True) -> argparse.ArgumentParser:
+        """A subcommand that takes the global flags after it too."""
+        parent = _global_flags(after_verb=True, timeout=timeout)
+        made: argparse.ArgumentParser = sub.add_parser(name, help=text, parents=[parent])
+        return made
+
+    verb("units", "list units and why each is (not) routable")
+    verb("unit", "one unit in detail, nodes included").add_argument("id")
+    disable = verb("disable", "no new requests; in-flight ones finish")
     disable.add_argument("id")
     disable.add_argument("--reason", required=True, help="why (recorded in the events log)")
-    for name, text in (
-        ("drain", "like disable, and report when nothing is in flight any more"),
-        ("enable", "serve again (once probes and the breaker agree)"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("id")
-        cmd.add_argument("--reason", default="", help="why (recorded in the events log)")
-    _add_parser(sub)
-    sub.add_parser("remove", help="remove a unit; in-flight requests finish").add_argument("id")
-    events = sub.add_parser("events", help="admin actions and health/breaker transitions")
+    _drain_parser(verb("drain", "like disable; --wait: until nothing is in flight", False))
+    enable = verb("enable", "serve again (once probes and the breaker agree)")
+    enable.add_argument("id")
+    enable.add_argument("--reason", default="", help="why (recorded in the events log)")
+    _add_parser(verb("add", "add a unit at run time (routable once its probes pass)"))
+    verb("remove", "remove a unit; in-flight requests finish").add_argument("id")
+    events = verb("events", "admin actions and health/breaker transitions")
     events.add_argument("--limit", type=int, default=100, help="newest N (default 100)")
     events.add_argument("--unit", help="only this unit's events")
     return p
 
 
-def _add_parser(sub: Any) -> None:
-    add = sub.add_parser("add", help="add a unit at run time (routable once its probes pass)")
+def _global_flags(after_verb: bool = False, timeout: bool = True) -> argparse.ArgumentParser:
+    """The flags every command takes, before the verb or after it. After it they default to
+    SUPPRESS, so a flag given only before the verb is not reset by the subcommand's copy."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if after_verb else value
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--url", default=default(DEFAULT_URL), help=f"operator listener (default {DEFAULT_URL})"
+    )
+    p.add_argument(
+        "--json", action="store_true", default=default(False), help="print the API's JSON answer"
+    )
+    p.add_argument(
+        "--token-env",
+        default=default(DEFAULT_TOKEN_ENV),
+        metavar="NAME",
+        help=f"env var holding the bearer token (default {DEFAULT_TOKEN_ENV})",
+    )
+    if timeout:  # drain's own --timeout is its wait's
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=default(10.0),
+            help="seconds for each request (default 10)",
+        )
+    return p
+
+
+def _drain_parser(drain: argparse.ArgumentParser) -> None:
+    drain.add_argument("id")
+    drain.add_argument("--reason", default="", help="why (recorded in the events log)")
+    drain.add_argument(
+        "--wait",
+        action="store_true",
+        help="exit 0 once nothing is in flight on the unit on any replica (1 on timeout)",
+    )
+    drain.add_argument(
+        "--timeout",
+        dest="wait_timeout",
+        type=float,
+        metavar="S",
+        help=f"with --wait: give up after S seconds (default {DEFAULT_WAIT:g}: the default"
+        " [timeouts].total, plus time for the replicas to report)",
+    )
+
+
+def _drain(client: AdminClient, ns: argparse.Namespace) -> Any:
+    unit = client.post(_unit_path(ns, "drain"), {"reason": ns.reason})
+    if not ns.wait or unit.get("drained"):
+        return unit
+    within = DEFAULT_WAIT if ns.wait_timeout is None else ns.wait_timeout
+    return wait_drained(client, ns.id, within)
+
+
+def _add_parser(add: argparse.ArgumentParser) -> None:
     add.add_argument("--id", required=True)
     add.add_argument("--leader", required=True, help="base URL serving the OpenAI API")
     add.add_argument(
@@ -112,7 +170,7 @@ COMMANDS: dict[str, tuple[Command, Callable[[Any], str]]] = {
         lambda c, ns: c.post(_unit_path(ns, "disable"), {"reason": ns.reason}),
         tables.summary,
     ),
-    "drain": (lambda c, ns: c.post(_unit_path(ns, "drain"), {"reason": ns.reason}), tables.summary),
+    "drain": (_drain, tables.summary),
     "enable": (
         lambda c, ns: c.post(_unit_path(ns, "enable"), {"reason": ns.reason}),
         tables.summary,

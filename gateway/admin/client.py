@@ -30,8 +30,8 @@ class AdminClient:
         self.timeout = timeout
         self.token_env = token_env  # named in hints when the gateway refuses the token
 
-    def get(self, path: str) -> Any:
-        return self.request("GET", path)
+    def get(self, path: str, timeout: float | None = None) -> Any:
+        return self.request("GET", path, timeout=timeout)
 
     def post(self, path: str, body: object) -> Any:
         return self.request("POST", path, body)
@@ -39,7 +39,10 @@ class AdminClient:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
-    def request(self, method: str, path: str, body: object = None) -> Any:
+    def request(
+        self, method: str, path: str, body: object = None, timeout: float | None = None
+    ) -> Any:
+        """`timeout`: seconds for this request (default: the client's)."""
         data = None if body is None else orjson.dumps(body)
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         if data is not None:
@@ -47,7 +50,7 @@ class AdminClient:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 return orjson.loads(resp.read())
         except urllib.error.HTTPError as exc:
             raise self._http_error(exc) from None

@@ -7,16 +7,20 @@ them and loads the file.
 
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.config import env as _env
 from gateway.config.admin import TRACE_EXPORTERS, AdminConfig, TracingConfig
 from gateway.config.builder import build as _build
 from gateway.config.checks import ConfigError
 from gateway.config.checks import check as _check
 from gateway.config.health import BreakerConfig, HealthConfig
+from gateway.config.logging import LOG_FORMATS, LoggingConfig
 from gateway.config.proxy import (
     AFFINITY_MODES,
     AdmissionConfig,
@@ -34,6 +38,7 @@ from gateway.config.unit import KINDS, UnitConfig
 __all__ = [
     "AFFINITY_MODES",
     "KINDS",
+    "LOG_FORMATS",
     "TRACE_EXPORTERS",
     "AdminConfig",
     "AdmissionConfig",
@@ -43,6 +48,7 @@ __all__ = [
     "GatewayConfig",
     "HealthConfig",
     "ListenerConfig",
+    "LoggingConfig",
     "ResumeConfig",
     "RetryConfig",
     "RoutingConfig",
@@ -71,6 +77,7 @@ class Config:
     admin: AdminConfig = field(default_factory=AdminConfig)
     state: StateConfig = field(default_factory=StateConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     units: tuple[UnitConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -98,8 +105,10 @@ class Config:
         )
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML file; raise ConfigError naming the file and the bad key."""
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a TOML file with the `UNITGATE__` overrides of `environ` (default:
+    this process's environment; see env.py) applied; raise one ConfigError listing every
+    problem, each naming the file, the bad key and, if one set it, the variable."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -107,10 +116,16 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"{path}: config file not found") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    found, errors = _env.overrides(Config, os.environ if environ is None else environ)
+    raw, unplaced = _env.apply(raw, found)
+    errors += unplaced
     try:
-        return config_from_dict(raw)
+        config = config_from_dict(raw)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        errors.append(_env.annotate(exc, found))
+    if errors:
+        raise ConfigError.of(errors).mapped(lambda e: f"{path}: {e}") from None
+    return config
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

@@ -26,11 +26,15 @@ class AuditObserver(Observer):
     def attempt_failed(
         self, call: Call, unit: UnitState, error: UpstreamError, started: float
     ) -> None:
-        log.warning("attempt failed: %s", error.message)
+        extra = {"request_id": call.rid, "unit": unit.id, "failure": error.kind.value}
+        log.warning("attempt failed: %s", error.detail, extra=extra)
 
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         if end is not End.COMPLETE and end is not End.CLIENT_GONE:
-            log.warning("stream from unit %s broke after the first byte: %s", unit.id, end)
+            extra = {"request_id": call.rid, "unit": unit.id, "end": end.value}
+            log.warning(
+                "stream from unit %s broke after the first byte: %s", unit.id, end, extra=extra
+            )
 
     def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         what, reason = f"resume_{outcome}", f"request {call.rid}: {detail}"

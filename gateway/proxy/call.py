@@ -45,6 +45,7 @@ class Call:
         "traceparent",
         "tracker",
         "tried",
+        "ttft",
         "unit",
         "usage",
     )
@@ -80,6 +81,8 @@ class Call:
         self.unit: UnitState | None = None  # the unit whose answer the client is getting
         self.end: End | None = None  # how that answer ended
         self.status: int | None = None  # the status the client got, once it is known
+        # Seconds from arrival to a streamed answer's first bytes (None: not streamed).
+        self.ttft: float | None = None
         self.error: BaseException | None = None  # what ended the request instead, if anything
         self.trace: object = None  # the tracing observer's own state for this request
         self.traceparent: str | None = None  # the next attempt's W3C traceparent, if traced

@@ -91,8 +91,10 @@ class ProxyHandler:
         except GatewayError as exc:
             return self._error(call, exc)
         call.unit, call.status = unit, answer.status
-        self.signals.first_byte(call, unit, asyncio.get_running_loop().time() - call.start)
+        ttft = asyncio.get_running_loop().time() - call.start
+        self.signals.first_byte(call, unit, ttft)
         if answer.streaming:
+            call.ttft = ttft
             return await relay_stream(self.context, request, call, answer)
         call.end = End.COMPLETE
         body = answer.first if answer.names is None else answer.names.whole(answer.first)
@@ -107,8 +109,7 @@ class ProxyHandler:
 
     @staticmethod
     def _error(call: Call, exc: GatewayError) -> web.Response:
-        response = exc.response()
-        response.headers["x-request-id"] = call.rid
+        response = exc.response(call.rid)
         if isinstance(exc, UpstreamError):
             response.headers["x-unitgate-unit"] = exc.unit_id
         return response

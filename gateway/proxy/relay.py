@@ -16,7 +16,7 @@ import asyncio
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from gateway.errors import error_body
+from gateway.errors import error_body, with_request_id
 from gateway.health.pace import next_gap, quiet_after
 from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
@@ -264,9 +264,13 @@ class StreamRelay:
 
     async def fail(self, kind: End, detail: str | None = None) -> bool:
         """End the stream with an explicit SSE error event (and [DONE] after it); `detail`
-        says why it was not resumed. False if the client had already left."""
+        says why it was not resumed (a kind, never an address: the log has those). The event
+        names the request id the response head gave. False if the client had already left."""
         assert self.response is not None
         message = kind.message if detail is None else f"{kind.message}; not resumed: {detail}"
+        rid = self.headers.get("x-request-id")
+        if rid is not None:
+            message = with_request_id(message, rid)
         event = b"data: " + error_body(message, "upstream_error", code=kind) + b"\n\n"
         if self._mid_event:
             event = b"\n\n" + event

@@ -56,16 +56,16 @@ async def resume(
         unit, answer = await proxy.dispatcher.resume(call, cause)
     except GatewayError as exc:
         proxy.signals.resumed(
-            call, broken, Resumption.GAVE_UP, f"{end}: no continuation ({exc.message})"
+            call, broken, Resumption.GAVE_UP, f"{end}: no continuation ({exc.detail})"
         )
-        await relay.fail(end, exc.message)
+        await relay.fail(end, exc.client_message())
         return None
     if not answer.streaming or answer.status != 200:  # refused: a 4xx, or not a stream
         call.lease.drop()
         proxy.upstream.finish(answer)  # a streamed refusal's connection is not left open
         detail = f"unit {unit.id} answered HTTP {answer.status}: {_excerpt(answer.first)}"
         proxy.signals.resumed(call, broken, Resumption.GAVE_UP, f"{end}: {detail}")
-        await relay.fail(end, detail)
+        await relay.fail(end, f"the continuation was refused (HTTP {answer.status})")
         return None
     tracker.begin_continuation()
     call.unit = unit
@@ -81,7 +81,7 @@ def _refusal(
         proxy.signals.resumed(
             call, broken, Resumption.UNSUPPORTED, "the unit returned no token ids"
         )
-        return f"unit {broken.id} returns no token ids"
+        return "its unit returns no token ids"
     limit = proxy.config.resume.max_resumes
     if tracker.resumes >= limit:
         proxy.signals.resumed(call, broken, Resumption.GAVE_UP, f"resume limit ({limit}) reached")

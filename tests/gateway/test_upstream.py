@@ -251,7 +251,7 @@ async def test_a_5xx_answer_is_a_retryable_status_failure(clients: Make) -> None
         error = await failure(clients(), url)
     assert error.kind is Failure.STATUS and error.retryable
     assert error.upstream_status == 503 and error.status == 502
-    assert "HTTP 503 engine overloaded" in error.message
+    assert "HTTP 503 engine overloaded" in error.detail
 
 
 async def test_a_unit_that_accepts_but_never_answers_misses_the_first_byte_deadline(
@@ -293,7 +293,7 @@ async def test_a_refused_connection_is_a_connect_failure(clients: Make) -> None:
     with refused_url() as url:
         error = await failure(clients(), url)
     assert error.kind is Failure.CONNECT and error.retryable and error.status == 502
-    assert "ConnectionRefusedError" in error.message
+    assert "ConnectionRefusedError" in error.detail
 
 
 @pytest.mark.parametrize("close", ["reset", "fin"])
@@ -309,14 +309,14 @@ async def test_a_connection_broken_mid_headers_is_a_reset(clients: Make, close: 
     async with RawServer(answer) as server:
         error = await failure(clients(), server.url)
     assert error.kind is Failure.RESET and error.retryable and error.status == 502
-    assert ("reset by peer" in error.message) is (close == "reset")
+    assert ("reset by peer" in error.detail) is (close == "reset")
 
 
 async def test_an_answer_that_is_not_http_is_a_protocol_failure(clients: Make) -> None:
     async with RawServer(lambda peer, _: peer.write(b"SSH-2.0-OpenSSH\r\n\r\n")) as server:
         error = await failure(clients(), server.url)
     assert error.kind is Failure.PROTOCOL and error.retryable
-    assert "invalid HTTP" in error.message
+    assert "invalid HTTP" in error.detail
 
 
 async def test_the_request_id_and_traceparent_go_upstream(clients: Make) -> None:
