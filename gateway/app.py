@@ -8,7 +8,9 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
+from prometheus_client.exposition import choose_encoder
 
+from gateway import cors
 from gateway.config import Config
 from gateway.errors import InvalidRequest
 from gateway.observability.metrics import Metrics
@@ -30,6 +32,7 @@ def public_app(
     config: Config, proxy: ProxyHandler, units: UnitRegistry, draining: Callable[[], bool]
 ) -> web.Application:
     app = web.Application(client_max_size=config.gateway.max_body_bytes, middlewares=[_json_errors])
+    cors.install(app, config.gateway.cors_origins)
     created = int(time.time())
     models_body = orjson.dumps(
         {
@@ -86,13 +89,13 @@ def ops_app(
     status page at /status."""
     app = web.Application(middlewares=[_json_errors])
 
-    async def render(_: web.Request) -> web.Response:
+    async def render(request: web.Request) -> web.Response:
         if metrics.refresh is not None:
             await metrics.refresh()
-        return web.Response(
-            body=await asyncio.to_thread(metrics.render),
-            headers={"Content-Type": "text/plain; version=0.0.4"},
-        )
+        # The Prometheus text format, or OpenMetrics when the scraper's Accept asks for it.
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = await asyncio.to_thread(metrics.render, encoder)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/metrics", render)
     if admin is not None:

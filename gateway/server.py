@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from gateway.health.gate import BreakerGate
 from gateway.health.prober import live_count
 from gateway.health.supervisor import HealthSupervisor
 from gateway.net import LISTEN_BACKLOG
+from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
 from gateway.observability.looplag import LoopLag
@@ -42,6 +44,7 @@ from gateway.proxy.live import LiveStreams
 from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import UpstreamClient
 from gateway.routing.admission import Admission
+from gateway.tls import scheme, server_context
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate")
@@ -87,7 +90,9 @@ class Gateway:
         self.units.on_change(lambda *_: self.admission.wake_all())
         # The loop's own lag: exported, and consulted by connect deadlines (looplag.py).
         self.lag = LoopLag()
-        self.metrics = Metrics(self.units, lambda: self.admission.queued, self.lag)
+        self.metrics = Metrics(
+            self.units, lambda: self.admission.queued, self.lag, config.timeouts.total
+        )
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
         # Streams in flight per unit: ejections reach them, and they vouch for a slow unit.
@@ -113,10 +118,11 @@ class Gateway:
         self.signals.subscribe(self.live)  # an answer that opened: its unit serves
         if self.tracing.enabled:
             self.signals.subscribe(TracingObserver(self.tracing))
+        access_log.subscribe(self.signals, config.logging)  # only if [logging] access
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
         self.admin = (
-            Admin(config, self.units, self.events, self.breakers.view, role.workers)
+            Admin(config, self.units, self.events, self.breakers.view, role.workers, self.metrics)
             if config.admin.enabled and role.control
             else None
         )
@@ -145,7 +151,8 @@ class Gateway:
                     admin.app() if admin is not None else None,
                     admin.status if admin is not None else None,
                 )
-                self.metrics_url = await self._listen(ops, m.host, m.port, 5.0)
+                tls = server_context(m.tls_cert, m.tls_key)
+                self.metrics_url = await self._listen(ops, m.host, m.port, 5.0, tls=tls)
             if self.role.public:
                 self._upstream = UpstreamClient(self.config, self.lag)
                 dispatcher = Dispatcher(
@@ -155,7 +162,12 @@ class Gateway:
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
                 self.public_url = await self._listen(
-                    app, g.host, g.port, g.shutdown_timeout, self.role.reuse_port
+                    app,
+                    g.host,
+                    g.port,
+                    g.shutdown_timeout,
+                    self.role.reuse_port,
+                    server_context(g.tls_cert, g.tls_key),
                 )
         except BaseException:
             await self.stop()
@@ -197,7 +209,13 @@ class Gateway:
         self.tracing.shutdown()
 
     async def _listen(
-        self, app: web.Application, host: str, port: int, drain: float, reuse_port: bool = False
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        drain: float,
+        reuse_port: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> str:
         runner = web.AppRunner(
             app,
@@ -208,10 +226,12 @@ class Gateway:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port)
+        site = web.TCPSite(
+            runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port, ssl_context=tls
+        )
         await site.start()
         host, port = runner.addresses[-1][:2]
-        return f"http://{host}:{port}"
+        return f"{scheme(tls)}://{host}:{port}"
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -167,5 +168,15 @@ def announce(
     if token is not None:
         lines.append(f"  admin token for this run: {token}")
         lines.append(f"    export {config.admin.token_env}={token}   # for `unitgate admin`")
+    if admin:
+        lines.append(status_line(fleet[0].metrics_url, token, config.admin.token_env))
     lines.append("unitgate up ready " + " ".join(where.public_url for where in fleet))
     print("\n".join(lines), flush=True)
+
+
+def status_line(ops_url: str, token: str | None, token_env: str) -> str:
+    """The status page; with a token made for this run, a link that signs it in. The token
+    is in the URL's fragment, which a browser never sends to the server, so no log holds it."""
+    if token is None:
+        return f"  status   {ops_url}/status  (sign in with ${token_env})"
+    return f"  status   {ops_url}/status#token={quote(token, safe='')}"

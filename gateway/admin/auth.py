@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.admin.errors import AdminStartError, Unauthenticated, forbidden
+from gateway.admin.token_strength import HOW_TO, weakness
 from gateway.config import AdminConfig
 from gateway.net import is_loopback
 
@@ -60,6 +61,7 @@ def authenticator(
     """The admin API's authenticator, or AdminStartError when it may not run as configured."""
     tokens = read_tokens(admin, environ)
     if tokens is not None:
+        check_strength(tokens, _source(admin, environ), ops_host)
         return Authenticator(tokens)
     if admin.allow_unauthenticated_loopback and is_loopback(ops_host):
         log.warning(
@@ -78,6 +80,28 @@ def authenticator(
         f"[admin].token_env: no admin token: set the environment variable {admin.token_env} "
         f"(or [admin].token_file), or disable the admin API with [admin].enabled = false{hint}"
     )
+
+
+def check_strength(tokens: Mapping[str, str], source: str, ops_host: str) -> None:
+    """Refuse a token too weak to resist guessing (token_strength.py), unless the operator
+    listener is reachable from this host only: then warn, for local development."""
+    for name, token in tokens.items():
+        problem = weakness(token)
+        if problem is None:
+            continue
+        which = f"the admin token {name!r}" if len(tokens) > 1 else "the admin token"
+        message = f"{source}: {which} {problem}; {HOW_TO}"
+        if not is_loopback(ops_host):
+            raise AdminStartError(
+                f"{message} (refused: [metrics].host {ops_host!r} is reachable from other hosts)"
+            )
+        log.warning("%s (accepted only because [metrics].host %s is loopback)", message, ops_host)
+
+
+def _source(admin: AdminConfig, environ: Mapping[str, str]) -> str:
+    if environ.get(admin.token_env, "").strip():
+        return f"[admin].token_env ({admin.token_env})"
+    return f"[admin].token_file ({admin.token_file})"
 
 
 def read_tokens(admin: AdminConfig, environ: Mapping[str, str]) -> dict[str, str] | None:

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from gateway.config.checks import check as _check
 from gateway.config.checks import positive as _positive
+from gateway.config.tls import check_pair as _check_tls
 
 
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    # Serve HTTPS: a PEM certificate (chain) file and its private key file, both or neither.
+    tls_cert: str = ""
+    tls_key: str = ""
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "must be 0..65535 (0 = any free port)")
+        _check_tls(self.tls_cert, self.tls_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +35,20 @@ class GatewayConfig:
     shutdown_timeout: float = 30.0
     # Processes accepting on `port` (SO_REUSEPORT), or "auto": one per CPU this process may
     # use. With more than one, a control-plane process runs the probers, breakers and admin
-    # API, and the workers route from its state (README: "The gateway on every core").
+    # API, and the workers route from its state (docs/operating.md: "The gateway on every core").
     workers: int | str = 1
+    # Serve HTTPS: a PEM certificate (chain) file and its private key file, both or neither.
+    tls_cert: str = ""
+    tls_key: str = ""
+    # Browser origins allowed to call the API (CORS), e.g. "https://app.example"; "*" = any.
+    # Empty: no CORS headers at all.
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "must be 0..65535 (0 = any free port)")
+        _check_tls(self.tls_cert, self.tls_key)
+        for origin in self.cors_origins:
+            _check(_origin(origin), "cors_origins", origin, 'must be "*" or scheme://host[:port]')
         _check(
             self.workers == "auto" or (isinstance(self.workers, int) and 1 <= self.workers <= 512),
             "workers",
@@ -52,6 +67,22 @@ class GatewayConfig:
         if isinstance(self.workers, int):
             return self.workers
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def _origin(value: str) -> bool:
+    """A browser's Origin value (scheme, host, optional port; no path), or "*"."""
+    if value == "*":
+        return True
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and value == f"{parts.scheme}://{parts.netloc}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from typing import Any
 from gateway.config.checks import base_url as _url
 from gateway.config.checks import check as _check
 from gateway.config.checks import positive as _positive
+from gateway.config.tls import check_ca, check_pair
 
 # unitgate: the node contract (`/health` JSON with unit, rank, role, step, pending) on every
 # node; vllm: a stock `vllm serve` leader, probed at /health and read at /metrics; openai:
@@ -68,6 +69,11 @@ class UnitConfig:
     api_key_env: str = ""
     # Extra headers sent with every request and probe to the unit's nodes.
     headers: dict[str, str] = field(default_factory=dict, hash=False)
+    # https:// nodes only. The CA bundle (PEM) that verifies the unit's certificate ("" = the
+    # system's trust store), and a client certificate and key for mutual TLS (both or neither).
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
     # "openai" only: a path whose 200 means alive, instead of /v1/models listing the model.
     health_path: str = ""
     # "vllm" only: seconds between reads of the leader's /metrics (load and progress); the
@@ -110,6 +116,7 @@ class UnitConfig:
             _check(self.max_inflight >= 1, "max_inflight", self.max_inflight, "must be >= 1")
         self._check_kind()
         self._check_backend()
+        self._check_tls()
 
     def header_lines(self) -> bytes:
         """What every request and probe to this unit carries besides the gateway's own
@@ -168,6 +175,14 @@ class UnitConfig:
                 "must be a path starting with /",
             )
         _positive("load_interval", self.load_interval)
+
+    def _check_tls(self) -> None:
+        check_pair(self.tls_cert, self.tls_key)
+        check_ca(self.tls_ca)
+        https = any(url.startswith("https://") for url in (self.leader, *self.nodes))
+        for name in ("tls_ca", "tls_cert"):
+            value = getattr(self, name)
+            _check(https or not value, name, value, "only applies to a unit with https:// nodes")
 
     def _check_backend(self) -> None:
         if self.kind != "unitgate":

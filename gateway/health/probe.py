@@ -11,6 +11,7 @@ as the answer to the next probe. What an answer means is each kind's business (k
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import orjson
 
@@ -21,14 +22,20 @@ from gateway.proxy.upstream import request_head
 
 class Target:
     """A node's address and one GET's request head, built once rather than on every probe.
-    `extra` is the unit's own header lines (its API key, its `headers`)."""
+    `extra` is the unit's own header lines (its API key, its `headers`); `tls` its https
+    settings (gateway/tls.py), the same the request path uses."""
 
     __slots__ = ("endpoint", "head", "path")
 
     def __init__(
-        self, url: str, path: str = "/health", extra: bytes = b"", accept: str = "application/json"
+        self,
+        url: str,
+        path: str = "/health",
+        extra: bytes = b"",
+        accept: str = "application/json",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.endpoint = Endpoint(url.rstrip("/"))
+        self.endpoint = Endpoint(url.rstrip("/"), tls)
         self.path = path
         host = self.endpoint.host_header.decode()
         self.head = (
@@ -108,6 +115,10 @@ async def exchange(
 def describe(exc: OSError) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: the node's certificate is not trusted: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
     if isinstance(exc, ConnectionBroken):
         return str(exc).replace("the unit", "the node")
     return exc.strerror or str(exc) or type(exc).__name__

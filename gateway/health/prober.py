@@ -26,6 +26,7 @@ from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.proxy.connection import ConnectionPool, Endpoint
 from gateway.routing.load import others
+from gateway.tls import unit_context
 from gateway.units import UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.health")
@@ -67,7 +68,7 @@ class UnitProber:
         self.traffic = traffic
         urls = unit.config.nodes
         self.probes = node_probes(unit.config, unit.models)
-        self.leader = Endpoint(unit.leader)
+        self.leader = Endpoint(unit.leader, unit_context(unit.config))  # the canary's
         self.extra = unit.config.header_lines()
         self.verdict = GangVerdict(
             unit.id,

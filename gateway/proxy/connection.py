@@ -13,6 +13,7 @@ so a few warm connections serve a light load and the rest expire).
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Callable
 from typing import Protocol
@@ -33,6 +34,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.tls = False
         self.idle_since = 0.0
         self._reset()
 
@@ -53,6 +55,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.tls = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
         self.last_data = self.loop.time()
@@ -81,10 +84,20 @@ class UpstreamConnection(asyncio.Protocol):
                 pieces, self.body = self.body, []
                 self.sink(pieces, True)
         elif not self.complete:
-            self.fail(
-                ConnectionBroken("the unit closed the connection" + (f": {exc}" if exc else ""))
-            )
+            self.fail(ConnectionBroken(self._closed_why(exc)))
         self._wake()
+
+    def _closed_why(self, exc: Exception | None) -> str:
+        why = "the unit closed the connection" + (f": {exc}" if exc else "")
+        fresh = self.idle_since == 0.0 and self.last_data == 0.0  # nothing ever came back
+        if exc is None and fresh and self.tls:
+            # How a server that rejects the client certificate answers under TLS 1.3: the
+            # alert that says so reaches neither asyncio's nor uvloop's protocol.
+            why += (
+                " before answering on a new TLS connection: it may not accept the gateway's"
+                " client certificate ([[units]] tls_cert and tls_key)"
+            )
+        return why
 
     # -- httptools callbacks ----------------------------------------------------------------
 
@@ -154,16 +167,25 @@ class UpstreamConnection(asyncio.Protocol):
 
 
 class Endpoint:
-    """A leader's address, parsed once; `target` is the request line's prefix path."""
+    """A node's address, parsed once. An https:// one connects with `tls` (the unit's CA and
+    client certificate, gateway/tls.py), or by default verifying with the system's trust store."""
 
-    __slots__ = ("host", "host_header", "port", "ssl")
+    __slots__ = ("host", "host_header", "key", "port", "ssl")
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, tls: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url)
         self.host = parts.hostname or "127.0.0.1"
-        self.ssl = parts.scheme == "https"
-        self.port = parts.port or (443 if self.ssl else 80)
+        https = parts.scheme == "https"
+        self.ssl = (tls or _default_tls()) if https else None
+        self.port = parts.port or (443 if https else 80)
         self.host_header = parts.netloc.encode()
+        # Idle connections are kept per key: one made with other TLS settings is not reused.
+        self.key = (self.host, self.port, self.ssl)
+
+
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 class LagTotal(Protocol):
@@ -194,9 +216,8 @@ class ConnectionPool:
         self.lag = lag
         self.connect_timeout = connect_timeout
         self.keepalive_timeout = keepalive_timeout
-        self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
+        self._idle: dict[tuple[str, int, ssl.SSLContext | None], list[UpstreamConnection]] = {}
         self._limit = asyncio.Semaphore(limit) if limit > 0 else None
-        self._ssl: ssl.SSLContext | None = None
         self._all: set[UpstreamConnection] = set()
 
     async def reserve(self) -> None:
@@ -226,7 +247,7 @@ class ConnectionPool:
             return
         conn._reset()
         conn.idle_since = conn.loop.time()
-        self._idle.setdefault((endpoint.host, endpoint.port), []).append(conn)
+        self._idle.setdefault(endpoint.key, []).append(conn)
 
     def close(self) -> None:
         for conn in self._all:
@@ -235,7 +256,7 @@ class ConnectionPool:
         self._idle.clear()
 
     def _reuse(self, endpoint: Endpoint) -> UpstreamConnection | None:
-        idle = self._idle.get((endpoint.host, endpoint.port))
+        idle = self._idle.get(endpoint.key)
         while idle:
             conn = idle.pop()
             fresh = conn.loop.time() - conn.idle_since < self.keepalive_timeout
@@ -247,8 +268,6 @@ class ConnectionPool:
 
     async def _connect(self, endpoint: Endpoint) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
-        if endpoint.ssl and self._ssl is None:
-            self._ssl = ssl.create_default_context()
         async with asyncio.timeout(self.connect_timeout) as deadline:
             stretch = None if self.lag is None else _Stretch(self.lag, deadline, loop)
             try:
@@ -256,7 +275,7 @@ class ConnectionPool:
                     lambda: UpstreamConnection(loop),
                     endpoint.host,
                     endpoint.port,
-                    ssl=self._ssl if endpoint.ssl else None,
+                    ssl=endpoint.ssl,
                 )
             finally:
                 if stretch is not None:

@@ -105,6 +105,7 @@ class Dispatcher:
                 first_byte_at,
                 call.traceparent,
                 unit.extra_head,
+                unit.config,
             )
         except BaseException as exc:
             call.lease.drop()

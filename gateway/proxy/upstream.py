@@ -12,7 +12,7 @@ import asyncio
 import errno
 from dataclasses import dataclass
 
-from gateway.config import Config
+from gateway.config import Config, UnitConfig
 from gateway.errors import UpstreamError
 from gateway.outcomes import Failure
 from gateway.proxy.connection import (
@@ -23,6 +23,7 @@ from gateway.proxy.connection import (
     UpstreamConnection,
 )
 from gateway.proxy.names import Renamer
+from gateway.tls import unit_context
 
 _SSE = b"text/event-stream"
 
@@ -52,7 +53,7 @@ class UpstreamClient:
             config.timeouts.connect, u.keepalive_timeout, u.max_connections, lag
         )
         self.max_connections = u.max_connections
-        self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints: dict[str | tuple[str, str, str, str], Endpoint] = {}
 
     async def close(self) -> None:
         self.pool.close()
@@ -73,11 +74,11 @@ class UpstreamClient:
         first_byte_at: float,
         traceparent: str | None = None,
         extra: bytes = b"",
+        unit: UnitConfig | None = None,
     ) -> Answer:
-        """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in."""
-        endpoint = self._endpoints.get(base_url) or self._endpoints.setdefault(
-            base_url, Endpoint(base_url)
-        )
+        """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in.
+        An https:// unit is reached with `unit`'s TLS settings (its CA, its client certificate)."""
+        endpoint = self._endpoint(base_url, unit)
         conn: UpstreamConnection | None = None
         reserved = False
         try:
@@ -96,7 +97,19 @@ class UpstreamClient:
                 self.pool.release(endpoint, conn)
             if not reserved and isinstance(exc, TimeoutError):
                 raise self._pool_full(unit_id) from exc
-            raise _classify(unit_id, exc, connected=conn is not None) from exc
+            error = _classify(unit_id, exc, connected=conn is not None)
+            if isinstance(error, UpstreamError):
+                error.at = base_url  # for the log's line: the client is never told where
+            raise error from exc
+
+    def _endpoint(self, base_url: str, unit: UnitConfig | None) -> Endpoint:
+        # Keyed by the TLS files too: a unit added again at its URL with other ones gets them.
+        key = base_url if unit is None else (base_url, unit.tls_ca, unit.tls_cert, unit.tls_key)
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            tls = None if unit is None else unit_context(unit)
+            endpoint = self._endpoints[key] = Endpoint(base_url, tls)
+        return endpoint
 
     def _pool_full(self, unit_id: str) -> UpstreamError:
         """The deadline passed while every `[upstream].max_connections` slot was taken: the

@@ -28,6 +28,7 @@ from gateway.config import Config
 from gateway.config.builder import table
 from gateway.observability.events import Event
 from gateway.observability.fleet import Fleet
+from gateway.observability.logformat import current_format
 from gateway.server import Gateway
 from gateway.units import UnitState
 from gateway.workers import frames, state
@@ -145,7 +146,8 @@ class WorkerPool:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.gateway.host}:{self.port}"
+        g = self.config.gateway
+        return f"{'https' if g.tls_cert else 'http'}://{g.host}:{self.port}"
 
     @property
     def gateway(self) -> Gateway:
@@ -281,6 +283,8 @@ class WorkerPool:
                 str(theirs.fileno()),
                 "--log-level",
                 logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+                "--log-format",
+                current_format(),
                 pass_fds=(theirs.fileno(),),
             )
         finally:

@@ -134,7 +134,7 @@ def run_point(shape: Shape) -> Point:
             n = shape.streams
             toml = gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN, workers=shape.workers)
             config.write_text(toml)
-            token = secrets.token_urlsafe(12)
+            token = secrets.token_urlsafe(32)
             gw_argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]
             ready = tmp / "gw.json"
             gw_argv += ["--ready-file", str(ready)]

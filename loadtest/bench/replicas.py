@@ -95,7 +95,7 @@ def redis_server(folder: Path) -> Iterator[redis.Redis]:
 
 
 def propagation(tmp: Path, replicas: int, trials: int) -> dict[str, Any]:
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)
     os.environ["UNITGATE_ADMIN_TOKEN"] = token
     sim_ready = tmp / "sim.json"
     sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "1"]

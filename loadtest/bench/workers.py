@@ -63,7 +63,7 @@ def admin_call(url: str, token: str, path: str, method: str = "POST") -> Any:
 
 
 def measure(tmp: Path, workers: int, changes: int) -> dict[str, Any]:
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)
     os.environ["UNITGATE_ADMIN_TOKEN"] = token
     sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "1"]
     sim_ready = tmp / f"sim-{workers}.json"

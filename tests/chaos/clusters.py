@@ -167,7 +167,7 @@ def start_real(tmp: Path, units: int = 2, world: int = 2, within: float = 150.0)
     ]
     config = tmp / "up.toml"
     config.write_text(config_toml(sections, unit_tables))
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)
     out = tmp / "up.out"
     with out.open("wb") as f:
         proc = subprocess.Popen(
@@ -274,7 +274,7 @@ def start_replicas(
     processes of one host would otherwise differ by pid only, and the tests name who
     reported what). Returned once every one routes; if one fails to start, those started
     are stopped."""
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)
     units = [{"id": u["id"], "leader": u["leader"], "nodes": u["nodes"]} for u in sim.units]
     started: list[GatewayProcess] = []
     try:

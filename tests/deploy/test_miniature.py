@@ -41,7 +41,7 @@ from tests.redis_support import RedisServer, redis_server
 pytestmark = pytest.mark.slow
 
 VENV_BIN = Path(sys.executable).parent
-TOKEN = "miniature-admin-token"
+TOKEN = "miniature-admin-token-4c9e1f7a2b"  # the gateway refuses short ones off loopback
 PASSWORD = "miniature-redis-password"
 
 

@@ -17,6 +17,7 @@ from gateway.health.kinds import openai, unitgate, vllm
 from gateway.health.probe import Target
 from gateway.health.result import NodeReport
 from gateway.proxy.connection import ConnectionPool
+from gateway.tls import unit_context
 
 
 class NodeProbe(Protocol):
@@ -26,12 +27,15 @@ class NodeProbe(Protocol):
 def node_probes(unit: UnitConfig, public: tuple[str, ...]) -> list[NodeProbe]:
     """One probe per node, rank order; `public` is the model ids the unit serves."""
     extra = unit.header_lines()
+    tls = unit_context(unit)
     leader: NodeProbe
     if unit.kind == "vllm":
-        leader = vllm.leader_probe(unit, extra)
+        leader = vllm.leader_probe(unit, extra, tls)
     elif unit.kind == "openai":
-        leader = openai.leader_probe(unit, extra, public)
+        leader = openai.leader_probe(unit, extra, public, tls)
     else:
-        leader = unitgate.leader_probe(unit, extra)
-    followers = [unitgate.ContractProbe(Target(url, "/health", extra)) for url in unit.nodes[1:]]
+        leader = unitgate.leader_probe(unit, extra, tls)
+    followers = [
+        unitgate.ContractProbe(Target(url, "/health", extra, tls=tls)) for url in unit.nodes[1:]
+    ]
     return [leader, *followers]

@@ -8,6 +8,8 @@ and live traffic, the breaker and the canary catch what a 200 cannot.
 
 from __future__ import annotations
 
+import ssl
+
 import orjson
 
 from gateway.config import UnitConfig
@@ -36,11 +38,13 @@ class OpenAIProbe:
         return NodeReport(latency_ms, None, "ok", self.unit_id, "leader", 0)
 
 
-def leader_probe(unit: UnitConfig, extra: bytes, public: tuple[str, ...]) -> OpenAIProbe:
+def leader_probe(
+    unit: UnitConfig, extra: bytes, public: tuple[str, ...], tls: ssl.SSLContext | None = None
+) -> OpenAIProbe:
     if unit.health_path:
-        return OpenAIProbe(unit.id, Target(unit.nodes[0], unit.health_path, extra), None)
+        return OpenAIProbe(unit.id, Target(unit.nodes[0], unit.health_path, extra, tls=tls), None)
     names = frozenset((unit.served_model,) if unit.served_model else public)
-    return OpenAIProbe(unit.id, Target(unit.nodes[0], "/v1/models", extra), names)
+    return OpenAIProbe(unit.id, Target(unit.nodes[0], "/v1/models", extra, tls=tls), names)
 
 
 def missing_model(body: bytes, names: frozenset[str]) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 from gateway.config import UnitConfig
 from gateway.health.kinds.vllm_metrics import FULL, QUERY, EngineLoad, parse_load
@@ -36,11 +37,18 @@ log = logging.getLogger("unitgate.health")
 class VllmProbe:
     __slots__ = ("full", "health", "interval", "load", "metrics", "read_at", "unit_id", "warned")
 
-    def __init__(self, unit_id: str, url: str, extra: bytes, interval: float) -> None:
+    def __init__(
+        self,
+        unit_id: str,
+        url: str,
+        extra: bytes,
+        interval: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.unit_id = unit_id
-        self.health = Target(url, "/health", extra)
-        self.metrics = Target(url, QUERY, extra, accept="text/plain")
-        self.full = Target(url, FULL, extra, accept="text/plain")  # if QUERY is not served
+        self.health = Target(url, "/health", extra, tls=tls)
+        self.metrics = Target(url, QUERY, extra, accept="text/plain", tls=tls)
+        self.full = Target(url, FULL, extra, accept="text/plain", tls=tls)  # QUERY not served
         self.interval = interval
         self.load: EngineLoad | None = None
         self.read_at: float | None = None  # loop time of the last /metrics read
@@ -105,5 +113,5 @@ class VllmProbe:
         return self.load is not None
 
 
-def leader_probe(unit: UnitConfig, extra: bytes) -> VllmProbe:
-    return VllmProbe(unit.id, unit.nodes[0], extra, unit.load_interval)
+def leader_probe(unit: UnitConfig, extra: bytes, tls: ssl.SSLContext | None = None) -> VllmProbe:
+    return VllmProbe(unit.id, unit.nodes[0], extra, unit.load_interval, tls)
