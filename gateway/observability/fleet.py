@@ -11,6 +11,10 @@ them into a retired total, so a counter never goes backwards across a restart (a
 outright loses at most its last second).
 
 Only counters and histograms are summed: gauges describe state the control plane holds itself.
+The exception is each process's own metrics (`process_*`: CPU, memory, file descriptors),
+which are not summed but shown per process: the control plane's own without a `worker` label,
+each worker's latest with its index as `worker` (gone when it exits; a restarted worker's
+CPU counter starts again from 0, which Prometheus' `rate()` reads as a reset).
 """
 
 from __future__ import annotations
@@ -22,16 +26,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 SUMMED = ("counter", "histogram")
+PER_PROCESS = "process_"  # families shown per worker, never summed (process.py)
 Key = tuple[str, str, tuple[tuple[str, str], ...]]  # (family, sample name, labels)
 # one sample on the wire: [family, type, documentation, sample name, labels, value]
 Wire = list[Any]
 
 
 def samples(registry: CollectorRegistry) -> list[Wire]:
-    """A worker's cumulative counter and histogram samples (not their `_created` stamps)."""
+    """A worker's cumulative counter and histogram samples (not their `_created` stamps), and
+    its process metrics."""
     out: list[Wire] = []
     for family in registry.collect():
-        if family.type not in SUMMED:
+        if family.type not in SUMMED and not family.name.startswith(PER_PROCESS):
             continue
         for s in family.samples:
             if not s.name.endswith("_created"):
@@ -43,6 +49,7 @@ def samples(registry: CollectorRegistry) -> list[Wire]:
 class Fleet:
     def __init__(self) -> None:
         self._latest: dict[int, dict[Key, float]] = {}
+        self._processes: dict[int, dict[Key, float]] = {}  # each worker's process_*, labelled
         self._retired: dict[Key, float] = {}
         self._families: dict[str, tuple[str, str]] = {}  # name -> (type, documentation)
 
@@ -52,13 +59,20 @@ class Fleet:
 
     def update(self, worker: int, wire: Iterable[Wire]) -> None:
         latest: dict[Key, float] = {}
+        processes: dict[Key, float] = {}
         for family, kind, doc, name, labels, value in wire:
             self._families.setdefault(family, (kind, doc))
-            latest[(family, name, tuple(sorted(labels.items())))] = float(value)
+            if family.startswith(PER_PROCESS):
+                labelled = tuple(sorted({**labels, "worker": str(worker)}.items()))
+                processes[(family, name, labelled)] = float(value)
+            else:
+                latest[(family, name, tuple(sorted(labels.items())))] = float(value)
         self._latest[worker] = latest
+        self._processes[worker] = processes
 
     def retire(self, worker: int) -> None:
-        """The worker exited: what it counted stays counted."""
+        """The worker exited: what it counted stays counted; its process metrics go."""
+        self._processes.pop(worker, None)
         for key, value in self._latest.pop(worker, {}).items():
             self._retired[key] = self._retired.get(key, 0.0) + value
 
@@ -68,6 +82,13 @@ class Fleet:
             for key, value in latest.items():
                 total[key] = total.get(key, 0.0) + value
         return total
+
+    def processes(self) -> dict[Key, float]:
+        """Every listening worker's latest process metrics, each with its `worker` label."""
+        out: dict[Key, float] = {}
+        for latest in list(self._processes.values()):
+            out.update(latest)
+        return out
 
     def merged(self, own: CollectorRegistry) -> _Merged:
         return _Merged(own, self)
@@ -83,7 +104,8 @@ class _Merged(CollectorRegistry):
 
     def collect(self) -> Iterator[Metric]:
         by_family: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-        for (family_name, name, labels), value in self.fleet.totals().items():
+        fleet = self.fleet
+        for (family_name, name, labels), value in (fleet.totals() | fleet.processes()).items():
             by_family.setdefault(family_name, {})[(name, labels)] = value
         for family in self.own.collect():
             extra = by_family.pop(family.name, None)

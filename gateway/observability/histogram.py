@@ -31,6 +31,28 @@ LATENCY_BUCKETS = (
     30.0,
     60.0,
 )
+# Bounds past a minute, for requests as long as `[timeouts].total` allows (`reaching`).
+LONG_BUCKETS = (120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
+
+
+def reaching(longest: float, base: Sequence[float] = LATENCY_BUCKETS) -> tuple[float, ...]:
+    """`base`, `longest` itself, and the longer bounds up to the first one past `longest`.
+
+    A request cut at its deadline ends a moment after `longest`: it lands in that last finite
+    bucket, not in +Inf, and the `longest` bucket tells it apart from those that finished."""
+    bounds = {*base, float(longest)}
+    step = iter(_ladder())
+    while max(bounds) <= longest:
+        bounds.add(next(step))
+    return tuple(sorted(bounds))
+
+
+def _ladder() -> Iterator[float]:
+    yield from LONG_BUCKETS
+    bound = LONG_BUCKETS[-1]
+    while True:
+        bound *= 2
+        yield bound
 
 
 class Histogram:
@@ -58,24 +80,35 @@ class Histogram:
 
 
 class HistogramFamily(Collector):
-    """One histogram per label value (the unit id), exported at scrape time."""
+    """One histogram per label values (the unit id; or the unit and the model), exported at
+    scrape time. Callers on the request path keep the children they get from `labels`."""
 
-    def __init__(self, name: str, doc: str, label: str) -> None:
-        self.name, self.doc, self.label = name, doc, label
-        self.children: dict[str, Histogram] = {}
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labels: str | Sequence[str],
+        bounds: Sequence[float] = LATENCY_BUCKETS,
+    ) -> None:
+        self.name, self.doc = name, doc
+        self.labelnames = (labels,) if isinstance(labels, str) else tuple(labels)
+        self.bounds = tuple(bounds)
+        self.children: dict[tuple[str, ...], Histogram] = {}
 
-    def labels(self, value: str) -> Histogram:
-        child = self.children.get(value)
+    def labels(self, *values: str) -> Histogram:
+        child = self.children.get(values)
         if child is None:
-            child = self.children[value] = Histogram()
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: labels {self.labelnames}, got {values}")
+            child = self.children[values] = Histogram(self.bounds)
         return child
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
+        family = HistogramMetricFamily(self.name, self.doc, labels=list(self.labelnames))
         # sorted() copies the items in one C call, safe while the loop thread adds children.
-        for value, h in sorted(self.children.items()):
-            family.add_metric([value], h.cumulative(), h.sum)
+        for values, h in sorted(self.children.items()):
+            family.add_metric(list(values), h.cumulative(), h.sum)
         yield family
 
     def describe(self) -> Iterable[HistogramMetricFamily]:
-        return [HistogramMetricFamily(self.name, self.doc, labels=[self.label])]
+        return [HistogramMetricFamily(self.name, self.doc, labels=list(self.labelnames))]

@@ -7,6 +7,15 @@ The counters alerts and dashboards look for (breaker transitions, resumptions, a
 refusals) start at 0 for every unit, state and reason: a series that first appears already at
 1 has no earlier sample, so Prometheus' `increase()` and `rate()` would miss that first event
 (deploy/prometheus alerts on them).
+
+Series that a request adds carry the serving unit and, where it matters (requests, tokens,
+first-token latency, duration), the model the client asked for: a model is one of
+`[gateway].models` (another is refused before it is counted), so their number is bounded by
+the unit-model pairs the fleet serves. The request path's observer keeps the children it
+uses (request_metrics.py), so a request pays a dict lookup, not a `.labels()` call.
+
+`render` takes the encoder prometheus_client chose for the scrape's Accept header: the
+Prometheus text format, or OpenMetrics when asked (app.py).
 """
 
 from __future__ import annotations
@@ -17,25 +26,35 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.config.proxy import TimeoutConfig
 from gateway.health.breaker import BreakerState
 from gateway.health.states import Health
+from gateway.observability import process
 from gateway.observability.fleet import Fleet
-from gateway.observability.histogram import HistogramFamily
+from gateway.observability.histogram import HistogramFamily, reaching
 from gateway.observability.looplag import LoopLag
 from gateway.outcomes import Resumption
 from gateway.units import UnitRegistry
 
+Encoder = Callable[[CollectorRegistry], bytes]
+
 
 class Metrics:
     def __init__(
-        self, units: UnitRegistry, queue_depth: Callable[[], int], lag: LoopLag | None = None
+        self,
+        units: UnitRegistry,
+        queue_depth: Callable[[], int],
+        lag: LoopLag | None = None,
+        longest: float = TimeoutConfig().total,
     ) -> None:
+        """`longest`: `[timeouts].total`, where the latency histograms' buckets reach."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
             "unitgate_requests",
-            "Requests answered, by serving unit and HTTP status.",
-            ["unit", "status"],
+            "Requests answered, by serving unit, model and HTTP status (unit and model `none`"
+            " when refused before either was known).",
+            ["unit", "model", "status"],
             registry=r,
         )
         self.retries = Counter(
@@ -71,10 +90,10 @@ class Metrics:
         )
         self.tokens = Counter(
             "unitgate_tokens",
-            "Tokens by serving unit and type (prompt, completion): a resumable stream's counted"
-            " from the token ids its units sent, any other answer's as its own usage says (a"
-            " plain stream's only when its client asked for usage).",
-            ["unit", "type"],
+            "Tokens by serving unit, model and type (prompt, completion): a resumable stream's"
+            " counted from the token ids its units sent, any other answer's as its own usage"
+            " says (a plain stream's only when its client asked for usage).",
+            ["unit", "model", "type"],
             registry=r,
         )
         self.rejections = Counter(
@@ -102,16 +121,22 @@ class Metrics:
             ["unit", "rank"],
             registry=r,
         )
+        long = reaching(longest)
         self.ttft = HistogramFamily(
             "unitgate_time_to_first_token_seconds",
-            "Request arrival to first body byte sent.",
-            "unit",
+            "Request arrival to the first event of a streamed answer with status 200, by unit"
+            " and model (non-streamed answers and errors are not counted).",
+            ("unit", "model"),
+            long,
         )
         self.itl = HistogramFamily(
             "unitgate_inter_token_latency_seconds", "Time between relayed stream chunks.", "unit"
         )
         self.e2e = HistogramFamily(
-            "unitgate_request_duration_seconds", "Request arrival to the end of the answer.", "unit"
+            "unitgate_request_duration_seconds",
+            "Request arrival to the end of the answer, by unit and model.",
+            ("unit", "model"),
+            long,
         )
         for family in (self.ttft, self.itl, self.e2e):
             r.register(family)
@@ -124,6 +149,7 @@ class Metrics:
         r.register(_HealthCollector(units))
         if lag is not None:
             r.register(_LagCollector(lag))
+        process.register(r)
         # In a control plane: the workers' counters and histograms, summed in at render,
         # fresh from `refresh` (which asks them) before each scrape.
         self.fleet: Fleet | None = None
@@ -137,12 +163,12 @@ class Metrics:
         for outcome in Resumption:
             self.resumptions.labels(unit_id, outcome)
 
-    def render(self) -> bytes:
+    def render(self, encoder: Encoder = generate_latest) -> bytes:
         """Call from a worker thread (see app.py): with a thousand units rendering takes ~0.5 s
         of Python, which on the event loop would stall probes past their timeout."""
         if self.fleet is not None:
-            return generate_latest(self.fleet.merged(self.registry))
-        return generate_latest(self.registry)
+            return encoder(self.fleet.merged(self.registry))
+        return encoder(self.registry)
 
 
 class _StateCollector(Collector):

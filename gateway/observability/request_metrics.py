@@ -1,8 +1,16 @@
-"""The request path's Prometheus metrics, as a subscriber to its signals (proxy/signals.py)."""
+"""The request path's Prometheus metrics, as a subscriber to its signals (proxy/signals.py).
+
+What one request costs here: two dict lookups, for its (unit, model) series and for its
+(unit, model, status) counter, then the increments and observations themselves; `.labels()`
+runs once per new pair or status, not per request. Nothing runs per token but the inter-token
+histogram the relay is handed once per answer (`token_gaps`), labelled by unit alone.
+"""
 
 from __future__ import annotations
 
 import asyncio
+
+from prometheus_client import Counter
 
 from gateway.errors import UpstreamError
 from gateway.observability.histogram import Histogram
@@ -12,10 +20,39 @@ from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
 
+NONE = "none"  # the unit, or the model, of a request refused before it was known
+
+
+class _Series:
+    """A serving unit's children of the per-request families for one model, looked up once."""
+
+    __slots__ = ("completion", "e2e", "prompt", "ttft")
+
+    def __init__(self, m: Metrics, unit: str, model: str) -> None:
+        self.ttft = m.ttft.labels(unit, model)
+        self.e2e = m.e2e.labels(unit, model)
+        self.prompt = m.tokens.labels(unit, model, "prompt")
+        self.completion = m.tokens.labels(unit, model, "completion")
+
 
 class MetricsObserver(Observer):
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._requests: dict[tuple[str, str, int], Counter] = {}
+
+    def _of(self, unit: str, model: str) -> _Series:
+        series = self._series.get((unit, model))
+        if series is None:
+            series = self._series[(unit, model)] = _Series(self.m, unit, model)
+        return series
+
+    def _count(self, unit: str, model: str, status: int) -> None:
+        child = self._requests.get((unit, model, status))
+        if child is None:
+            child = self.m.requests.labels(unit, model, str(status))
+            self._requests[(unit, model, status)] = child
+        child.inc()
 
     def rejected(self, code: str) -> None:
         self.m.rejections.labels(code).inc()
@@ -32,7 +69,10 @@ class MetricsObserver(Observer):
         self.m.budget_exhausted.inc()
 
     def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
-        self.m.ttft.labels(unit.id).observe(ttft)
+        # A streamed answer's first bytes are its first event, sent once the unit made its
+        # first token. A whole answer's first byte is its last, and an error is no token.
+        if call.info.stream and call.status == 200:
+            self._of(unit.id, call.info.model).ttft.observe(ttft)
 
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         if end is End.CLIENT_GONE:
@@ -44,17 +84,21 @@ class MetricsObserver(Observer):
         self.m.resumptions.labels(broken.id, outcome).inc()
 
     def ended(self, call: Call) -> None:
-        unit = "none" if call.unit is None else call.unit.id
+        unit = NONE if call.unit is None else call.unit.id
         if isinstance(call.error, asyncio.CancelledError):  # the client went away
             self.m.cancellations.labels(unit).inc()
         if call.status is None:
             return
-        self.m.requests.labels(unit, str(call.status)).inc()
-        if call.unit is not None:
-            self.m.e2e.labels(unit).observe(asyncio.get_running_loop().time() - call.start)
+        info = getattr(call, "info", None)  # unset when intake refused the request
+        model = NONE if info is None else info.model
+        self._count(unit, model, call.status)
+        if call.unit is None:
+            return
+        series = self._of(unit, model)
+        series.e2e.observe(asyncio.get_running_loop().time() - call.start)
         if call.usage is not None:
-            self.m.tokens.labels(unit, "prompt").inc(call.usage.prompt)
-            self.m.tokens.labels(unit, "completion").inc(call.usage.completion)
+            series.prompt.inc(call.usage.prompt)
+            series.completion.inc(call.usage.completion)
 
     def token_gaps(self, unit_id: str) -> Histogram:
         return self.m.itl.labels(unit_id)

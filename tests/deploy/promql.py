@@ -26,6 +26,7 @@ SUFFIXES = {
     "counter": ("_total",),
     "histogram": ("_bucket", "_count", "_sum"),
     "gauge": ("",),
+    "info": ("_info",),
 }
 # PromQL words that look like metric names: functions, aggregations, keywords.
 _WORD = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")

@@ -56,6 +56,7 @@ REQUIRED = {
     "health transitions": "unitgate_health_transitions_total",
     "breaker transitions": "unitgate_breaker_transitions_total",
     "resumptions": "unitgate_resumptions_total",
+    "tokens by model": "unitgate_tokens_total",
 }
 LATENCY = ("unitgate_time_to_first_token", "unitgate_inter_token", "unitgate_request_duration")
 

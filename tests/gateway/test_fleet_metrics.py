@@ -1,8 +1,14 @@
-"""The workers' counters and histograms summed into the control plane's /metrics."""
+"""The workers' counters and histograms summed into the control plane's /metrics, and their
+process metrics shown per worker."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from gateway.observability.fleet import Fleet, samples
 from gateway.observability.histogram import HistogramFamily
@@ -57,3 +63,34 @@ def test_gauges_are_not_summed() -> None:
     r = CollectorRegistry()
     Gauge("unitgate_queue_depth", "Waiting.", registry=r).set(5)
     assert samples(r) == []
+
+
+class _Process(Collector):
+    """What ProcessCollector yields, with chosen values."""
+
+    def __init__(self, cpu: float) -> None:
+        self.cpu = cpu
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("process_cpu_seconds", "CPU.", value=self.cpu)
+        yield GaugeMetricFamily("process_open_fds", "Fds.", value=10 * self.cpu)
+
+
+def process_registry(cpu: float) -> CollectorRegistry:
+    r = CollectorRegistry()
+    r.register(_Process(cpu))
+    return r
+
+
+def test_each_workers_process_metrics_are_shown_apart_never_summed() -> None:
+    own, fleet = process_registry(1.0), Fleet()
+    fleet.update(0, samples(process_registry(2.0)))
+    fleet.update(1, samples(process_registry(3.0)))
+    text = rendered(fleet, own)
+    assert line(text, "process_cpu_seconds_total ") == 1  # the control plane's own
+    assert line(text, 'process_cpu_seconds_total{worker="0"}') == 2
+    assert line(text, 'process_open_fds{worker="1"}') == 30
+    assert text.count("# TYPE process_open_fds gauge") == 1
+    fleet.retire(1)  # an exited worker's process is gone, not folded into a total
+    text = rendered(fleet, own)
+    assert 'worker="1"' not in text and line(text, 'process_cpu_seconds_total{worker="0"}') == 2

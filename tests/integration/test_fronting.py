@@ -99,7 +99,8 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 def tokens(gw: Any, unit: str) -> tuple[float | None, float | None]:
     sample = gw.metrics.registry.get_sample_value
     return tuple(  # type: ignore[return-value]
-        sample("unitgate_tokens_total", {"unit": unit, "type": kind})
+        # by the public model the client asked for, not the unit's served name
+        sample("unitgate_tokens_total", {"unit": unit, "model": PUBLIC, "type": kind})
         for kind in ("prompt", "completion")
     )
 

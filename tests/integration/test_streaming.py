@@ -149,4 +149,4 @@ async def test_metrics_are_exported(gateway: Gateway, http: aiohttp.ClientSessio
         "unitgate_queue_depth",
     ):
         assert name in text, name
-    assert 'unitgate_requests_total{status="200",unit="' in text
+    assert f'unitgate_requests_total{{model="{MODEL}",status="200",unit="' in text
