@@ -25,8 +25,10 @@ from gateway.admin.store import Store, StoreError
 from gateway.admin.view import BreakerView, WorkersView
 from gateway.config import Config
 from gateway.observability.events import EventLog
+from gateway.observability.metrics import Metrics
 from gateway.status.feed import StatusFeed
 from gateway.status.page import StatusPage
+from gateway.status.traffic import Traffic
 from gateway.units import UnitRegistry
 
 log = logging.getLogger("unitgate.admin")
@@ -41,13 +43,15 @@ class Admin:
         events: EventLog,
         breaker_view: BreakerView | None = None,
         workers: WorkersView | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._config = config
         self.service = AdminService(config, units, events)
         self._auth: Authenticator | None = None
         self.api = AdminApi(self.service, self._authenticator, breaker_view, workers)
-        # The status page (/status) shows what the admin API does, pushed on every change.
-        feed = StatusFeed(self.api.snapshot)
+        # The status page (/status) shows what the admin API does, pushed on every change,
+        # and each unit's recent traffic from the metrics.
+        feed = StatusFeed(self.api.snapshot, None if metrics is None else Traffic(metrics))
         units.on_change(feed.changed)
         units.on_membership(feed.changed)
         units.on_panic(feed.changed)

@@ -5,7 +5,8 @@ when something changed (a health, breaker or admin bit, a unit added or removed,
 once a second (probe latencies and in-flight counts move all the time), and hands the same
 bytes to every watcher. Bursts are coalesced (at most one snapshot per MIN_GAP_S), a slow
 watcher gets the latest snapshot rather than a backlog (its queue holds one), and the task
-runs only while someone watches.
+runs only while someone watches. Each unit's recent traffic (requests, tokens and TTFT over
+the last seconds, traffic.py) is added to its view when the gateway's metrics are given.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
+
+from gateway.status.traffic import Traffic
 
 MIN_GAP_S = 0.1  # at most 10 snapshots a second, however fast the fleet changes
 REFRESH_S = 1.0  # and at least one a second
@@ -33,8 +36,9 @@ def frame(event: str, data: object) -> bytes:
 
 
 class StatusFeed:
-    def __init__(self, build: Build) -> None:
+    def __init__(self, build: Build, traffic: Traffic | None = None) -> None:
         self._build = build
+        self._traffic = traffic
         self._watchers: set[asyncio.Queue[bytes]] = set()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -76,7 +80,10 @@ class StatusFeed:
                 await asyncio.wait_for(self._changed.wait(), REFRESH_S)
             self._changed.clear()
             try:
-                data = frame("snapshot", await self._build())
+                snapshot = await self._build()
+                if self._traffic is not None:
+                    self._traffic.annotate(snapshot)
+                data = frame("snapshot", snapshot)
             except Exception:  # a bug must not freeze every open page on its last snapshot
                 log.exception("status snapshot failed")
                 data = frame("failed", {"error": "the gateway could not build a snapshot"})

@@ -5,6 +5,9 @@ CDN, so it works on an operator network with no way out. The page itself holds n
 open; the stream carries the fleet's state and follows the admin API's rules (a token, unless
 the admin is open on loopback), sent by the script as a Bearer header (it reads the stream
 with fetch, since EventSource cannot send one). Its buttons call the admin API itself.
+A link `/status#token=...` (what `unitgate up` prints) signs the page in: the script takes the
+token from the URL's fragment, which the browser never sends here, so no request and no log
+holds it. The page's charts (charts.js) draw each unit's `traffic` from the same stream.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from gateway.errors import GatewayError
 from gateway.status.feed import END, StatusFeed
 
 STATIC = Path(__file__).parent / "static"
-FILES = {"status.js": "text/javascript", "status.css": "text/css"}
+FILES = {"status.js": "text/javascript", "charts.js": "text/javascript", "status.css": "text/css"}
 
 
 class StatusPage:

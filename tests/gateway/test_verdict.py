@@ -274,3 +274,12 @@ def test_parse_health_answers() -> None:
     assert down.error == "HTTP 503 (status unhealthy)" and down.rank is None
     assert parse_health(200, b"<html>", 1.0).error == "HTTP 200 without a JSON object body"
     assert parse_health(502, b"[]", 1.0).error == "HTTP 502 without a JSON object body"
+
+
+def test_parse_health_reads_the_kv_cache_share_from_the_leaders_slot_counts() -> None:
+    body = b'{"status":"ok","rank":0,"step":5,"pending":0,"kv_slots_used":3,"kv_slots_total":12}'
+    report = parse_health(200, body, 1.0)
+    assert report.running == 3 and report.kv_usage == 0.25
+    assert parse_health(200, b'{"status":"ok","kv_slots_used":3}', 1.0).kv_usage is None
+    zero = b'{"status":"ok","kv_slots_used":3,"kv_slots_total":0}'
+    assert parse_health(200, zero, 1.0).kv_usage is None

@@ -11,24 +11,19 @@ the test artifacts folder (UNITGATE_TEST_ARTIFACTS, default test-artifacts/).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.chaos.clusters import ROOT, RealCluster, start_real
+from tests.integration.browser_support import chromium, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-POLL_S = 0.02
 
 
 @pytest.fixture(scope="module")
@@ -42,37 +37,14 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver, "chromium and chromium-driver are missing (make test installs them)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,700"):
-        options.add_argument(flag)
-    # An explicit chromedriver: selenium's manager would otherwise try to download one.
-    browser = webdriver.Chrome(options=options, service=Service(executable_path=driver))
-    try:
+    with chromium(1400, 700) as browser:
         yield browser
-    finally:
-        browser.quit()
 
 
 def artifacts() -> Path:
     folder = Path(os.environ.get("UNITGATE_TEST_ARTIFACTS", ROOT / "test-artifacts"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def until(check: object, within: float, what: str) -> float:
-    """Poll `check()` (DOM reads) until true; returns the seconds it took."""
-    started = time.monotonic()
-    while True:
-        try:
-            if check():  # type: ignore[operator]
-                return time.monotonic() - started
-        except (NoSuchElementException, StaleElementReferenceException):
-            pass  # the row is being re-rendered: look again
-        assert time.monotonic() - started < within, f"not in time: {what}"
-        time.sleep(POLL_S)
 
 
 def cell(browser: WebDriver, unit: str, column: str) -> str:

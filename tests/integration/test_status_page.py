@@ -15,7 +15,7 @@ import pytest
 
 from gateway.server import Gateway, running
 from tests.integration.test_admin import admin_config, call
-from tests.support import SimProcess
+from tests.support import MODEL, SimProcess
 
 pytestmark = pytest.mark.usefixtures("admin_tokens")
 
@@ -51,6 +51,7 @@ async def test_the_page_and_its_files_are_served_without_a_token(
         for path, kind in [
             ("/status", "text/html"),
             ("/status/status.js", "text/javascript"),
+            ("/status/charts.js", "text/javascript"),
             ("/status/status.css", "text/css"),
         ]:
             async with http.get(gw.metrics_url + path) as resp:
@@ -92,6 +93,35 @@ async def test_the_stream_pushes_each_change_at_once(
             assert loop.time() - sent < 0.5  # pushed, not found by a once-a-second refresh
             assert unit(snap, "u0")["why"] == "admin: disabled (disk)"
             assert snap["events"][-1]["what"] == "disable"
+
+
+async def test_the_stream_carries_each_units_recent_traffic(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with running(admin_config(clean_sim, tmp_path)) as gw:
+        headers = {"Authorization": "Bearer alice-token"}
+        async with http.get(gw.metrics_url + "/status/stream", headers=headers) as resp:
+            stream = snapshots(resp)
+            first = await next_where(stream, lambda s: True, within=1.0)
+            assert "traffic" not in first["units"][0]  # one reading of the metrics: no rate yet
+            for n in range(12):
+                body = {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"count to {n}"}],
+                    "stream": True,
+                    "max_tokens": 8,
+                    "stream_options": {"include_usage": True},
+                }
+                async with http.post(gw.public_url + "/v1/chat/completions", json=body) as chat:
+                    assert chat.status == 200
+                    await chat.read()
+            snap = await next_where(
+                stream, lambda s: sum(u.get("traffic", {}).get("rps", 0) for u in s["units"]) > 0
+            )
+    busy = [u["traffic"] for u in snap["units"] if u["traffic"]["rps"] > 0]
+    assert all(t["tokens_per_s"] > 0 and t["ttft_p50"] is not None for t in busy), busy
+    assert all(t["ttft_p50"] <= t["ttft_p99"] for t in busy), busy
+    assert snap["traffic_window_s"] > 0
 
 
 async def test_open_streams_end_when_the_gateway_stops(

@@ -1,13 +1,15 @@
 """The `unitgate` kind: every node answers the node contract itself.
 
 `GET /health` returns a JSON object with `status`, `unit`, `rank`, `role`, `pid` and, on the
-leader, the engine's `step`, `pending` and `kv_slots_used`. The builtin engine's nodes serve
+leader, the engine's `step`, `pending`, `kv_slots_used` and `kv_slots_total` (their ratio is
+the KV-cache share the admin view and the status page show). The builtin engine's nodes serve
 it, and so does `unitgate watch` for a process that runs no HTTP server (the followers of
 every kind). The verdict checks the identity it reports against the config.
 """
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import orjson
@@ -28,8 +30,10 @@ class ContractProbe:
         return await probe_node(pool, self.target, within)
 
 
-def leader_probe(unit: UnitConfig, extra: bytes) -> ContractProbe:
-    return ContractProbe(Target(unit.nodes[0], "/health", extra))
+def leader_probe(
+    unit: UnitConfig, extra: bytes, tls: ssl.SSLContext | None = None
+) -> ContractProbe:
+    return ContractProbe(Target(unit.nodes[0], "/health", extra, tls=tls))
 
 
 async def probe_node(pool: ConnectionPool, target: Target, within: float) -> NodeReport:
@@ -63,7 +67,15 @@ def parse_health(status: int, body: bytes, latency_ms: float) -> NodeReport:
         _int(doc, "step"),
         _int(doc, "pending"),
         _int(doc, "kv_slots_used"),
+        kv_usage=_share(_int(doc, "kv_slots_used"), _int(doc, "kv_slots_total")),
     )
+
+
+def _share(used: int | None, total: int | None) -> float | None:
+    """The KV cache's share in use, when the leader reports both counts."""
+    if used is None or not total or total < 0:
+        return None
+    return min(max(used / total, 0.0), 1.0)
 
 
 def _text(doc: dict[str, Any], key: str) -> str | None:

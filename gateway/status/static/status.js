@@ -6,6 +6,19 @@ const TOKEN_KEY = "unitgate-admin-token";
 const RETRY_MS = 1000;
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+// The link `unitgate up` prints signs the page in: /status#token=... A fragment never leaves
+// the browser (no request, no log has it); it is kept like a pasted token, then taken out of
+// the address bar (and so out of the history and of anything copied from it).
+function tokenFromFragment() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (!params.has("token")) return;
+  const given = params.get("token");
+  if (given) sessionStorage.setItem(TOKEN_KEY, given);
+  params.delete("token");
+  const rest = params.toString();
+  window.history.replaceState(window.history.state, "", location.pathname + location.search + (rest ? "#" + rest : ""));
+}
 function headers() {
   const t = token();
   return t ? { Authorization: "Bearer " + t } : {};
@@ -105,6 +118,7 @@ function render(snap) {
   panic.textContent = panics.map(([m, why]) => `panic routing for ${m}: ${why}`).join("; ");
   const body = document.querySelector("#units tbody");
   body.replaceChildren(...units.map(row));
+  drawCharts(snap);
   const events = document.getElementById("events");
   events.replaceChildren(...snap.events.slice().reverse().map((e) => el("li", {},
     `${new Date(e.time * 1000).toLocaleTimeString()} ${e.unit}: ${e.what} (${e.reason}) by ${e.who}` +
@@ -166,4 +180,5 @@ document.getElementById("login").addEventListener("submit", (event) => {
   sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
   follow();
 });
+tokenFromFragment();
 follow();
