@@ -1,7 +1,9 @@
-"""`python -m loadtest --url URL ...`: parse options, run one shape, report.
+"""`python -m loadtest --url URL ...`: parse options, run one shape, report, judge.
 
-Everything the user can get wrong (options, a prompt file, the output directory) ends in a
-one-line message and exit status 2; server misbehaviour is data and ends in the report.
+Everything the user can get wrong (options, a prompt file, a tokenizer, the output directory)
+ends in a one-line message and exit status 2; server misbehaviour is data and ends in the
+report, and the checks (`--max-error-rate`, `--slo`) turn it into exit status 1. Without
+`--model`, a target that cannot list its models ends the run before any load (status 3).
 """
 
 from __future__ import annotations
@@ -11,15 +13,18 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import uvloop
 
 from gateway.oslimits import raise_fd_limit
-from loadtest.gen import compare, plots, sweep
+from loadtest.gen import compare, options, plots, sweep
 from loadtest.gen.actions import ActionRunner, add_timeseries
-from loadtest.gen.lengths import LengthDist, LengthSpecError, parse_length
+from loadtest.gen.checks import Check, Verdict, checks_section, judge
+from loadtest.gen.lengths import LengthDist
+from loadtest.gen.options import EXIT_CHECKS, EXIT_OK, EXIT_TARGET, EXIT_USAGE
 from loadtest.gen.report import (
     actions_section,
     lengths_section,
@@ -30,85 +35,16 @@ from loadtest.gen.report import (
 from loadtest.gen.scenario import Action, ScenarioError, load_scenario
 from loadtest.gen.shapes import RunConfig, Runner
 from loadtest.gen.stats import Slo, aggregate, record_json
+from loadtest.gen.target import TargetError, build_headers, choose_model, list_models
+from loadtest.gen.tokens import TokenCounter, TokenizerError, load_tokenizer, packaged_tokenizer
 from loadtest.gen.workload import Workload, WorkloadConfig, WorkloadError, load_jsonl
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="unitgate loadtest", description=__doc__)
-    p.add_argument("--url", required=True, help="server base URL; /v1/... is appended")
-    p.add_argument("--model", default="unitgate-sim")
-    shape = p.add_mutually_exclusive_group()
-    shape.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
-    shape.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
-    sweep.add_options(shape)
-    p.add_argument("--duration", type=float, help="seconds during which requests are sent")
-    p.add_argument("--requests", type=int, help="total requests to send")
-    p.add_argument("--prompts", type=Path, help="JSONL prompt file (default: shopping set)")
-    _add_lengths(p)
-    p.add_argument("--session-share", type=float, default=0.0, help="share sending x-session-id")
-    p.add_argument("--sessions", type=int, default=16, help="distinct session ids in the pool")
-    p.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT limit")
-    p.add_argument("--slo-tpot-ms", type=float, help="goodput: time-per-output-token limit")
-    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="directory for result.json")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line")
-    # Scenarios and time series (issue 5): loadtest/gen/scenario.py, actions.py, timeseries.py
-    p.add_argument("--scenario", type=Path, help="TOML file of actions fired during the run")
-    p.add_argument("--timeseries", action="store_true", help="add 1 s buckets to result.json")
-    return p
-
-
-def _add_lengths(p: argparse.ArgumentParser) -> None:
-    """The old single-number flags stay as aliases so existing command lines keep working."""
-    forms = "N, uniform:MIN:MAX, normal:MEAN:STDDEV or lognormal:MEAN:STDDEV"
-    inputs = p.add_mutually_exclusive_group()
-    inputs.add_argument("--input-len", metavar="SPEC",
-                        help=f"prompt length in words (not tokens): each prompt is padded or cut "
-                             f"to a length drawn from {forms}, seeded by --seed")  # fmt: skip
-    inputs.add_argument("--input-words", metavar="SPEC", help="alias of --input-len")
-    outputs = p.add_mutually_exclusive_group()
-    outputs.add_argument(
-        "--output-len",
-        metavar="SPEC",
-        help="max_tokens of each request, drawn from SPEC (same forms)",
-    )
-    outputs.add_argument("--max-tokens", metavar="SPEC", help="alias of --output-len")
-    eos_help = "send ignore_eos (vLLM, unitgate) so answers run to max_tokens"
-    p.add_argument("--ignore-eos", action="store_true", help=eos_help)
-
-
-def _lengths(
-    p: argparse.ArgumentParser, args: argparse.Namespace, *names: str
-) -> LengthDist | None:
-    """Parsed under whichever alias the user typed, so an error message names that flag."""
-    for name in names:
-        if (text := getattr(args, name)) is not None:
-            try:
-                return parse_length(text, "--" + name.replace("_", "-"))
-            except LengthSpecError as exc:
-                p.error(str(exc))
-    return None
-
-
-def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if not args.url.startswith(("http://", "https://")):
-        p.error("--url must start with http:// or https://")
-    if args.duration is None and args.requests is None:
-        p.error("give --duration and/or --requests")
-    positive = ("concurrency", "rate", "duration", "requests")
-    for name in positive:
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0")
-    if not 0.0 <= args.session_share <= 1.0:
-        p.error("--session-share must be within [0, 1]")
-    if args.sessions < 1 or args.timeout <= 0:
-        p.error("--sessions must be >= 1 and --timeout > 0")
-
-
 def _configs(
-    p: argparse.ArgumentParser, args: argparse.Namespace
+    args: argparse.Namespace,
+    lengths: options.Lengths,
+    model: str,
+    headers: tuple[tuple[str, str], ...],
 ) -> tuple[RunConfig, WorkloadConfig]:
     # Neither shape given means the simplest closed loop: one request at a time.
     concurrency = None if args.rate is not None else (args.concurrency or 1)
@@ -120,15 +56,19 @@ def _configs(
         requests=args.requests,
         timeout=args.timeout,
         seed=args.seed,
+        headers=headers,
     )
     work = WorkloadConfig(
-        args.model,
+        model,
         session_share=args.session_share,
         sessions=args.sessions,
         seed=args.seed,
         ignore_eos=args.ignore_eos,
-        input_len=_lengths(p, args, "input_len", "input_words"),
-        output_len=_lengths(p, args, "output_len", "max_tokens"),
+        input_len=lengths.input_len,
+        output_len=lengths.output_len,
+        prompt_tokens=lengths.prompt_tokens,
+        endpoint=args.endpoint,
+        stream=not args.no_stream,
     )
     return run, work
 
@@ -167,6 +107,15 @@ async def run_load(
     return result
 
 
+def add_checks(result: dict[str, object], checks: list[Check]) -> list[Verdict]:
+    """Judge the summary; the verdicts also go into `result["checks"]`."""
+    summary = result["summary"]
+    assert isinstance(summary, dict)
+    verdicts = judge(checks, summary)
+    result["checks"] = [v.to_json() for v in verdicts]
+    return verdicts
+
+
 def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -> dict[str, object]:
     w = workload.config
     return {
@@ -178,13 +127,18 @@ def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -
         "duration_s": run.duration,
         "requests": run.requests,
         "timeout_s": run.timeout,
+        "endpoint": w.endpoint,
+        "stream": w.stream,
         "input_len": _spec(w.inputs),
+        "prompt_tokens": _spec(w.prompt_tokens),
+        "tokenizer": None if workload.tokenizer is None else workload.tokenizer.source,
         "output_len": _spec(w.outputs),
         "ignore_eos": w.ignore_eos,
         "session_share": w.session_share,
         "sessions": w.sessions,
         "seed": run.seed,
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+        "header_names": [name for name, _ in run.headers],  # values may be secrets
         "started_unix": started,
     }
 
@@ -197,47 +151,111 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SUBCOMMANDS:
         return SUBCOMMANDS[argv[0]](argv[1:])
-    parser = build_parser()
+    parser = options.build_parser(__doc__)
     args = parser.parse_args(argv)
-    _check(parser, args)
-    run, work = _configs(parser, args)
+    options.check(parser, args)
+    checks, lengths = options.checks(parser, args), options.length_specs(parser, args)
+    try:
+        headers = build_headers(args.header, args.api_key)
+    except ValueError as exc:
+        parser.error(str(exc))
     raise_fd_limit()  # a closed loop of 10,000 streams holds 10,000 connections
     try:
-        prompts = load_jsonl(args.prompts) if args.prompts is not None else None
-        scenario = load_scenario(args.scenario) if args.scenario is not None else None
-    except (WorkloadError, ScenarioError) as exc:
-        print(f"unitgate loadtest: {exc}", file=sys.stderr)
-        return 2
+        inputs = _inputs(args, headers)
+    except (WorkloadError, ScenarioError, TokenizerError) as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except TargetError as exc:
+        return _fail(f"{exc}; give the model with --model", EXIT_TARGET)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    run, work = _configs(args, lengths, inputs.model, headers)
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
     if (axis := sweep.axis_of(args)) is not None:
-        return _sweep(args, run, work, prompts, slo, axis)
+        return _sweep(args, run, work, inputs, slo, axis, checks)
+    return _run_once(
+        args, run, Workload(work, inputs.prompts, inputs.tokenizer), slo, inputs, checks
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """What the run needs from files and from the target, all read before any load."""
+
+    prompts: list[str] | None
+    scenario: list[Action] | None
+    model: str
+    tokenizer: TokenCounter | None
+
+
+def _inputs(args: argparse.Namespace, headers: tuple[tuple[str, str], ...]) -> _Inputs:
+    """Files first, so a typo is reported before the target is asked anything."""
+    prompts = load_jsonl(args.prompts) if args.prompts is not None else None
+    scenario = load_scenario(args.scenario) if args.scenario is not None else None
+    given = None if args.tokenizer in ("auto", "none") else load_tokenizer(Path(args.tokenizer))
+    model = args.model or _served_model(args.url.rstrip("/"), headers)
+    return _Inputs(prompts, scenario, model, given or _auto_tokenizer(args, model))
+
+
+def _run_once(
+    args: argparse.Namespace,
+    run: RunConfig,
+    workload: Workload,
+    slo: Slo,
+    inputs: _Inputs,
+    checks: list[Check],
+) -> int:
     try:
-        workload = Workload(work, prompts)
-        load = run_load(run, workload, slo, not args.no_progress, scenario, args.timeseries)
+        load = run_load(run, workload, slo, not args.no_progress, inputs.scenario, args.timeseries)
         result = uvloop.run(load)
     except KeyboardInterrupt:
-        print("unitgate loadtest: interrupted", file=sys.stderr)
-        return 130
+        return _fail("interrupted", 130)
+    verdicts = add_checks(result, checks)
+    _print(result, verdicts)
+    saved = _save(args.out, result)
+    passed = all(v.passed for v in verdicts)
+    return saved if saved != EXIT_OK else (EXIT_OK if passed else EXIT_CHECKS)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"unitgate loadtest: {message}", file=sys.stderr)
+    return status
+
+
+def _served_model(url: str, headers: tuple[tuple[str, str], ...]) -> str:
+    """The model `GET /v1/models` lists, said on stderr (stdout carries only the report)."""
+    model, why = choose_model(uvloop.run(list_models(url, headers)))
+    print(why, file=sys.stderr)
+    return model
+
+
+def _auto_tokenizer(args: argparse.Namespace, model: str) -> TokenCounter | None:
+    """`auto` loads the model's packaged tokenizer only when prompt lengths are asked in
+    tokens: the server's usage counts the answers, and loading one takes seconds."""
+    if args.tokenizer != "auto" or args.prompt_tokens is None:
+        return None
+    return packaged_tokenizer(model)
+
+
+def _print(result: dict[str, object], verdicts: list[Verdict]) -> None:
     summary = result["summary"]
     assert isinstance(summary, dict)
     print(summary_table(summary))
     print("\n" + lengths_section(result))
     if isinstance(actions := result.get("actions"), list):
         print("\n" + actions_section(actions))
-    return _save(args.out, result)
+    print("\n" + checks_section(verdicts))
 
 
 def _save(out: Path | None, result: dict[str, object]) -> int:
     if out is None:
-        return 0
+        return EXIT_OK
     try:
         path = write_result(out, result)
     except OSError as exc:
-        print(f"unitgate loadtest: cannot write result: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"cannot write result: {exc}", EXIT_USAGE)
     print(f"result: {path}")
     plots.try_write_plots(result, out)
-    return 0
+    return EXIT_OK
 
 
 # --- Output extras (issue 5): `compare` / `plot` subcommands, sweeps, plots -----------------
@@ -250,26 +268,35 @@ def _sweep(
     args: argparse.Namespace,
     run: RunConfig,
     work: WorkloadConfig,
-    prompts: list[str] | None,
+    inputs: _Inputs,
     slo: Slo,
     axis: tuple[str, list[float]],
+    checks: list[Check],
 ) -> int:
-    """Each point gets a fresh copy of the workload so all points send the same requests."""
+    """Each point gets a fresh copy of the workload so all points send the same requests;
+    every point is judged, and the sweep fails when any point does."""
     name, values = axis
+    failed: list[str] = []
 
     async def load(point: RunConfig, session: aiohttp.ClientSession) -> dict[str, object]:
-        workload = Workload(work, prompts)
-        return await run_load(point, workload, slo, not args.no_progress, session=session)
+        workload = Workload(work, inputs.prompts, inputs.tokenizer)
+        result = await run_load(point, workload, slo, not args.no_progress, session=session)
+        value = point.concurrency if name == "concurrency" else point.rate
+        failed.extend(
+            f"{name} {value:g}: {v.detail}" for v in add_checks(result, checks) if not v.passed
+        )
+        return result
 
     try:
         rows = uvloop.run(sweep.run_sweep(run, name, values, load, args.out, plots.try_write_plots))
     except KeyboardInterrupt:
-        print("unitgate loadtest: interrupted", file=sys.stderr)
-        return 130
+        return _fail("interrupted", 130)
     except OSError as exc:
-        print(f"unitgate loadtest: cannot write result: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"cannot write result: {exc}", EXIT_USAGE)
     print(sweep.sweep_table(name, rows))
     if args.out is not None:
         print(f"sweep: {args.out / 'sweep.json'}")
-    return 0
+    print("\nchecks: " + ("all passed at every point" if not failed else f"{len(failed)} failed"))
+    for line in failed:
+        print(f"  FAIL  {line}")
+    return EXIT_CHECKS if failed else EXIT_OK

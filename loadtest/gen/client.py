@@ -1,4 +1,4 @@
-"""One streaming chat completion, timed and classified.
+"""One chat or text completion, streamed or not, timed and classified.
 
 Every failure is turned into an error kind on the record instead of an exception, so a
 misbehaving server (refusing, resetting, answering HTML) shows up in the report and never
@@ -12,14 +12,17 @@ import contextlib
 import errno
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 
-from loadtest.gen.workload import RequestSpec
+from loadtest.gen.tokens import TokenCounter, estimate_tokens
+from loadtest.gen.workload import CHAT_PATH, RequestSpec
 
-CHAT_PATH = "/v1/chat/completions"
+__all__ = ["CHAT_PATH", "RequestRecord", "StreamError", "classify", "open_session", "send"]
+Headers = Sequence[tuple[str, str]]
 # A well-behaved server ends the body right after [DONE]; longer than this, we stop waiting.
 SETTLE_S = 0.2
 
@@ -48,6 +51,9 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int | None = None
     token_times: list[float] = field(default_factory=list)
+    input_tokens: int | None = None
+    # How output_tokens was counted: usage, token_ids, tokenizer, chunks or estimate.
+    tokens_from: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -68,10 +74,14 @@ class RequestRecord:
 
 @dataclass(slots=True)
 class _Stream:
+    """What one answer carried; `texts` is kept only for a tokenizer or an estimate to count."""
+
     content_chunks: int = 0
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
     done_at: float | None = None
+    token_ids: int | None = None
+    texts: list[str] | None = None
 
     @property
     def done(self) -> bool:
@@ -113,6 +123,18 @@ def classify(exc: BaseException) -> str:
     return f"unexpected_{type(exc).__name__}"
 
 
+def request_headers(spec: RequestSpec, extra: Headers) -> dict[str, str]:
+    """JSON content type, then the user's headers (which may replace it), then the session."""
+    headers = {"Content-Type": "application/json"}
+    for name, value in extra:
+        for have in [h for h in headers if h.lower() == name.lower()]:
+            del headers[have]
+        headers[name] = value
+    if spec.session_id is not None:
+        headers["x-session-id"] = spec.session_id
+    return headers
+
+
 async def send(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -120,46 +142,83 @@ async def send(
     record: RequestRecord,
     origin: float,
     timeout_s: float,
+    headers: Headers = (),
+    tokenizer: TokenCounter | None = None,
 ) -> RequestRecord:
     """Run one request; latencies are measured from `record.scheduled`, not the send time.
 
     The end of the response after [DONE] is read outside the request's timeout, so a server
     slow to close the stream can cost its connection but never fail a completed request.
+    `tokenizer` counts the answer when the server reports no usage.
     """
     record.session_id = spec.session_id
     record.input_words, record.max_tokens = spec.input_words, spec.max_tokens
-    headers = {"Content-Type": "application/json"}
-    if spec.session_id is not None:
-        headers["x-session-id"] = spec.session_id
+    record.input_tokens = spec.input_tokens
+    sent = request_headers(spec, headers)
     resp: aiohttp.ClientResponse | None = None
     try:
         try:
             async with asyncio.timeout(timeout_s):
-                resp = await session.post(base_url + CHAT_PATH, data=spec.body, headers=headers)
-                await _read(resp, record, origin)
+                resp = await session.post(base_url + spec.path, data=spec.body, headers=sent)
+                keep = tokenizer is not None or not spec.stream
+                stream = _Stream(texts=[] if keep else None)
+                if spec.stream:
+                    await _read(resp, stream, record, origin)
+                else:
+                    await _read_whole(resp, stream, record, origin)
+                _count(stream, record, tokenizer, spec.stream)
         except Exception as exc:  # any failure is data for the report, never a crash
             record.error = classify(exc)
         else:
-            await _settle(resp)
+            if spec.stream:
+                await _settle(resp)
     finally:
         if resp is not None:
             resp.release()
     return record
 
 
-async def _read(resp: aiohttp.ClientResponse, record: RequestRecord, origin: float) -> None:
-    record.status = resp.status
-    if resp.status != 200:
-        await resp.read()
-        raise StreamError(f"http_{resp.status}")
+async def _read(
+    resp: aiohttp.ClientResponse, stream: _Stream, record: RequestRecord, origin: float
+) -> None:
+    await _check_status(resp, record)
     if not resp.content_type.startswith("text/event-stream"):
         raise StreamError("not_sse")
-    stream = _Stream()
     async for raw in resp.content:
         _on_line(raw, stream, record, origin)
         if stream.done:
             break
     _finish(stream, record)
+
+
+async def _check_status(resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
+    record.status = resp.status
+    if resp.status != 200:
+        await resp.read()
+        raise StreamError(f"http_{resp.status}")
+
+
+async def _read_whole(
+    resp: aiohttp.ClientResponse, stream: _Stream, record: RequestRecord, origin: float
+) -> None:
+    """A non-streamed answer: one JSON body; it has an end-to-end time but no TTFT."""
+    await _check_status(resp, record)
+    raw = await resp.read()
+    record.e2e = time.perf_counter() - origin - record.scheduled
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise StreamError("not_json") from None
+    if not isinstance(body, dict):
+        raise StreamError("not_json")
+    if "error" in body:
+        raise StreamError("error_body")
+    _read_usage(body, stream)
+    for choice in _choices(body):
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        _add_text(text, choice, stream)
+    record.prompt_tokens = stream.prompt_tokens
 
 
 async def _settle(resp: aiohttp.ClientResponse) -> None:
@@ -189,32 +248,71 @@ def _on_line(raw: bytes, stream: _Stream, record: RequestRecord, origin: float) 
 
 
 def _read_chunk(chunk: dict[str, object], stream: _Stream, rec: RequestRecord, now: float) -> None:
+    """Chat chunks carry `delta.content`, completions chunks `text`; either may carry
+    `token_ids` (vLLM's return_token_ids)."""
     if "error" in chunk:
         raise StreamError("stream_error_event")
-    usage = chunk.get("usage")
+    _read_usage(chunk, stream)
+    for choice in _choices(chunk):
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if _add_text(text, choice, stream):
+            if rec.ttft is None:
+                rec.ttft = now - rec.scheduled
+            rec.token_times.append(now)
+
+
+def _read_usage(body: dict[str, object], stream: _Stream) -> None:
+    usage = body.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         stream.usage_tokens = usage["completion_tokens"]
         prompt = usage.get("prompt_tokens")
         stream.prompt_tokens = prompt if isinstance(prompt, int) else None
-    choices = chunk.get("choices")
-    if not isinstance(choices, list):
-        return
-    for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        text = delta.get("content") if isinstance(delta, dict) else None
-        if isinstance(text, str) and text:
-            if rec.ttft is None:
-                rec.ttft = now - rec.scheduled
-            rec.token_times.append(now)
-            stream.content_chunks += 1
+
+
+def _choices(body: dict[str, object]) -> list[dict[str, object]]:
+    choices = body.get("choices")
+    return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+
+
+def _add_text(text: object, choice: dict[str, object], stream: _Stream) -> bool:
+    """Counts one piece of answer; False when it carried no text."""
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        stream.token_ids = (stream.token_ids or 0) + len(ids)
+    if not isinstance(text, str) or not text:
+        return False
+    stream.content_chunks += 1
+    if stream.texts is not None:
+        stream.texts.append(text)
+    return True
 
 
 def _finish(stream: _Stream, record: RequestRecord) -> None:
     if stream.done_at is None:
         raise StreamError("missing_done")
     record.e2e = stream.done_at - record.scheduled
-    count = stream.usage_tokens
-    record.output_tokens = count if count is not None else stream.content_chunks
     record.prompt_tokens = stream.prompt_tokens
     if record.ttft is None:
+        raise StreamError("no_tokens")
+
+
+def _count(
+    stream: _Stream, record: RequestRecord, tokenizer: TokenCounter | None, streamed: bool
+) -> None:
+    """Output tokens from the best source the answer allows, and which one it was."""
+    texts = stream.texts
+    if stream.usage_tokens is not None:
+        record.output_tokens, record.tokens_from = stream.usage_tokens, "usage"
+    elif stream.token_ids is not None:
+        record.output_tokens, record.tokens_from = stream.token_ids, "token_ids"
+    elif tokenizer is not None and texts is not None:
+        record.output_tokens = tokenizer.count("".join(texts))
+        record.tokens_from = "tokenizer"
+    elif streamed:
+        record.output_tokens, record.tokens_from = stream.content_chunks, "chunks"
+    else:
+        record.output_tokens = estimate_tokens("".join(texts or ()))
+        record.tokens_from = "estimate"
+    if not streamed and stream.content_chunks == 0 and not record.output_tokens:
         raise StreamError("no_tokens")

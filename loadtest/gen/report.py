@@ -108,9 +108,10 @@ def _errors_line(summary: dict[str, object]) -> str:
 
 LENGTH_ROWS = (
     ("input words", "input_words", "input_len", "prompts as given"),
+    ("input tokens", "input_tokens", "prompt_tokens", "no tokenizer"),
     ("prompt tokens", "prompt_tokens", None, "server usage"),
     ("max_tokens", "max_tokens", "output_len", "not sent"),
-    ("output tokens", "output_tokens", None, "server usage"),
+    ("output tokens", "output_tokens", None, "counted"),
 )
 
 
@@ -125,9 +126,38 @@ def lengths_section(result: dict[str, object]) -> str:
     for label, key, spec_key, otherwise in LENGTH_ROWS:
         dist = found[key]
         spec = config.get(spec_key) if spec_key is not None else None
+        if key == "input_words" and config.get("prompt_tokens") is not None:
+            spec = "set in tokens"
         cells = "".join(f"{_cell(dist[c]):>9}" for c in columns)
         lines.append(f"{label:<15}{spec or otherwise:<22}{cells}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *_token_notes(config, summary)])
+
+
+def _token_notes(config: dict[str, object], summary: dict[str, object]) -> list[str]:
+    """How exact the token lengths are: the prompt's tokenizer and the answers' counter."""
+    notes = []
+    if config.get("prompt_tokens") is not None:
+        source = config.get("tokenizer")
+        notes.append(
+            f"prompt tokens sent: exact, tokenizer {source}"
+            if source is not None
+            else "prompt tokens sent: APPROXIMATE, no tokenizer known for this model (about "
+            "0.75 words a token); give --tokenizer PATH for exact lengths"
+        )
+    counted = summary.get("output_tokens_from")
+    if isinstance(counted, dict) and counted:
+        how = ", ".join(f"{COUNTED_FROM.get(k, k)} {n}" for k, n in counted.items())
+        notes.append(f"output tokens counted from: {how}")
+    return notes
+
+
+COUNTED_FROM = {
+    "usage": "server usage",
+    "token_ids": "token ids",
+    "tokenizer": "local tokenizer",
+    "chunks": "stream chunks (approximate)",
+    "estimate": "words (approximate)",
+}
 
 
 def write_result(out_dir: Path, result: dict[str, object]) -> Path:

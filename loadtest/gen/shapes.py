@@ -27,6 +27,8 @@ class RunConfig:
     requests: int | None = None
     timeout: float = 60.0
     seed: int = 0
+    # Sent with every request (--api-key, --header); never written to result.json.
+    headers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -109,7 +111,10 @@ class Runner:
     async def _one(self, session: aiohttp.ClientSession, record: RequestRecord) -> None:
         state = self.state
         spec = self.workload.next_request()
-        await send(session, self.config.url, spec, record, state.origin, self.config.timeout)
+        cfg, tokenizer = self.config, self.workload.tokenizer
+        await send(
+            session, cfg.url, spec, record, state.origin, cfg.timeout, cfg.headers, tokenizer
+        )
         state.ends[record.index] = time.perf_counter() - state.origin
         state.records.append(record)
         state.finished += 1

@@ -49,10 +49,11 @@ def summarize(samples: Sequence[float]) -> dict[str, float | int | None]:
 
 
 def meets_slo(record: RequestRecord, slo: Slo) -> bool:
-    """A request counts for goodput only if it succeeded and met every SLO it was given."""
-    if not record.ok or record.ttft is None:
+    """A request counts for goodput only if it succeeded and met every SLO it was given; a
+    non-streamed answer has no TTFT, so it cannot meet a TTFT limit."""
+    if not record.ok:
         return False
-    if slo.ttft_ms is not None and record.ttft * 1000 > slo.ttft_ms:
+    if slo.ttft_ms is not None and (record.ttft is None or record.ttft * 1000 > slo.ttft_ms):
         return False
     tpot = record.tpot
     return slo.tpot_ms is None or tpot is None or tpot * 1000 <= slo.tpot_ms
@@ -83,6 +84,9 @@ def aggregate(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict
             "fraction": good / len(records) if records else None,
         },
         "lengths": lengths(records),
+        "output_tokens_from": dict(
+            sorted(Counter(r.tokens_from for r in ok if r.tokens_from).items())
+        ),
     }
 
 
@@ -93,6 +97,7 @@ def lengths(records: Sequence[RequestRecord]) -> dict[str, dict[str, float | int
     ok = [r for r in records if r.ok]
     return {
         "input_words": summarize([r.input_words for r in records if r.input_words is not None]),
+        "input_tokens": summarize([r.input_tokens for r in records if r.input_tokens is not None]),
         "prompt_tokens": summarize([r.prompt_tokens for r in ok if r.prompt_tokens is not None]),
         "max_tokens": summarize([r.max_tokens for r in records if r.max_tokens is not None]),
         "output_tokens": summarize([r.output_tokens for r in ok]),
@@ -120,4 +125,6 @@ def record_json(record: RequestRecord) -> dict[str, object]:
         "itl_mean_ms": ms(sum(itls) / len(itls)) if itls else None,
         "output_tokens": record.output_tokens,
         "prompt_tokens": record.prompt_tokens,
+        "input_tokens": record.input_tokens,
+        "output_tokens_from": record.tokens_from,
     }

@@ -11,10 +11,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import orjson
 
 from loadtest.gen.lengths import LengthDist
+from loadtest.gen.tokens import TokenCounter, approx_words
+
+Endpoint = Literal["chat", "completions"]
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+PATHS: dict[str, str] = {"chat": CHAT_PATH, "completions": COMPLETIONS_PATH}
 
 SHOPPING_PROMPTS: tuple[str, ...] = (
     "Which running shoes under $120 are good for flat feet?",
@@ -44,22 +51,28 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
-    """`input_words` and `max_tokens` are what was asked for, kept for the length summary."""
+    """`input_words`, `input_tokens` (None without a tokenizer) and `max_tokens` are what was
+    sent, kept for the length summary; `path` is the endpoint's, appended to the base URL."""
 
     body: bytes
     session_id: str | None
     input_words: int = 0
     max_tokens: int | None = None
+    path: str = CHAT_PATH
+    stream: bool = True
+    input_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
     """`max_tokens`/`input_words` are shorthands for a fixed `output_len`/`input_len`.
 
-    `input_len` is in words, not tokens: without the server's tokenizer a token count can
-    only be guessed, while the server's usage chunk reports the real prompt tokens, which
-    the summary shows next to the words sent. `ignore_eos` asks engines that know it
-    (vLLM, ours) to produce exactly max_tokens, so the output distribution is the realised one.
+    `input_len` is in words; `prompt_tokens` is in the tokens of the `Workload`'s tokenizer
+    (exact), or approximated from words without one (loadtest.gen.tokens). The server's usage
+    reports the real prompt tokens, which the summary shows next to what was sent.
+    `ignore_eos` asks engines that know it (vLLM, ours) to produce exactly max_tokens, so the
+    output distribution is the realised one. `endpoint` is chat or (text) completions, each
+    streamed or not.
     """
 
     model: str
@@ -71,12 +84,18 @@ class WorkloadConfig:
     input_len: LengthDist | None = None
     output_len: LengthDist | None = None
     ignore_eos: bool = False
+    prompt_tokens: LengthDist | None = None
+    endpoint: Endpoint = "chat"
+    stream: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.output_len is not None:
             raise ValueError("give max_tokens or output_len, not both")
-        if self.input_words is not None and self.input_len is not None:
-            raise ValueError("give input_words or input_len, not both")
+        given = (self.input_words, self.input_len, self.prompt_tokens)
+        if sum(x is not None for x in given) > 1:
+            raise ValueError("give one of input_words, input_len and prompt_tokens")
+        if self.endpoint not in PATHS:
+            raise ValueError(f"endpoint: expected chat or completions, got {self.endpoint!r}")
 
     @property
     def inputs(self) -> LengthDist | None:
@@ -127,12 +146,21 @@ def pad_words(text: str, words: int) -> str:
 
 
 class Workload:
-    """Hands out request bodies in a seeded order; sessions are drawn from a fixed pool."""
+    """Hands out request bodies in a seeded order; sessions are drawn from a fixed pool.
 
-    def __init__(self, config: WorkloadConfig, prompts: list[str] | None = None) -> None:
+    `tokenizer` makes `prompt_tokens` exact, and counts answers whose server gave no usage.
+    """
+
+    def __init__(
+        self,
+        config: WorkloadConfig,
+        prompts: list[str] | None = None,
+        tokenizer: TokenCounter | None = None,
+    ) -> None:
         self.config = config
+        self.tokenizer = tokenizer
         self._prompts = list(prompts) if prompts else list(SHOPPING_PROMPTS)
-        self._inputs = config.inputs
+        self._inputs = config.inputs if config.prompt_tokens is None else config.prompt_tokens
         self._outputs = config.outputs
         self._rng = random.Random(config.seed)
         # String seeds hash with SHA-512, so these streams are the same in every process.
@@ -144,19 +172,32 @@ class Workload:
         session = None
         if self._rng.random() < self.config.session_share:
             session = f"loadtest-session-{self._rng.randrange(max(1, self.config.sessions))}"
-        if self._inputs is not None:
-            prompt = pad_words(prompt, self._inputs.sample(self._input_rng))
+        prompt, tokens = self._sized(prompt)
         max_tokens = None if self._outputs is None else self._outputs.sample(self._output_rng)
         body = orjson.dumps(self._body(prompt, max_tokens))
-        return RequestSpec(body, session, len(prompt.split()), max_tokens)
+        cfg = self.config
+        path = PATHS[cfg.endpoint]
+        return RequestSpec(body, session, len(prompt.split()), max_tokens, path, cfg.stream, tokens)
+
+    def _sized(self, prompt: str) -> tuple[str, int | None]:
+        """The prompt at its drawn length, and its token count when a tokenizer measured it."""
+        if self._inputs is None:
+            return prompt, None
+        n = self._inputs.sample(self._input_rng)
+        if self.config.prompt_tokens is None:
+            return pad_words(prompt, n), None
+        if self.tokenizer is None:
+            return pad_words(prompt, approx_words(n)), None
+        return self.tokenizer.fit(prompt, n, " ".join(FILLER))
 
     def _body(self, prompt: str, max_tokens: int | None) -> dict[str, object]:
-        body: dict[str, object] = {
-            "model": self.config.model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": prompt}],
-        }
+        body: dict[str, object] = {"model": self.config.model, "stream": self.config.stream}
+        if self.config.stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.config.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if self.config.ignore_eos:

@@ -23,7 +23,9 @@ def test_it_measures_propagation_and_cost(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(prop["ms_per_trial_slowest_replica"]) == 4
     assert 0 <= prop["p50_ms"] <= prop["p99_ms"] <= prop["max_ms"] < replicas.TRIAL_WITHIN_S * 1e3
     assert [r["backend"] for r in data["idle"]] == ["sqlite", "redis"]
-    assert all(0 < r["cpu_ms_per_s"] < 1000 for r in data["idle"])
+    # /proc counts CPU in clock ticks (10 ms): an idle gateway that spends less than that in
+    # this test's 1 s window reads 0, so 0 is a valid reading here (the benchmark takes 10 s).
+    assert all(0 <= r["cpu_ms_per_s"] < 1000 for r in data["idle"])
     assert [(r["backend"], r["completed"], r["failed"]) for r in data["cost"]] == [
         ("sqlite", 60, 0),
         ("redis", 60, 0),

@@ -183,7 +183,15 @@ def test_cli_records_specs_and_realised_lengths_reproducibly(tmp_path: Path) -> 
     summary = first["summary"]
     assert isinstance(summary, dict)
     lengths = summary["lengths"]
-    assert set(lengths) == {"input_words", "prompt_tokens", "max_tokens", "output_tokens"}
+    assert set(lengths) == {
+        "input_words",
+        "input_tokens",
+        "prompt_tokens",
+        "max_tokens",
+        "output_tokens",
+    }
+    assert lengths["input_tokens"]["count"] == 0  # words asked for, no tokenizer counted them
+    assert summary["output_tokens_from"] == {"usage": 15}
     assert set(lengths["max_tokens"]) == {"count", "mean", "p50", "p90", "p99", "max"}
     assert (
         lengths["output_tokens"] == lengths["max_tokens"] and lengths["max_tokens"]["count"] == 15

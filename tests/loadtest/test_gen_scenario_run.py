@@ -193,11 +193,22 @@ async def test_cli_prints_actions_and_writes_them(sim: SimCluster, tmp_path: Pat
         f'[[actions]]\nat = 0.3\nsim_fault = {{ control = "{sim.control_url}", unit = "u0", '
         'mode = "error", status = 503, count = 3 }\n'
     )
-    args = ("--url", sim.units[0].leader_url, "--rate", "30", "--duration", "1.2")
+    # The injected failures are the point here, so the error-rate check is relaxed.
+    args = (
+        "--url",
+        sim.units[0].leader_url,
+        "--rate",
+        "30",
+        "--duration",
+        "1.2",
+        "--max-error-rate",
+        "0.5",
+    )
     done = await asyncio.to_thread(
         _loadtest, *args, "--scenario", str(scenario), "--out", str(tmp_path)
     )
     assert done.returncode == 0, done.stderr
+    assert "PASS  error_rate" in done.stdout
     assert "Actions" in done.stdout and "sim_fault u0 error: ok" in done.stdout
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["actions"][0]["failed_after"] == 3

@@ -68,11 +68,18 @@ def test_cli_rate_sweep_against_a_sim_subprocess(tmp_path: Path) -> None:
     try:
         out = tmp_path / "sweep"
         done = _loadtest("--url", str(process.units[0]["leader"]), "--sweep-rate", "20,40",
-                         "--duration", "0.5", "--no-progress", "--out", str(out))  # fmt: skip
+                         "--duration", "0.5", "--no-progress", "--out", str(out),
+                         "--slo", "ttft_p50=1ms")  # fmt: skip
     finally:
         stop_process(process.proc)
-    assert done.returncode == 0, done.stderr
+    # Every point is judged: the 5 ms TTFT misses a 1 ms objective at both, so the sweep fails.
+    assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
+    assert "checks: 2 failed" in lines
+    assert [line.split()[:4] for line in lines if line.startswith("  FAIL")] == [
+        ["FAIL", "rate", "20:", "ttft_p50"],
+        ["FAIL", "rate", "40:", "ttft_p50"],
+    ]
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["point", "rate"])
     assert [line.split()[:2] for line in lines[header + 1 : header + 3]] == [
         ["0", "20.0"],
@@ -83,6 +90,7 @@ def test_cli_rate_sweep_against_a_sim_subprocess(tmp_path: Path) -> None:
     for i in range(2):
         result = json.loads((out / f"point-{i}" / "result.json").read_text())
         assert result["config"]["shape"] == "open"
+        assert [c["passed"] for c in result["checks"]] == [True, False]
         assert (out / f"point-{i}" / "latency_cdf.png").stat().st_size > 5000
 
 
