@@ -12,7 +12,7 @@ VLLM_VENV  := .venv-vllm
 VPY        := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm
 
-.PHONY: run test lint format bench bench-vllm vllm-env clean
+.PHONY: run test check lint format bench bench-vllm vllm-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,20 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# `make check`, the quick loop before a commit (under 2 minutes on 2 cores): lint, then the
+# pure and unit tests: the gateway's unit tests (a few run it on loopback before the simulated
+# units), the import-graph rules, the engine's scheduler and plans, the load generator's pure
+# parts; no slow, chaos or vLLM test, no engine process. mypy's first run takes about a minute;
+# its cache (.mypy_cache) makes the next ones take seconds. `make test` runs everything.
+CHECK_TESTS = tests/architecture tests/gateway $(wildcard tests/engine/test_scheduler*.py) \
+	tests/engine/test_up_plan.py tests/engine/test_up_ports.py tests/engine/test_model_config.py \
+	tests/engine/test_lws.py tests/loadtest/test_gen_units.py tests/loadtest/test_gen_checks.py \
+	tests/loadtest/test_gen_lengths.py tests/loadtest/test_gen_compare.py \
+	tests/loadtest/test_gen_progress.py tests/loadtest/test_gen_scenario.py
+
+check: lint
+	$(PY) -m pytest -q -m "not slow and not chaos and not vllm" $(CHECK_TESTS)
 
 # The simulated chaos scenarios run twice: one gateway process, then a control plane and two
 # workers ([gateway].workers = 2).

@@ -23,6 +23,7 @@ state file not writable (the action is then not applied).
                                          "models"?, "enabled"?}                   -> 201 UNIT
     DELETE /admin/units/{id}            -> 200 {"id", "removed": true, "in_flight"}
     GET    /admin/events?limit=N&unit=ID  (limit default 100) -> 200 {"events": [EVENT, ...]}
+    GET    /admin/openapi.json          -> 200 this API in OpenAPI 3.1 (no token needed)
 
     UNIT = {"id", "routable",            # true when health, breaker and admin all allow it
             "health": {"healthy", "reason"},                      # the prober's verdict
@@ -51,6 +52,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.admin import openapi
 from gateway.admin.auth import Authenticator
 from gateway.admin.errors import AdminError, bad_request
 from gateway.admin.replicas import Fleet
@@ -94,6 +96,7 @@ class AdminApi:
                 web.post("/units/{id}/enable", self.enable),
                 web.get("/events", self.events),
                 web.get("/workers", self.workers),
+                openapi.route(),  # the one route without a token
             ]
         )
         return app
@@ -181,9 +184,11 @@ class AdminApi:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Authenticate every admin route, and answer typed errors in the OpenAI shape."""
+        """Authenticate every admin route but the OpenAPI document, and answer typed errors in
+        the OpenAI shape."""
         try:
-            request[WHO] = self._auth().who(request.headers.get("Authorization"))
+            if request.match_info.route.name != openapi.ROUTE:
+                request[WHO] = self._auth().who(request.headers.get("Authorization"))
             return await handler(request)
         except GatewayError as exc:
             return exc.response()

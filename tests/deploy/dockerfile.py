@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from tests.deploy.manifests import ROOT
@@ -75,3 +76,25 @@ def context_allowlist(path: Path = DOCKERIGNORE) -> set[str]:
     rules = [line for line in lines if line and not line.startswith("#")]
     assert rules[0] == "*", "the dockerignore starts by leaving everything out"
     return {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}
+
+
+def in_context(path: str, ignore: Path = DOCKERIGNORE) -> bool:
+    """Whether the build context holds `path` (relative, with /): as Docker reads the file,
+    the last rule that matches the path or one of its parent folders decides."""
+    lines = [line.strip() for line in ignore.read_text().splitlines()]
+    sent = True
+    for rule in (line for line in lines if line and not line.startswith("#")):
+        pattern = rule.removeprefix("!").strip("/")
+        if _matches(pattern, path):
+            sent = rule.startswith("!")
+    return sent
+
+
+def _matches(pattern: str, path: str) -> bool:
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    if pattern.startswith("**/"):  # at any depth
+        tails = ["/".join(parts[k:n]) for n in range(1, len(parts) + 1) for k in range(n)]
+        return any(fnmatchcase(tail, pattern[3:]) for tail in tails)
+    depth = pattern.count("/") + 1  # a `*` does not cross a `/`
+    return any(fnmatchcase(p, pattern) for p in prefixes if p.count("/") + 1 == depth)

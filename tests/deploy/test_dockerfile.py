@@ -44,6 +44,18 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
     assert {"gateway", "engine", "loadtest"} <= allowed
 
 
+def test_the_build_context_leaves_the_benchmarks_out() -> None:
+    """The image ships what the wheel does: loadtest/ without loadtest/bench (test_wheel.py)."""
+    benchmarks = [p.relative_to(ROOT).as_posix() for p in (ROOT / "loadtest/bench").rglob("*")]
+    assert benchmarks
+    assert not any(dockerfile.in_context(path) for path in ["loadtest/bench", *benchmarks])
+    for sent in ("pyproject.toml", "gateway/app.py", "engine/cli.py", "loadtest/gen/cli.py"):
+        assert dockerfile.in_context(sent), sent
+    assert dockerfile.in_context("loadtest/simunits/cli.py")  # `unitgate sim`
+    for left in (".venv/bin/python", "tests/conftest.py", "gateway/__pycache__/app.pyc"):
+        assert not dockerfile.in_context(left), left
+
+
 def test_it_installs_the_engine_extra_on_the_pinned_cpu_torch() -> None:
     runs = " ".join(i.rest for i in dockerfile.all_of("RUN"))
     assert 'pip install --index-url "$TORCH_INDEX" -c constraints.txt torch' in runs
