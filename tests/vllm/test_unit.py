@@ -170,7 +170,7 @@ def test_a_killed_follower_ejects_the_unit_and_the_leader_exits(stack: Stack) ->
     eventually(lambda: get_json(stack.unit.health[0])[1]["pending"] == 1, 10, "request running")
     os.killpg(stack.unit.followers[0].pid, signal.SIGKILL)
     eventually(lambda: get_json(f"{stack.url}/readyz")[0] == 503, 15, "the gateway ejects u0")
-    code = stack.unit.leader.proc.wait(timeout=120)  # not forever: the node gives up by itself
+    code = stack.unit.leader.proc.wait(timeout=180)  # not forever: the node gives up by itself
     assert code == 1, stack.unit.leader.tail()
     eventually(lambda: not stack.unit.leader.group_alive(), 30, "the leader's vLLM processes end")
     conn.close()

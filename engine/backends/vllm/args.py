@@ -36,7 +36,11 @@ RESERVED = {
 }
 # A vLLM step on a CPU can take seconds, where the builtin engine's --collective-timeout default
 # (10 s) assumes milliseconds; below this floor a healthy but busy unit would be declared dead.
-MIN_STEP_TIMEOUT_S = 30.0
+# The first step that asks for logprobs (or top-k/top-p) also compiles vLLM's sampling kernels
+# with torch's inductor: 13 s on an idle 2-core machine, over 30 s once under load, when a 30 s
+# floor declared the engine dead. The gateway's probes eject a unit whose follower died within
+# a second whatever this is; only the leader's own exit (and so the unit's restart) waits for it.
+MIN_STEP_TIMEOUT_S = 90.0
 DEFAULTS: dict[str, Any] = {
     # Eager mode: compiling graphs costs minutes on a CPU and buys little for small models.
     "enforce_eager": True,
