@@ -205,12 +205,7 @@ async def _read_whole(
     await _check_status(resp, record)
     raw = await resp.read()
     record.e2e = time.perf_counter() - origin - record.scheduled
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise StreamError("not_json") from None
-    if not isinstance(body, dict):
-        raise StreamError("not_json")
+    body = _object(raw, "not_json")
     if "error" in body:
         raise StreamError("error_body")
     _read_usage(body, stream)
@@ -238,13 +233,19 @@ def _on_line(raw: bytes, stream: _Stream, record: RequestRecord, origin: float) 
     if data == b"[DONE]":
         stream.done_at = time.perf_counter() - origin
         return
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise StreamError("malformed_sse") from None
-    if not isinstance(chunk, dict):
-        raise StreamError("malformed_sse")
+    chunk = _object(data, "malformed_sse")
     _read_chunk(chunk, stream, record, time.perf_counter() - origin)
+
+
+def _object(raw: bytes, kind: str) -> dict[str, object]:
+    """`raw` as a JSON object, or the StreamError `kind`."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise StreamError(kind) from None
+    if not isinstance(value, dict):
+        raise StreamError(kind)
+    return value
 
 
 def _read_chunk(chunk: dict[str, object], stream: _Stream, rec: RequestRecord, now: float) -> None:

@@ -44,6 +44,16 @@ def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
         gw.close()
 
 
+@pytest.fixture
+def two_workers(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A fresh gateway process with a control plane and two workers, whatever WORKERS says."""
+    gw = start_gateway(tmp_path, sim, MODEL, gateway={"workers": 2})
+    try:
+        yield gw
+    finally:
+        gw.close()
+
+
 def _number(row: str) -> int:
     match = re.match(r"\| (\d+)\.", row)
     return int(match.group(1)) if match else 99

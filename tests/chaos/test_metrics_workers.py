@@ -6,28 +6,22 @@ from __future__ import annotations
 
 import subprocess
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.chaos.clusters import GatewayProcess, start_gateway
+from tests.chaos.clusters import GatewayProcess
 from tests.chaos.ops import samples, until
 from tests.deploy.promql import tool
-from tests.support import MODEL, SimProcess, chat_body
+from tests.support import MODEL, chat_body
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
-    gw = start_gateway(tmp_path, sim, MODEL, gateway={"workers": 2})
-    try:
-        yield gw
-    finally:
-        gw.close()
+def gateway(two_workers: GatewayProcess) -> GatewayProcess:
+    return two_workers
 
 
 def chat(gw: GatewayProcess, stream: bool) -> None:

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,8 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
-def gateway(sim: SimProcess, tmp_path: Path) -> Iterator[GatewayProcess]:
-    gw = start_gateway(tmp_path, sim, MODEL, gateway={"workers": 2})
-    try:
-        yield gw
-    finally:
-        gw.close()
+def gateway(two_workers: GatewayProcess) -> GatewayProcess:
+    return two_workers
 
 
 def workers(gw: GatewayProcess) -> list[dict[str, Any]]:

@@ -89,7 +89,9 @@ def _server(app: Any, args: argparse.Namespace) -> Any:
         timeout_graceful_shutdown=GRACE_S,
         **options,
     )
-    config.h11_max_incomplete_event_size = args.h11_max_incomplete_event_size
-    config.h11_max_header_count = args.h11_max_header_count
+    # Limits vLLM's uvicorn has and older ones lack (uvicorn 0.55 from the bench extra): set by
+    # name, so type-checking does not depend on which uvicorn the main venv holds.
+    for name in ("h11_max_incomplete_event_size", "h11_max_header_count"):
+        setattr(config, name, getattr(args, name))
     config.load()
     return NoSignalServer(config)

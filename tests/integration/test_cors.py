@@ -25,12 +25,6 @@ PREFLIGHT = {
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        yield session
-
-
-@pytest.fixture
 async def gateway(clean_sim: SimProcess) -> AsyncIterator[Gateway]:
     config = gateway_config(clean_sim.units, gateway={"cors_origins": [APP]})
     async with running(config) as gw:
