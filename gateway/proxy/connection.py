@@ -13,13 +13,14 @@ so a few warm connections serve a light load and the rest expire).
 from __future__ import annotations
 
 import asyncio
-import functools
 import ssl
 from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
+
+from gateway.tls import client_context
 
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
@@ -176,16 +177,11 @@ class Endpoint:
         parts = urlsplit(base_url)
         self.host = parts.hostname or "127.0.0.1"
         https = parts.scheme == "https"
-        self.ssl = (tls or _default_tls()) if https else None
+        self.ssl = (tls or client_context()) if https else None
         self.port = parts.port or (443 if https else 80)
         self.host_header = parts.netloc.encode()
         # Idle connections are kept per key: one made with other TLS settings is not reused.
         self.key = (self.host, self.port, self.ssl)
-
-
-@functools.cache
-def _default_tls() -> ssl.SSLContext:
-    return ssl.create_default_context()
 
 
 class LagTotal(Protocol):

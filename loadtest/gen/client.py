@@ -210,9 +210,7 @@ async def _read_whole(
         raise StreamError("error_body")
     _read_usage(body, stream)
     for choice in _choices(body):
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else choice.get("text")
-        _add_text(text, choice, stream)
+        _add_text(_text(choice, "message"), choice, stream)
     record.prompt_tokens = stream.prompt_tokens
 
 
@@ -248,6 +246,13 @@ def _object(raw: bytes, kind: str) -> dict[str, object]:
     return value
 
 
+def _text(choice: dict[str, object], holder: str) -> object:
+    """A choice's text: chat's `holder` ("message" or "delta") `content`, else completions'
+    `text`."""
+    inner = choice.get(holder)
+    return inner.get("content") if isinstance(inner, dict) else choice.get("text")
+
+
 def _read_chunk(chunk: dict[str, object], stream: _Stream, rec: RequestRecord, now: float) -> None:
     """Chat chunks carry `delta.content`, completions chunks `text`; either may carry
     `token_ids` (vLLM's return_token_ids)."""
@@ -255,9 +260,7 @@ def _read_chunk(chunk: dict[str, object], stream: _Stream, rec: RequestRecord, n
         raise StreamError("stream_error_event")
     _read_usage(chunk, stream)
     for choice in _choices(chunk):
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if _add_text(text, choice, stream):
+        if _add_text(_text(choice, "delta"), choice, stream):
             if rec.ttft is None:
                 rec.ttft = now - rec.scheduled
             rec.token_times.append(now)
