@@ -28,14 +28,24 @@ class TokenOutOfVocab(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
+    """`n` choices of one prompt (one prefill, shared); `grammar`, when set, constrains every
+    choice (llguidance grammar text the server has checked against the engine's tokenizer)."""
+
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    n: int = 1
+    grammar: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """One step's news for one request: a new token (and the text it made visible), or the end."""
+    """One step's news for one choice of a request: a new token (and the text it made
+    visible), or that choice's end. A request with n choices ends after n finished events;
+    `completion_tokens` counts this choice's tokens.
+
+    `logprob` and `top_logprobs` come with a token when the request asked for logprobs: the
+    sampled token's, and the most likely tokens' (sorted, the sampled one included)."""
 
     request_id: str
     token_id: int | None  # None on a final event that carries no new token
@@ -45,6 +55,9 @@ class TokenEvent:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    index: int = 0
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class Engine(Protocol):
@@ -59,8 +72,13 @@ class Engine(Protocol):
     @property
     def max_seq_len(self) -> int: ...
 
+    def check_grammar(self, grammar: str) -> None:
+        """Raise engine.grammar.GrammarError when `grammar` cannot constrain this model's
+        tokens (the server turns it into a 400 before anything is queued)."""
+
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Events until one with finished=True; raises ValueError for a request it refuses."""
+        """Events until every choice's finished=True; raises ValueError for a request it
+        refuses."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -41,6 +41,23 @@ class KVCache:
                 f"max_seq_len={self.max_seq_len}"
             )
 
+    def check_copy(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Reject a prefix copy before any slot changes (see `copy_prefix`)."""
+        for name, slot in (("src_slot", src_slot), ("dst_slot", dst_slot)):
+            if not 0 <= slot < self.num_slots:
+                raise ValueError(f"{name}: {slot} is outside [0, {self.num_slots})")
+        if src_slot == dst_slot:
+            raise ValueError(f"dst_slot: {dst_slot} is the source slot itself")
+        if not 0 < length <= self.max_seq_len:
+            raise ValueError(f"length: {length} is outside [1, {self.max_seq_len}]")
+
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy positions 0..length of `src_slot` into `dst_slot`, every layer, keys and values:
+        a request's other choices start from their parent's prompt instead of a prefill."""
+        self.check_copy(src_slot, dst_slot, length)
+        self.k[:, dst_slot, :length] = self.k[:, src_slot, :length]
+        self.v[:, dst_slot, :length] = self.v[:, src_slot, :length]
+
     def write(
         self, layer: int, slot: int, start_pos: int, k: torch.Tensor, v: torch.Tensor
     ) -> None:

@@ -13,8 +13,10 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-Message = Mapping[str, str]
+Message = Mapping[str, Any]
+ToolDef = Mapping[str, Any]
 ROLES = ("system", "user", "assistant")
+TEMPLATE_ROLES = (*ROLES, "tool")  # a template with tool support also renders tool results
 
 
 class Tokenizer(Protocol):
@@ -28,8 +30,14 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
-    ) -> list[int]: ...
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[ToolDef] | None = None,
+    ) -> list[int]:
+        """`tools` go to a template that renders them (`engine.tools.template_has_tools`);
+        other tokenizers see tools through the system prompt and refuse them here."""
+        ...
 
 
 class ByteTokenizer:
@@ -62,8 +70,13 @@ class ByteTokenizer:
         return raw.decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[ToolDef] | None = None,
     ) -> list[int]:
+        if tools:
+            raise ValueError("this tokenizer's chat format has no tools: describe them in text")
         ids = [self.ids["<bos>"]]
         for message in messages:
             role = _role(message)
@@ -73,13 +86,31 @@ class ByteTokenizer:
         return ids
 
 
-def _role(message: Message) -> str:
+def _role(message: Message, roles: tuple[str, ...] = ROLES) -> str:
     role = message.get("role", "")
-    if role not in ROLES:
-        raise ValueError(f"messages.role: expected one of {ROLES}, got {role!r}")
+    if role not in roles:
+        raise ValueError(f"messages.role: expected one of {roles}, got {role!r}")
     if not isinstance(message.get("content"), str):
         raise ValueError("messages.content: must be a string")
-    return role
+    return str(role)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Hugging Face's `tojson`: jinja's own escapes <, > and & and sorts keys, so a model
+    would see other text than transformers renders for it."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
 
 
 class TemplatedTokenizer:
@@ -116,19 +147,32 @@ class TemplatedTokenizer:
         return text
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[ToolDef] | None = None,
     ) -> list[int]:
+        tooled = bool(tools) or any(
+            m.get("role") == "tool" or m.get("tool_calls") for m in messages
+        )
         for message in messages:
-            _role(message)
-        rendered = self._render(messages, add_generation_prompt)
+            _role(message, TEMPLATE_ROLES if tooled else ROLES)
+        rendered = self._render(messages, add_generation_prompt, tools)
         if rendered is not None:
             return self.encode(rendered)
+        if tooled:  # the minimal template would drop the calls and results in silence
+            raise ValueError("the model's chat template does not render tools or tool calls")
         text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
         if add_generation_prompt:
             text += "<|assistant|>\n"
         return self.encode(text, add_bos=True)
 
-    def _render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str | None:
+    def _render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolDef] | None = None,
+    ) -> str | None:
         """The folder's own template, or None when it has none or it does not render here."""
         if not isinstance(self.template, str):
             return None
@@ -136,11 +180,14 @@ class TemplatedTokenizer:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise
             rendered: str = env.from_string(self.template).render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                tools=[dict(t) for t in tools] if tools else None,
             )
         except Exception:
             return None

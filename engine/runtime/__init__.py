@@ -5,7 +5,7 @@ from engine.runtime.group import destroy_unit_group, init_unit_group
 from engine.runtime.health import NodeStats, serve_health
 from engine.runtime.leader import LeaderEngine
 from engine.runtime.messages import Command, StepMessage, decode, encode, receive, send
-from engine.runtime.sampling import sample
+from engine.sampling import sample
 
 __all__ = [
     "Command",

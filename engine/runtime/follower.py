@@ -1,7 +1,8 @@
 """The follower loop: receive the leader's step message, run the same forward pass, repeat.
 
 A follower holds a shard of every layer, so it must take part in every forward pass or the
-leader's all-reduces stall. It needs no scheduler and no sampler: the batch arrives complete.
+leader's all-reduces stall. It needs no scheduler and no sampler: the batch arrives complete,
+with the slot copies (forks) to make after the forward.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import logging
 
 from engine.model import Transformer
+from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
-from engine.runtime.messages import Command, Receive, receive
+from engine.runtime.messages import Command, Receive, StepMessage, receive
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +39,17 @@ def run_follower(model: Transformer, stats: NodeStats, receive_step: Receive = r
             log.info("follower rank %d: leader sent STOP; exiting", rank)
             return 0
         stats.set_load(msg.pending, msg.slots_used)
-        if msg.command is Command.STEP and not _run_step(model, msg.entries, stats, rank):
+        if msg.command is Command.STEP and not _run_step(model, msg, stats, rank):
             return 1
         if msg.command is Command.STEP:
             stats.record_step(msg.pending, msg.slots_used)
 
 
-def _run_step(
-    model: Transformer,
-    entries: tuple[tuple[int, tuple[int, ...], int], ...],
-    stats: NodeStats,
-    rank: int,
-) -> bool:
+def _run_step(model: Transformer, msg: StepMessage, stats: NodeStats, rank: int) -> bool:
     try:
-        model(entries)
+        model(msg.entries)
+        if msg.forks:
+            apply_forks(model.cache, msg.forks)
     except Exception as exc:
         reason = f"forward failed: {first_line(exc)}"
         stats.mark_unhealthy(reason)

@@ -19,19 +19,21 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
+from engine.grammar import GrammarBackend, GrammarError, Matcher
 from engine.model import Tokenizer, Transformer
+from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Send, StepMessage, send
 from engine.runtime.outbox import Outbox
-from engine.runtime.sampling import make_generator, sample_batch
-from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
+from engine.sampling import NoTokenAllowed, Row, Sampled, sample_rows
+from engine.scheduler import InvalidParams, Scheduler, SchedulerConfig, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,28 @@ class _Request:
     request: GenerationRequest
     sink: asyncio.Queue[TokenEvent]
     loop: asyncio.AbstractEventLoop
-    seq: Sequence | None = None
-    generator: torch.Generator | None = None
+    members: list[_Member] | None = None  # one per choice, once admitted
+    open: int = 0  # choices without their final event
+
+
+@dataclass(slots=True)
+class _Member:
+    """One choice of a request: its sequence, its own draws and its place in the grammar."""
+
+    item: _Request
+    index: int
+    seq: Sequence
+    generator: torch.Generator | None
+    matcher: Matcher | None
+
+
+def _generator(request: GenerationRequest, index: int) -> torch.Generator | None:
+    """Choice i of a seeded request draws from seed + i (as vLLM does), so the n choices of one
+    seed differ from each other and repeat across requests; None for greedy or unseeded."""
+    params = request.params
+    if params.seed is None or params.temperature == 0:
+        return None
+    return torch.Generator().manual_seed((params.seed + index) % 2**64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +114,12 @@ class LeaderEngine:
         self._gate = threading.Lock()  # orders "stop accepting" against "accept"
         self._refusal: str | None = None  # why new requests are refused; engine thread writes
         self._ids = itertools.count()
-        self._live: dict[int, _Request] = {}  # engine thread only
-        self._by_name: dict[str, int] = {}  # engine thread only
+        self._live: dict[int, _Member] = {}  # engine thread only, by seq_id
+        self._by_name: dict[str, _Request] = {}  # engine thread only
         self._outbox: Outbox[TokenEvent] = Outbox()  # engine thread only
-        self._unpublished: tuple[ScheduledBatch, dict[int, int]] | None = None  # the last step
+        self._unpublished: dict[int, Sampled] | None = None  # the last step's tokens
+        self._grammars: GrammarBackend | None = None  # built at the first grammar
+        self._grammars_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # -- engine.api.Engine --
@@ -115,6 +139,18 @@ class LeaderEngine:
     def health(self) -> dict[str, Any]:
         return self.stats.snapshot()
 
+    def check_grammar(self, grammar: str) -> None:
+        self.grammars.check(grammar)
+
+    @property
+    def grammars(self) -> GrammarBackend:
+        """llguidance over this model's tokenizer, built at first use (a few hundred ms for a
+        real vocabulary) rather than at start-up, which most units never need."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarBackend(self._tokenizer, self._model.config.vocab_size)
+            return self._grammars
+
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
@@ -128,14 +164,15 @@ class LeaderEngine:
         if refusal is not None:
             yield _final(request, None, "error", refusal)
             return
-        finished = False
+        open_choices = request.n
         try:
-            while not finished:
+            while open_choices:
                 event = await sink.get()
-                finished = event.finished
+                if event.finished:  # an error or refusal ends the request at once
+                    open_choices = 0 if event.error is not None else open_choices - 1
                 yield event
         finally:
-            if not finished:  # the consumer stopped early (client gone, task cancelled)
+            if open_choices:  # the consumer stopped early (client gone, task cancelled)
                 self.abort(request.request_id)
 
     # -- lifecycle --
@@ -162,6 +199,12 @@ class LeaderEngine:
         for token in (min(ids), max(ids)):
             if not 0 <= token < vocab:
                 raise TokenOutOfVocab(token, vocab)
+        n, slots = request.n, self._config.num_slots
+        if not 1 <= n <= slots:
+            raise InvalidParams("n", n, f"needs {n} KV slots at once; this unit has {slots}")
+        if request.grammar is not None and request.params.ignore_eos:
+            problem = "cannot be true with a constrained answer (it ends at the grammar's end)"
+            raise InvalidParams("ignore_eos", True, problem)
 
     # -- the engine thread --
 
@@ -213,9 +256,10 @@ class LeaderEngine:
     def _apply(self, item: object) -> None:
         self._collect_tokens()  # the last step's finished requests are forgotten first
         if isinstance(item, _Abort):
-            seq_id = self._by_name.get(item.request_id)
-            if seq_id is not None and self.scheduler.abort(seq_id):
-                self._emit_finished(self._live[seq_id], "abort")
+            live = self._by_name.get(item.request_id)
+            for member in list(live.members or ()) if live is not None else ():
+                if self.scheduler.abort(member.seq.seq_id):
+                    self._emit_finished(member, "abort")
         elif isinstance(item, _Request):
             self._admit(item)
         self.stats.set_load(self.scheduler.pending, self._slots_used)
@@ -225,15 +269,27 @@ class LeaderEngine:
         if request.request_id in self._by_name:
             self._deliver(item, _final(request, None, "error", "request_id is already running"))
             return
-        seq_id = next(self._ids)
-        try:
-            item.seq = self.scheduler.add(seq_id, request.prompt_ids, request.params)
+        ids = [next(self._ids) for _ in range(request.n)]
+        try:  # matchers first: a grammar that fails must not leave sequences queued
+            matchers = [self._matcher(request) for _ in ids]
+            if request.n == 1:
+                seqs = [self.scheduler.add(ids[0], request.prompt_ids, request.params)]
+            else:
+                seqs = self.scheduler.add_group(ids, request.prompt_ids, request.params)
         except ValueError as exc:
             self._deliver(item, _final(request, None, "error", str(exc)))
             return
-        item.generator = make_generator(request.params)
-        self._live[seq_id] = item
-        self._by_name[request.request_id] = seq_id
+        item.members = [
+            _Member(item, i, seq, _generator(request, i), matcher)
+            for i, (seq, matcher) in enumerate(zip(seqs, matchers, strict=True))
+        ]
+        item.open = len(item.members)
+        for member in item.members:
+            self._live[member.seq.seq_id] = member
+        self._by_name[request.request_id] = item
+
+    def _matcher(self, request: GenerationRequest) -> Matcher | None:
+        return None if request.grammar is None else self.grammars.matcher(request.grammar)
 
     @property
     def _slots_used(self) -> int:
@@ -246,18 +302,60 @@ class LeaderEngine:
             return
         entries = [(s.slot, s.token_ids, s.start_pos) for s in batch.seqs]
         if self._distributed:
-            msg = StepMessage.step(entries, self.scheduler.pending, self._slots_used)
+            pending, used = self.scheduler.pending, self._slots_used
+            msg = StepMessage.step(entries, pending, used, batch.forks)
             self._send(msg, self._model.tp.group)
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()
         logits = self._model(entries)
-        tokens = sample_batch(
-            logits, [(s.params, self._live[s.seq_id].generator) for s in batch.seqs]
-        )
-        sampled = {s.seq_id: token for s, token in zip(batch.seqs, tokens, strict=True)}
-        self.scheduler.update(sampled)
-        self._unpublished = (batch, sampled)  # counted in /health once published
+        if batch.forks:  # the children's prompt KV, as every follower does after its forward
+            apply_forks(self._model.cache, batch.forks)
+        ids = list(batch.sampled_ids)
+        if batch.shared:  # a copy of the parent's row per child (sampling edits rows)
+            logits = logits[list(batch.sample_rows)]
+        with torch.inference_mode():  # the logits are inference tensors, edited in place
+            sampled = self._sample(logits, [self._live[seq_id] for seq_id in ids])
+        self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
+        self._unpublished = sampled  # counted in /health once published
+
+    def _sample(self, logits: torch.Tensor, members: list[_Member]) -> dict[int, Sampled]:
+        """One token per member; a member whose grammar allows nothing (a matcher fault) ends
+        with an error and the others are sampled without it."""
+        while True:
+            bitmask = None
+            if any(m.matcher is not None for m in members):
+                bitmask = self.grammars.allocate(len(members))
+                self.grammars.fill([m.matcher for m in members], bitmask)
+            rows = [
+                Row(m.seq.params, m.generator, m.seq.prompt_ids, m.seq.output_ids) for m in members
+            ]
+            try:
+                drawn = sample_rows(logits, rows, bitmask)
+            except NoTokenAllowed as exc:
+                dead = set(exc.rows)
+                for i in sorted(dead):
+                    self._end(members[i], "the grammar allows no next token")
+                keep = [i for i in range(len(members)) if i not in dead]
+                members, logits = [members[i] for i in keep], logits[keep]
+                continue
+            break
+        out: dict[int, Sampled] = {}
+        for member, s in zip(members, drawn, strict=True):
+            if member.matcher is not None:
+                try:
+                    member.matcher.accept(s.token)
+                except GrammarError as exc:
+                    self._end(member, f"grammar: {exc}")
+                    continue
+            out[member.seq.seq_id] = s
+        return out
+
+    def _end(self, member: _Member, error: str) -> None:
+        """Finish one choice with an error event (its request fails: a partial answer of
+        choices is not one the client asked for)."""
+        if self.scheduler.abort(member.seq.seq_id):
+            self._emit_finished(member, "error", error)
 
     def _publish(self) -> None:
         self._collect_tokens()
@@ -269,44 +367,51 @@ class LeaderEngine:
         other event is queued, so a request's events stay in order."""
         if self._unpublished is None:
             return
-        batch, sampled = self._unpublished
+        sampled = self._unpublished
         self._unpublished = None
         self.stats.record_step(self.scheduler.pending, self._slots_used)
-        for s in batch.seqs:
-            item = self._live.get(s.seq_id)
-            if item is None or item.seq is None:
+        for seq_id, drawn in sampled.items():
+            member = self._live.get(seq_id)
+            if member is None:
                 continue
-            seq = item.seq
+            seq, item = member.seq, member.item
             reason = None if seq.finish_reason is None else str(seq.finish_reason)
             event = TokenEvent(
                 request_id=item.request.request_id,
-                token_id=sampled[s.seq_id],
+                token_id=drawn.token,
                 text=seq.take_text_delta(),
                 finished=seq.is_finished,
                 finish_reason=reason,
                 prompt_tokens=len(seq.prompt_ids),
                 completion_tokens=len(seq.output_ids),
+                index=member.index,
+                logprob=drawn.logprob,
+                top_logprobs=drawn.top,
             )
             self._outbox.put(item.loop, item.sink.put_nowait, event)
             if seq.is_finished:
-                self._forget(s.seq_id)
+                self._forget(member)
 
-    def _emit_finished(self, item: _Request, reason: str, error: str | None = None) -> None:
-        completion = 0 if item.seq is None else len(item.seq.output_ids)
-        self._deliver(item, _final(item.request, completion, reason, error))
-        self._forget(self._by_name[item.request.request_id])
+    def _emit_finished(self, member: _Member, reason: str, error: str | None = None) -> None:
+        event = _final(member.item.request, len(member.seq.output_ids), reason, error)
+        self._deliver(member.item, replace(event, index=member.index))
+        self._forget(member)
 
-    def _forget(self, seq_id: int) -> None:
-        item = self._live.pop(seq_id)
-        self._by_name.pop(item.request.request_id, None)
+    def _forget(self, member: _Member) -> None:
+        """A choice has had its final event; the request is forgotten with its last choice."""
+        if self._live.pop(member.seq.seq_id, None) is None:
+            return
+        item = member.item
+        item.open -= 1
+        if item.open == 0:
+            self._by_name.pop(item.request.request_id, None)
 
     def _close(self, error: str) -> None:
         """End every in-flight request with an error event, including ones still queued."""
         self._collect_tokens()
-        for item in list(self._live.values()):
-            if item.seq is not None:
-                self.scheduler.abort(item.seq.seq_id)
-            self._emit_finished(item, "error", error)
+        for member in list(self._live.values()):
+            self.scheduler.abort(member.seq.seq_id)
+            self._emit_finished(member, "error", error)
         while True:
             try:
                 pending = self._inbox.get_nowait()

@@ -1,11 +1,15 @@
 """The step message: what the leader broadcasts so followers run the same forward pass.
 
 Wire format, all int64, broadcast from rank 0:
-  header (5 values): command, number of entries, total tokens, pending, slots used
-  body:              slot, start_pos, length for each entry, then all token ids
+  header (6 values): command, number of entries, total tokens, number of forks, pending,
+                     slots used
+  body:              slot, start_pos, length for each entry; src_slot, dst_slot, length for
+                     each fork; then all token ids
 Both travel in one fixed frame of FRAME_SIZE values (a decode step at batch 8 is 32 body
 values); a body too big for the frame (a long prefill) follows in a second broadcast, sized
 from the header. Followers therefore always know how much to receive.
+A fork copies a prompt's KV from one slot into another after the forward (a request's n
+choices share one prefill); forks only ever come with the prefill that writes their source.
 Sampling stays on the leader, so no sampling parameters travel. `pending` and `slots used`
 ride along so a follower's /health reports the unit's load without asking the leader.
 """
@@ -19,12 +23,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-HEADER_SIZE = 5
+HEADER_SIZE = 6
 # One broadcast costs a network round of latency whatever its size at this scale (measured on
 # loopback: 8 KB in one broadcast ~0.35 ms, header + body in two ~1.15 ms), so the header and a
-# body of up to FRAME_SIZE - 5 values travel together; only a big prefill needs a second one.
+# body of up to FRAME_SIZE - 6 values travel together; only a big prefill needs a second one.
 FRAME_SIZE = 1024
 Entry = tuple[int, tuple[int, ...], int]  # (slot, token ids, start_pos), as Transformer.forward
+ForkValues = tuple[int, int, int]  # (src_slot, dst_slot, length), as engine.runtime.forks
 
 
 class Command(enum.IntEnum):
@@ -39,13 +44,19 @@ class StepMessage:
     entries: tuple[Entry, ...] = ()
     pending: int = 0
     slots_used: int = 0
+    forks: tuple[ForkValues, ...] = ()  # applied after the forward, on every rank
 
     @classmethod
     def step(
-        cls, entries: Sequence[tuple[int, Sequence[int], int]], pending: int, slots_used: int
+        cls,
+        entries: Sequence[tuple[int, Sequence[int], int]],
+        pending: int,
+        slots_used: int,
+        forks: Sequence[Sequence[int]] = (),
     ) -> StepMessage:
         frozen = tuple((slot, tuple(ids), start) for slot, ids, start in entries)
-        return cls(Command.STEP, frozen, pending, slots_used)
+        copies = tuple((src, dst, length) for src, dst, length in forks)
+        return cls(Command.STEP, frozen, pending, slots_used, copies)
 
 
 def encode(msg: StepMessage) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +72,10 @@ def _values(msg: StepMessage) -> list[int]:
     for slot, ids, start in msg.entries:
         meta += (slot, start, len(ids))
         tokens += ids
-    header = [int(msg.command), len(msg.entries), len(tokens), msg.pending, msg.slots_used]
-    return header + meta + tokens
+    for fork in msg.forks:
+        meta += fork
+    counts = [len(msg.entries), len(tokens), len(msg.forks)]
+    return [int(msg.command), *counts, msg.pending, msg.slots_used, *meta, *tokens]
 
 
 def decode(header: torch.Tensor, body: torch.Tensor) -> StepMessage:
@@ -70,16 +83,25 @@ def decode(header: torch.Tensor, body: torch.Tensor) -> StepMessage:
 
 
 def _decode(header: list[int], values: list[int]) -> StepMessage:
-    command, n_entries, n_tokens, pending, slots_used = header
-    if len(values) != 3 * n_entries + n_tokens:
+    command, n_entries, _, n_forks, pending, slots_used = header
+    if len(values) != _body_size(header):
         raise ValueError(f"step message: body has {len(values)} values, header says otherwise")
     entries: list[Entry] = []
-    offset = 3 * n_entries
+    offset = 3 * (n_entries + n_forks)
     for i in range(n_entries):
         slot, start, length = values[3 * i : 3 * i + 3]
         entries.append((slot, tuple(values[offset : offset + length]), start))
         offset += length
-    return StepMessage(Command(command), tuple(entries), pending, slots_used)
+    forks = tuple(
+        (values[i], values[i + 1], values[i + 2])
+        for i in range(3 * n_entries, 3 * (n_entries + n_forks), 3)
+    )
+    return StepMessage(Command(command), tuple(entries), pending, slots_used, forks)
+
+
+def _body_size(header: list[int]) -> int:
+    """3 values per entry and per fork, plus the tokens."""
+    return 3 * (header[1] + header[3]) + header[2]
 
 
 def send(msg: StepMessage, group: dist.ProcessGroup | None = None) -> None:
@@ -102,7 +124,7 @@ def receive(group: dist.ProcessGroup | None = None) -> StepMessage:
     frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
     dist.broadcast(frame, src=0, group=group)
     header = frame[:HEADER_SIZE].tolist()
-    size = 3 * header[1] + header[2]
+    size = _body_size(header)
     if HEADER_SIZE + size <= FRAME_SIZE:
         return _decode(header, frame[HEADER_SIZE : HEADER_SIZE + size].tolist())
     body = torch.empty(size, dtype=torch.int64)

@@ -3,12 +3,13 @@
 Pure bookkeeping (no torch, no I/O), so it is tested in milliseconds and reused by any runner.
 """
 
-from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
+from engine.scheduler.batch import Fork, ScheduledBatch, ScheduledSeq
 from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.errors import (
     DuplicateSequence,
     EmptyPrompt,
     FieldError,
+    GroupTooLarge,
     InvalidConfig,
     InvalidParams,
     PromptTooLong,
@@ -25,6 +26,8 @@ __all__ = [
     "EmptyPrompt",
     "FieldError",
     "FinishReason",
+    "Fork",
+    "GroupTooLarge",
     "InvalidConfig",
     "InvalidParams",
     "PromptTooLong",

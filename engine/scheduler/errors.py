@@ -59,3 +59,11 @@ class UnknownSequence(SchedulerError, LookupError):
     def __init__(self, seq_id: int, wanted: str) -> None:
         super().__init__(f"sequence {seq_id} is not {wanted}")
         self.seq_id = seq_id
+
+
+class GroupTooLarge(RequestRejected):
+    """A request's n choices run at once, one KV slot each: more than the unit holds never run."""
+
+    def __init__(self, seq_id: int, n: int, limit: int, what: str) -> None:
+        super().__init__(seq_id, f"n={n} needs {n} {what}, this unit has {limit}")
+        self.n, self.limit = n, limit

@@ -1,27 +1,37 @@
 """Continuous batching over slot-based KV: pure bookkeeping, no torch, no I/O.
 
 The engine loop calls `schedule()`, runs the model on the batch, samples one token per entry
-and hands them to `update()`. `add()`, `abort()` and `preempt()` may be called between steps;
-a token sampled for a sequence aborted or preempted meanwhile is dropped.
+(and per child sharing an entry's row, see `ScheduledBatch`) and hands them to `update()`.
+`add()`, `add_group()`, `abort()` and `preempt()` may be called between steps; a token
+sampled for a sequence aborted or preempted meanwhile (also by `schedule()`) is dropped.
+
+Requests wait in (priority, arrival) order (lower priority values first) and are admitted in
+that order without skipping. At full batch, a head of strictly better priority than the worst
+running sequence takes its place: that sequence is preempted (recomputed later). Ties never
+preempt, so two sequences cannot preempt each other back and forth.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+import itertools
+import sys
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 
-from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
+from engine.scheduler.batch import Fork, ScheduledBatch, ScheduledSeq
 from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.errors import (
     DuplicateSequence,
     EmptyPrompt,
+    GroupTooLarge,
+    InvalidParams,
     PromptTooLong,
     UnknownSequence,
 )
 from engine.scheduler.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 from engine.scheduler.stops import find_stop
+from engine.scheduler.waiting import Members, WaitingQueue
 
 
 class Scheduler:
@@ -39,10 +49,16 @@ class Scheduler:
         self.config = config
         self._eos = eos_token_ids
         self._decode = decode
-        self._waiting: deque[Sequence] = deque()
+        self._arrival: dict[int, int] = {}  # live seq_id -> place in line, kept when preempted
+        self._arrivals = itertools.count()
+        self._waiting = WaitingQueue(self._arrival.__getitem__)
         self._running: dict[int, Sequence] = {}  # admission order = decode batch order
         self._live: dict[int, Sequence] = {}  # waiting or running, for O(1) lookups
         self._free: list[int] = list(range(config.num_slots))  # heap: lowest slot first
+        # No running sequence has a worse (higher) priority than this: the worst admitted since
+        # the running set was last empty. With one priority level in use, it is that level
+        # and a full batch costs one comparison, no scan for sequences to preempt.
+        self._worst_started = -sys.maxsize
 
     # -- introspection for health and metrics --
 
@@ -73,45 +89,66 @@ class Scheduler:
     # -- requests in --
 
     def add(self, seq_id: int, prompt_ids: Seq[int], params: SamplingParams) -> Sequence:
-        """Queue a request at the back; reject what could never run, before it waits."""
-        limit = self.config.max_seq_len - 1  # leave room for at least one output token
-        if not prompt_ids:
-            raise EmptyPrompt(seq_id)
-        if len(prompt_ids) > limit:
-            raise PromptTooLong(seq_id, len(prompt_ids), limit)
-        if self.get(seq_id) is not None:
-            raise DuplicateSequence(seq_id)
-        room = self.config.max_seq_len - len(prompt_ids)
-        seq = Sequence(
-            seq_id, tuple(prompt_ids), params, min(params.max_tokens, room), self._decode
-        )
-        self._waiting.append(seq)
-        self._live[seq_id] = seq
+        """Queue a request behind those of its priority; reject what could never run."""
+        seq = self._new(seq_id, prompt_ids, params)
+        self._waiting.append(params.priority, (seq,))
         return seq
 
+    def add_group(
+        self, seq_ids: Seq[int], prompt_ids: Seq[int], params: SamplingParams
+    ) -> list[Sequence]:
+        """Queue a request's n choices (OpenAI's `n`), one sequence each, sharing one prefill.
+
+        They are admitted together or not at all, costing the token budget one prompt; the
+        first prefills and the others copy its KV (`ScheduledBatch.forks`). From then on each
+        is an ordinary sequence: preempted, it is recomputed alone; aborted, the others go on.
+        """
+        n = len(seq_ids)
+        if n == 0:
+            raise InvalidParams("n", n, "must be >= 1")
+        self._check_prompt(seq_ids[0], prompt_ids)
+        if n > self.config.num_slots:
+            raise GroupTooLarge(seq_ids[0], n, self.config.num_slots, "KV slots")
+        if n > self.config.max_num_seqs:
+            what = "sequences running at once (max_num_seqs)"
+            raise GroupTooLarge(seq_ids[0], n, self.config.max_num_seqs, what)
+        seen: set[int] = set()
+        for seq_id in seq_ids:  # all checked before any is registered
+            if seq_id in self._live or seq_id in seen:
+                raise DuplicateSequence(seq_id)
+            seen.add(seq_id)
+        members = tuple(self._new(seq_id, prompt_ids, params) for seq_id in seq_ids)
+        self._waiting.append(params.priority, members)
+        return list(members)
+
     def abort(self, seq_id: int) -> bool:
-        """Drop a request wherever it is; False if it is unknown or already finished."""
+        """Drop a request wherever it is; False if it is unknown or already finished.
+
+        One sequence only: the other choices of its request are the caller's to abort."""
         seq = self._live.get(seq_id)
         if seq is None:
             return False
-        if self._running.pop(seq_id, None) is None:
+        if seq_id in self._running:
+            self._stop_running(seq)
+        else:
             self._waiting.remove(seq)
         self._finish(seq, FinishReason.ABORT)
         return True
 
     def preempt(self, seq_id: int) -> Sequence:
-        """Free a running sequence's slot; it goes first in line and is recomputed later.
+        """Free a running sequence's slot; it goes back at the front of its priority and is
+        recomputed later.
 
         Recompute, not swap: the next prefill feeds prompt + outputs so far, so nothing but
         the token ids has to survive. Outputs, text and params are kept.
         """
-        seq = self._running.pop(seq_id, None)
+        seq = self._running.get(seq_id)
         if seq is None:
             raise UnknownSequence(seq_id, "running")
-        self._release_slot(seq)
+        self._stop_running(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self._waiting.appendleft(seq)
+        self._waiting.put_back(seq)
         return seq
 
     # -- one step --
@@ -120,8 +157,7 @@ class Scheduler:
         """Prefill newly admitted sequences if any, else decode one token for all running."""
         admitted = self._admit()
         if admitted:
-            prefills = tuple(self._entry(s, start=0) for s in admitted)
-            return ScheduledBatch(prefills, is_prefill=True, num_waiting=self.num_waiting)
+            return self._prefill(admitted)
         decodes = tuple(self._entry(s, start=s.num_tokens - 1) for s in self._running.values())
         return ScheduledBatch(decodes, is_prefill=False, num_waiting=self.num_waiting)
 
@@ -134,31 +170,107 @@ class Scheduler:
                 continue
             reason = self._append(seq, token)
             if reason is not None:
-                del self._running[seq_id]
+                self._stop_running(seq)
                 self._finish(seq, reason)
                 finished.append(seq)
         return finished
 
     # -- internals --
 
-    def _admit(self) -> list[Sequence]:
-        """FIFO without skipping: a big prompt at the head is never starved by small ones.
+    def _check_prompt(self, seq_id: int, prompt_ids: Seq[int]) -> None:
+        limit = self.config.max_seq_len - 1  # leave room for at least one output token
+        if not prompt_ids:
+            raise EmptyPrompt(seq_id)
+        if len(prompt_ids) > limit:
+            raise PromptTooLong(seq_id, len(prompt_ids), limit)
 
-        A prompt over the token budget is admitted alone, when nothing else is in the batch.
+    def _new(self, seq_id: int, prompt_ids: Seq[int], params: SamplingParams) -> Sequence:
+        """Check, create and register a sequence (not yet in line)."""
+        room = self.config.max_seq_len - len(prompt_ids)
+        if not prompt_ids or room < 1:
+            self._check_prompt(seq_id, prompt_ids)  # raises the precise error
+        if seq_id in self._live:
+            raise DuplicateSequence(seq_id)
+        seq = Sequence(
+            seq_id, tuple(prompt_ids), params, min(params.max_tokens, room), self._decode
+        )
+        self._live[seq_id] = seq
+        self._arrival[seq_id] = next(self._arrivals)
+        return seq
+
+    def _admit(self) -> list[Members]:
+        """Queue order without skipping: a big prompt at the head is never starved by small
+        ones, nor a group by single sequences.
+
+        A prompt over the token budget is admitted alone, when nothing else is in the batch;
+        a group costs one prompt (one prefill). A sequence preempted here to make room waits
+        at least until the next call, so a token sampled for it in flight is dropped.
         """
-        admitted: list[Sequence] = []
+        admitted: list[Members] = []
+        evicted: tuple[Sequence, ...] = ()
         budget = self.config.max_num_batched_tokens
-        while self._waiting and self._free and self.num_running < self.config.max_num_seqs:
-            head = self._waiting[0]
-            if admitted and head.num_tokens > budget:
+        waiting, running, free = self._waiting, self._running, self._free
+        max_seqs = self.config.max_num_seqs
+        while (members := waiting.head()) is not None:
+            n = len(members)
+            full = len(free) < n or len(running) + n > max_seqs
+            if full and members[0].params.priority >= self._worst_started:
+                break  # nothing worse is running: the usual full batch, no scan
+            cost = members[0].num_tokens
+            if admitted and cost > budget:
                 break
-            self._waiting.popleft()
-            head.slot = heapq.heappop(self._free)
-            head.status = SequenceStatus.RUNNING
-            self._running[head.seq_id] = head
-            admitted.append(head)
-            budget -= head.num_tokens
+            if full:
+                victims = self._make_room(members, min(len(free), max_seqs - len(running)))
+                if victims is None:
+                    break
+                evicted += victims
+            if evicted and any(m is members[0] for m in evicted):
+                break
+            waiting.pop()
+            for seq in members:
+                seq.slot = heapq.heappop(free)
+                seq.status = SequenceStatus.RUNNING
+                running[seq.seq_id] = seq
+            admitted.append(members)
+            budget -= cost
+        if admitted:  # taken in queue order: the last is the worst
+            self._worst_started = max(self._worst_started, admitted[-1][0].params.priority)
         return admitted
+
+    def _make_room(self, members: Members, room: int) -> tuple[Sequence, ...] | None:
+        """Preempt running sequences of strictly worse priority, the worst and latest-arrived
+        first, until `members` fit; preempt none (None) unless that is enough."""
+        priority = members[0].params.priority
+        worse = [s for s in self._running.values() if s.params.priority > priority]
+        need = len(members) - room
+        if len(worse) < need:
+            return None
+        arrival = self._arrival
+        worse.sort(key=lambda s: (s.params.priority, arrival[s.seq_id]), reverse=True)
+        return tuple(self.preempt(seq.seq_id) for seq in worse[:need])
+
+    def _stop_running(self, seq: Sequence) -> None:
+        """Out of the running set, its slot back on the free heap."""
+        del self._running[seq.seq_id]
+        assert seq.slot is not None, "a running sequence always owns a slot"
+        heapq.heappush(self._free, seq.slot)
+        seq.slot = None
+        if not self._running:
+            self._worst_started = -sys.maxsize
+
+    def _prefill(self, admitted: list[Members]) -> ScheduledBatch:
+        """One row per admitted entry, for its first member; the others fork from that row."""
+        rows = tuple(self._entry(members[0], start=0) for members in admitted)
+        if len(rows) == sum(map(len, admitted)):  # no group: every entry is one sequence
+            return ScheduledBatch(rows, True, self.num_waiting)
+        forks: list[Fork] = []
+        shared: list[tuple[int, int]] = []
+        for row, (parent, *children) in enumerate(admitted):
+            for child in children:
+                assert parent.slot is not None and child.slot is not None
+                forks.append(Fork(parent.slot, child.slot, parent.num_tokens))
+                shared.append((child.seq_id, row))
+        return ScheduledBatch(rows, True, self.num_waiting, tuple(forks), tuple(shared))
 
     def _append(self, seq: Sequence, token: int) -> FinishReason | None:
         """Checks run in order EOS, stop token, stop string, length; the first hit wins.
@@ -187,15 +299,11 @@ class Scheduler:
         return None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self._release_slot(seq)
+        """For a sequence already out of the waiting line or the running set."""
         del self._live[seq.seq_id]
+        del self._arrival[seq.seq_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-
-    def _release_slot(self, seq: Sequence) -> None:
-        if seq.slot is not None:
-            heapq.heappush(self._free, seq.slot)
-            seq.slot = None
 
     @staticmethod
     def _entry(seq: Sequence, start: int) -> ScheduledSeq:

@@ -10,6 +10,8 @@ from engine.scheduler.detok import REPLACEMENT_CHAR, Decode, IncrementalText
 from engine.scheduler.errors import InvalidParams
 from engine.scheduler.stops import partial_stop_len
 
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs ceiling
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -41,6 +43,19 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's penalties on the tokens generated so far: presence subtracts once per token
+    # that occurred, frequency once per occurrence; both in [-2, 2].
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's (and HF's) multiplicative penalty on every token of prompt and output: a
+    # positive logit is divided by it, a negative one multiplied; 1 is off.
+    repetition_penalty: float = 1.0
+    # (token id, bias in [-100, 100]) pairs added to the logits, sorted by token id.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # None: no logprobs; k >= 0: the sampled token's logprob and the k most likely.
+    logprobs: int | None = None
+    # vLLM's field: lower is served sooner; equal priorities go in arrival order.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
@@ -54,6 +69,28 @@ class SamplingParams:
         _check(ok_stop, "stop", self.stop, "every stop string must be non-empty")
         ok_ids = all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids)
         _check(ok_ids, "stop_token_ids", self.stop_token_ids, "must be token ids >= 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and -2 <= value <= 2, name, value, "must be in [-2, 2]")
+        rp = self.repetition_penalty
+        _check(math.isfinite(rp) and rp > 0, "repetition_penalty", rp, "must be a number > 0")
+        ok_bias = all(
+            isinstance(t, int) and t >= 0 and math.isfinite(b) and -100 <= b <= 100
+            for t, b in self.logit_bias
+        )
+        _check(ok_bias, "logit_bias", self.logit_bias, "must map token ids to [-100, 100]")
+        ok_lp = self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS
+        _check(ok_lp, "logprobs", self.logprobs, f"must be in [0, {MAX_LOGPROBS}]")
+
+    @property
+    def penalized(self) -> bool:
+        """Any penalty or bias to apply before sampling (the fast greedy path has none)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1
+            or self.logit_bias
+        )
 
 
 @dataclass(eq=False, slots=True)

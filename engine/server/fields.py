@@ -7,37 +7,37 @@ unrecognized argument, as OpenAI does: an unknown name may be a feature this eng
 
 Honoured
 - both endpoints: model, stream, stream_options.include_usage, max_tokens,
-  max_completion_tokens, temperature, top_p, seed, stop, stop_token_ids, ignore_eos,
-  n (1 only), return_token_ids
+  max_completion_tokens, temperature, top_p, seed, stop, stop_token_ids, ignore_eos, n,
+  return_token_ids, presence_penalty, frequency_penalty, repetition_penalty, logit_bias,
+  logprobs, priority, response_format (text, json_object, json_schema with strict),
+  structured_outputs (json, json_object, regex, choice, grammar)
 - chat: messages, each with role and content; content a string or an array of text parts,
-  each exactly {"type": "text", "text": ...}
+  each exactly {"type": "text", "text": ...}; assistant tool_calls and tool messages
+  (tool_call_id); tools, tool_choice, parallel_tool_calls, top_logprobs
 - completions: prompt, one string or one array of token ids
 
 Accepted, no effect on the answer
 - billing, bookkeeping, caching: user, metadata, store, service_tier, safety_identifier,
   prompt_cache_key, cache_salt, request_id (requests are named by their x-request-id header)
-- scheduling: priority (this engine serves in arrival order)
-- modifiers of refused features (tools, guided decoding, beam search): parallel_tool_calls,
-  guided_decoding_backend, guided_whitespace_pattern, length_penalty
+- modifiers of refused features (guided decoding, beam search): guided_decoding_backend,
+  guided_whitespace_pattern, length_penalty
 - stream_options.include_obfuscation (padding against side channels, not content)
 
 Refused with 400 unless null or a neutral value [in brackets]
-- both endpoints: logprobs [false, 0], prompt_logprobs, echo [false], use_beam_search [false],
-  presence_penalty [0], frequency_penalty [0], repetition_penalty [1], logit_bias [{}],
-  top_k [-1, 0], min_p [0], min_tokens [0], allowed_token_ids, bad_words [[]],
-  logits_processors, truncate_prompt_tokens, include_stop_str_in_output [false],
-  skip_special_tokens [true], spaces_between_special_tokens [true] (special tokens are always
-  dropped from the text), return_tokens_as_token_ids [false], response_format
-  [{"type": "text"}], guided_json, guided_regex, guided_choice, guided_grammar,
-  structural_tag, structured_outputs, stream_options.continuous_usage_stats [false]
-- chat: tools [[]], tool_choice ["none", "auto"], functions [[]], function_call ["none",
-  "auto"] ("auto" with no tools calls none), top_logprobs [0], audio, modalities [["text"]],
-  prediction, web_search_options, reasoning_effort, verbosity, add_generation_prompt [true],
-  continue_final_message [false], add_special_tokens [false], chat_template,
-  chat_template_kwargs [{}], documents
-- chat messages (only role and content reach the chat template): name, tool_calls [[]],
-  tool_call_id, function_call, audio, refusal; content parts other than text (image_url,
-  input_audio, file, ...) are refused by type in parse.py
+- both endpoints: prompt_logprobs, echo [false], use_beam_search [false], top_k [-1, 0],
+  min_p [0], min_tokens [0], allowed_token_ids, bad_words [[]], logits_processors,
+  truncate_prompt_tokens, include_stop_str_in_output [false], skip_special_tokens [true],
+  spaces_between_special_tokens [true] (special tokens are always dropped from the text),
+  return_tokens_as_token_ids [false], guided_json, guided_regex, guided_choice,
+  guided_grammar (vLLM's older spelling: send structured_outputs), structural_tag,
+  stream_options.continuous_usage_stats [false]
+- chat: functions [[]], function_call ["none", "auto"] (the legacy spelling: send tools),
+  audio, modalities [["text"]], prediction, web_search_options, reasoning_effort, verbosity,
+  add_generation_prompt [true], continue_final_message [false], add_special_tokens [false],
+  chat_template, chat_template_kwargs [{}], documents
+- chat messages (the template sees role, content and tool calls): name, function_call,
+  audio, refusal; content parts other than text (image_url, input_audio, file, ...) are
+  refused by type in parse.py
 - completions: suffix [""], best_of [1], add_special_tokens [true], prompt_embeds
 """
 
@@ -117,6 +117,14 @@ _HONOURED = frozenset(
         "ignore_eos",
         "n",
         "return_token_ids",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "logprobs",
+        "priority",
+        "response_format",
+        "structured_outputs",
     }
 )
 _IGNORED = frozenset(
@@ -127,24 +135,17 @@ _IGNORED = frozenset(
         "service_tier",
         "safety_identifier",
         "prompt_cache_key",
-        "priority",
         "request_id",
         "cache_salt",
-        "parallel_tool_calls",
         "guided_decoding_backend",
         "guided_whitespace_pattern",
         "length_penalty",
     }
 )
 _REFUSED: dict[str, tuple[object, ...]] = {
-    "logprobs": (False, 0),
     "prompt_logprobs": (),
     "echo": (False,),
     "use_beam_search": (False,),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),
-    "logit_bias": ({},),
     "top_k": (-1, 0),
     "min_p": (0,),
     "min_tokens": (0,),
@@ -156,20 +157,15 @@ _REFUSED: dict[str, tuple[object, ...]] = {
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "return_tokens_as_token_ids": (False,),
-    "response_format": ({"type": "text"},),
     "guided_json": (),
     "guided_regex": (),
     "guided_choice": (),
     "guided_grammar": (),
     "structural_tag": (),
-    "structured_outputs": (),
 }
 _CHAT_REFUSED: dict[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
     "functions": ([],),
     "function_call": ("none", "auto"),
-    "top_logprobs": (0,),
     "audio": (),
     "modalities": (["text"],),
     "prediction": (),
@@ -190,7 +186,14 @@ _COMPLETION_REFUSED: dict[str, tuple[object, ...]] = {
     "prompt_embeds": (),
 }
 
-CHAT = Policy("/v1/chat/completions", _HONOURED | {"messages"}, _IGNORED, _REFUSED | _CHAT_REFUSED)
+_CHAT_HONOURED = _HONOURED | {
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "top_logprobs",
+}
+CHAT = Policy("/v1/chat/completions", _CHAT_HONOURED, _IGNORED, _REFUSED | _CHAT_REFUSED)
 COMPLETION = Policy(
     "/v1/completions", _HONOURED | {"prompt"}, _IGNORED, _REFUSED | _COMPLETION_REFUSED
 )
@@ -202,12 +205,10 @@ STREAM_OPTIONS = Policy(
 )
 MESSAGE = Policy(
     "a chat message",
-    frozenset({"role", "content"}),
+    frozenset({"role", "content", "tool_calls", "tool_call_id"}),
     frozenset(),
     {
         "name": (),
-        "tool_calls": ([],),
-        "tool_call_id": (),
         "function_call": (),
         "audio": (),
         "refusal": (),

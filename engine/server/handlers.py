@@ -17,6 +17,7 @@ from aiohttp import web
 from engine.api import Engine, GenerationRequest, TokenEvent
 from engine.server.errors import ApiError, engine_failed, json_response, refused
 from engine.server.parse import Kind, parse_request
+from engine.server.tokens import TokenBytes
 from engine.server.wire import DONE, Bodies, sse
 
 # An x-request-id is reused as the engine id and in response ids; anything odd gets a fresh one.
@@ -26,13 +27,15 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class EngineCall:
-    """One engine request; closing it before its final event aborts it, so a cancelled
-    handler (client gone) frees the sequence at the engine's next step."""
+    """One engine request; closing it before its last final event aborts it, so a cancelled
+    handler (client gone) frees the sequences at the engine's next step. A request of n
+    choices is finished after n final events."""
 
     def __init__(self, engine: Engine, request: GenerationRequest, prompt_param: str) -> None:
         self.engine, self.request, self.prompt_param = engine, request, prompt_param
         self.events: AsyncIterator[TokenEvent] | None = None
         self.finished = False
+        self._open = request.n  # choices without their final event yet
 
     async def next(self) -> TokenEvent:
         """The next event; an engine refusal or failure comes out as an ApiError."""
@@ -47,7 +50,8 @@ class EngineCall:
             self.finished = True
             raise refused(exc, self.prompt_param) from None
         if event.finished:
-            self.finished = True
+            self._open -= 1
+            self.finished = self._open == 0
         if event.error is not None or (event.finished and event.finish_reason not in _GOOD_ENDINGS):
             raise engine_failed(event.error or f"generation ended early ({event.finish_reason})")
         return event
@@ -65,6 +69,7 @@ class EngineCall:
 class Handlers:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.token_bytes = TokenBytes(engine.tokenizer)
         self.started = int(time.time())
         self.live: set[str] = set()  # engine ids in flight: a reused x-request-id must not clash
 
@@ -94,12 +99,13 @@ class Handlers:
             return exc.response()
         rid = self._request_id(request)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        bodies = Bodies(parsed, prefix + rid, int(time.time()), self.engine.model_name)
-        call = EngineCall(
-            self.engine,
-            GenerationRequest(rid, parsed.prompt_ids, parsed.params),
-            parsed.prompt_param,
+        bodies = Bodies(
+            parsed, prefix + rid, int(time.time()), self.engine.model_name, self.token_bytes
         )
+        generation = GenerationRequest(
+            rid, parsed.prompt_ids, parsed.params, n=parsed.n, grammar=parsed.grammar
+        )
+        call = EngineCall(self.engine, generation, parsed.prompt_param)
         self.live.add(rid)
         try:
             first = await call.next()
@@ -134,7 +140,7 @@ class Handlers:
             while True:
                 payloads += bodies.chunks(event)
                 await response.write(b"".join(sse(p) for p in payloads))
-                if event.finished:
+                if call.finished:
                     break
                 event = await call.next()
                 payloads = []
@@ -143,20 +149,16 @@ class Handlers:
             return response
         except ConnectionResetError:
             return response  # the client left between writes; the caller's finally aborts
-        tail = [bodies.usage_chunk(event)] if bodies.req.include_usage else []
+        tail = [bodies.usage_chunk()] if bodies.req.include_usage else []
         await response.write(b"".join(sse(p) for p in tail) + DONE)
         return response
 
     async def _collect(self, bodies: Bodies, call: EngineCall, event: TokenEvent) -> web.Response:
-        texts: list[str] = []
-        token_ids: list[int] = []
         while True:
-            texts.append(event.text)
-            if event.token_id is not None:
-                token_ids.append(event.token_id)
-            if event.finished:
+            bodies.record(event)
+            if call.finished:
                 break
             event = await call.next()
-        response = json_response(bodies.full("".join(texts), token_ids, event))
+        response = json_response(bodies.full())
         response.headers["x-request-id"] = call.request.request_id
         return response

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import orjson
 
 from engine.api import Engine
+from engine.grammar import GrammarError, lark_grammar
 from engine.model.tokenizer import Tokenizer
 from engine.scheduler import InvalidParams, SamplingParams
 from engine.server.errors import JSON, ApiError, bad
@@ -25,21 +26,52 @@ from engine.server.fields import (
     TEXT_PART,
     check_fields,
 )
+from engine.server.sampling_fields import (
+    chat_logprobs,
+    choices,
+    completion_logprobs,
+    logit_bias,
+    penalties,
+    priority,
+    seed,
+)
+from engine.server.structured import response_format_grammar, structured_outputs_grammar
+from engine.tools import (
+    ToolError,
+    ToolSpec,
+    parse_tools,
+    prompt_messages,
+    template_has_tools,
+    tool_grammar,
+)
 
 Kind = Literal["chat", "completion"]
 
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat defaults to the rest of context
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
+    """`logprobs`: None, or how many alternatives each token's logprob entry lists.
+    `tools`: the request's tools when the answer is parsed for calls (not with "none")."""
+
     kind: Kind
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    n: int = 1
+    grammar: str | None = None
+    logprobs: int | None = None
+    tools: ToolSpec | None = None
 
     @property
     def prompt_param(self) -> str:
@@ -50,23 +82,61 @@ def parse_request(kind: Kind, raw: bytes, engine: Engine) -> ParsedRequest:
     data = _load(raw)
     _check_model(data, engine.model_name)
     check_fields(data, CHAT if kind == "chat" else COMPLETION)
-    _check_n(data)
     tokenizer = engine.tokenizer
-    ids = _chat_prompt(data, tokenizer) if kind == "chat" else _completion_prompt(data, tokenizer)
+    tools = _tools(data) if kind == "chat" else None
+    if kind == "chat":
+        ids = _chat_prompt(data, tokenizer, tools)
+    else:
+        ids = _completion_prompt(data, tokenizer)
+    constraint = _constraint(data, tools)
     param = "messages" if kind == "chat" else "prompt"
     _check_length(ids, engine.max_seq_len, param)
     room = engine.max_seq_len - len(ids)
     default_max = room if kind == "chat" else min(room, COMPLETION_DEFAULT_MAX_TOKENS)
     options = _get(data, "stream_options", dict, "an object") or {}
     check_fields(options, STREAM_OPTIONS, "stream_options")
+    logprobs = chat_logprobs(data) if kind == "chat" else completion_logprobs(data)
+    grammar = None
+    if constraint is not None:
+        param, grammar = constraint
+        try:
+            engine.check_grammar(grammar)
+        except GrammarError as exc:
+            raise bad(f"'{param}' cannot be used for constrained decoding: {exc}", param) from None
     return ParsedRequest(
         kind=kind,
         prompt_ids=tuple(ids),
-        params=_sampling(data, default_max),
+        params=_sampling(data, default_max, logprobs, tokenizer.vocab_size),
         stream=bool(_get(data, "stream", bool, "a boolean")),
         include_usage=bool(_get(options, "include_usage", bool, "a boolean", "stream_options")),
         return_token_ids=bool(_get(data, "return_token_ids", bool, "a boolean")),
+        n=choices(data),
+        grammar=grammar,
+        logprobs=logprobs,
+        tools=tools,
     )
+
+
+def _tools(data: JSON) -> ToolSpec | None:
+    try:
+        return parse_tools(data)
+    except ToolError as exc:
+        raise bad(exc.message, exc.param) from None
+
+
+def _constraint(data: JSON, tools: ToolSpec | None) -> tuple[str, str] | None:
+    """At most one constraint: a response format, vLLM's structured_outputs, or tool calls
+    that must happen (`required` or a named function)."""
+    asked = {
+        "response_format": response_format_grammar(data.get("response_format")),
+        "structured_outputs": structured_outputs_grammar(data.get("structured_outputs")),
+        "tools": _tool_grammar(tools),
+    }
+    given = [(name, g) for name, g in asked.items() if g is not None]
+    if len(given) > 1:
+        names = " and ".join(f"'{name}'" for name, _ in given)
+        raise bad(f"{names} both constrain the answer; send one of them", given[1][0])
+    return given[0] if given else None
 
 
 def _load(raw: bytes) -> JSON:
@@ -88,24 +158,36 @@ def _check_model(data: JSON, served: str) -> None:
         raise ApiError(404, message, param="model", code="model_not_found")
 
 
-def _check_n(data: JSON) -> None:
-    n = _get(data, "n", int, "an integer")
-    if n is not None and n != 1:
-        raise bad(f"'n' must be 1 (one choice per request), got {n}", "n")
+def _tool_grammar(tools: ToolSpec | None) -> str | None:
+    lark = None if tools is None else tool_grammar(tools)
+    if lark is None:
+        return None
+    try:
+        return lark_grammar(lark)
+    except GrammarError as exc:
+        message = f"'tools' cannot be used for constrained decoding: {exc}"
+        raise bad(message, "tools") from None
 
 
-def _chat_prompt(data: JSON, tokenizer: Tokenizer) -> list[int]:
+def _chat_prompt(data: JSON, tokenizer: Tokenizer, tools: ToolSpec | None) -> list[int]:
+    """The conversation through the model's chat template; tools, calls and results in the
+    template's own format when it has one, else in the system-prompt format (engine/tools)."""
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' is required and must be a non-empty array", "messages")
     conversation = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    native = template_has_tools(getattr(tokenizer, "template", None))
     try:
-        return tokenizer.apply_chat_template(conversation)
+        prompt = prompt_messages(conversation, tools, native)
+    except ToolError as exc:
+        raise bad(exc.message, exc.param) from None
+    try:
+        return tokenizer.apply_chat_template(prompt.messages, tools=prompt.tools)
     except ValueError as exc:
         raise bad(f"'messages' cannot be rendered: {exc}", "messages") from None
 
 
-def _message(message: Any, where: str) -> dict[str, str]:
+def _message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise bad(f"'{where}' must be an object", where)
     role = message.get("role")
@@ -113,7 +195,18 @@ def _message(message: Any, where: str) -> dict[str, str]:
         param = f"{where}.role"
         raise bad(f"'{param}' must be one of {sorted(CHAT_ROLES)}, got {role!r}", param)
     check_fields(message, MESSAGE, where)
-    return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), where)}
+    out: dict[str, Any] = {"role": CHAT_ROLES[role]}
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if content is None and role == "assistant" and calls:
+        out["content"] = None  # a turn of calls only
+    else:
+        out["content"] = _content(content, where)
+    if calls is not None:
+        out["tool_calls"] = calls
+    if "tool_call_id" in message:
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
 
 
 def _content(content: Any, where: str) -> str:
@@ -178,15 +271,21 @@ def _check_length(ids: list[int], max_seq_len: int, param: str) -> None:
         raise bad(message, param, "context_length_exceeded")
 
 
-def _sampling(data: JSON, default_max: int) -> SamplingParams:
+def _sampling(
+    data: JSON, default_max: int, logprobs: int | None, vocab_size: int
+) -> SamplingParams:
     fields: JSON = {
         "max_tokens": _max_tokens(data, default_max),
         "temperature": _number(data, "temperature", 0.0, 2.0),
         "top_p": _number(data, "top_p", 0.0, 1.0),
-        "seed": _get(data, "seed", int, "an integer"),
+        "seed": seed(data),
         "stop": _stop(data),
         "stop_token_ids": _stop_token_ids(data),
         "ignore_eos": _get(data, "ignore_eos", bool, "a boolean"),
+        "logit_bias": logit_bias(data, vocab_size),
+        "logprobs": logprobs,
+        "priority": priority(data),
+        **penalties(data),
     }
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})

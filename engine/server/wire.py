@@ -5,11 +5,16 @@ shapes follow OpenAI exactly (`usage: null` on chunks before the usage chunk whe
 asked for; a separate finish chunk with an empty delta). `return_token_ids` follows vLLM: chat
 puts `prompt_token_ids` at the top level (first chunk / the response), completions put it on
 the choice; every choice carries `token_ids`, the generated ids it adds.
+
+With n choices every chunk carries one choice, told apart by `index`; usage counts the prompt
+once and the completion tokens of all choices. Logprobs follow OpenAI's two shapes (chat:
+`logprobs.content` entries; completions: parallel `tokens`/`token_logprobs`/`top_logprobs`/
+`text_offset` arrays). Tool calls are parsed from each choice's text (`engine/tools`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -17,21 +22,28 @@ import orjson
 from engine.api import TokenEvent
 from engine.server.errors import JSON
 from engine.server.parse import ParsedRequest
+from engine.tools import CallDelta, Delta, ToolStream, parse_complete
 
 DONE = b"data: [DONE]\n\n"
+TokenBytes = Callable[[int], bytes]
 
 
 def sse(payload: JSON) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def usage(event: TokenEvent) -> JSON:
-    total = event.prompt_tokens + event.completion_tokens
-    return {
-        "prompt_tokens": event.prompt_tokens,
-        "completion_tokens": event.completion_tokens,
-        "total_tokens": total,
-    }
+@dataclass(slots=True)
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    index: int
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenEvent] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    parser: ToolStream | None = None
+    text_len: int = 0  # characters of text so far: the completions text_offset
 
 
 @dataclass(slots=True)
@@ -42,11 +54,133 @@ class Bodies:
     id: str
     created: int
     model: str
+    token_bytes: TokenBytes
+    choices: list[ChoiceState] = field(init=False)
+    prompt_tokens: int = field(default=0, init=False)
     _prompt_sent: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = len(self.req.prompt_ids)
+        tools = self.req.tools
+        self.choices = [
+            ChoiceState(i, parser=None if tools is None else ToolStream(tools.names))
+            for i in range(self.req.n)
+        ]
 
     @property
     def chat(self) -> bool:
         return self.req.kind == "chat"
+
+    # -- streams --
+
+    def opening(self) -> list[JSON]:
+        """Chat announces the assistant role of each choice before any token."""
+        if not self.chat:
+            return []
+        return [
+            self._chunk(
+                _with_finish(
+                    {"index": c.index, "delta": {"role": "assistant", "content": ""}}, None
+                )
+            )
+            for c in self.choices
+        ]
+
+    def chunks(self, event: TokenEvent) -> list[JSON]:
+        """The chunks one engine event makes: its text (or bare token), then the finish."""
+        choice = self._record(event)
+        ids = [] if event.token_id is None else [event.token_id]
+        out: list[JSON] = []
+        logprobs = (
+            self._logprobs([event], choice.text_len - len(event.text))
+            if (self.req.logprobs is not None and event.token_id is not None)
+            else None
+        )
+        if choice.parser is not None:
+            deltas = choice.parser.feed(event.text)
+            if event.finished:
+                deltas += choice.parser.finish()
+            out += [self._delta_chunk(choice.index, _delta(d)) for d in deltas]
+            if logprobs is not None or (self.req.return_token_ids and ids):
+                if out:
+                    self._attach(out[-1], logprobs, ids)
+                else:
+                    out.append(self._text_chunk(choice.index, "", ids, logprobs))
+        elif event.text or logprobs is not None or (self.req.return_token_ids and ids):
+            out.append(self._text_chunk(choice.index, event.text, ids, logprobs))
+        if event.finished:
+            reason = self._finish_reason(choice)
+            out.append(self._chunk(self._choice(choice.index, None, [], reason)))
+        return out
+
+    def usage_chunk(self) -> JSON:
+        body = self._chunk(None)
+        body["usage"] = self.usage()
+        return body
+
+    # -- whole answers --
+
+    def record(self, event: TokenEvent) -> None:
+        self._record(event)
+
+    def full(self) -> JSON:
+        body = self._base("")
+        body["choices"] = [self._full_choice(c) for c in self.choices]
+        if self.req.return_token_ids and self.chat:
+            body["prompt_token_ids"] = list(self.req.prompt_ids)
+        body["usage"] = self.usage()
+        return body
+
+    def usage(self) -> JSON:
+        completion = sum(c.completion_tokens for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    # -- internals --
+
+    def _record(self, event: TokenEvent) -> ChoiceState:
+        choice = self.choices[event.index]
+        choice.texts.append(event.text)
+        choice.text_len += len(event.text)
+        if event.token_id is not None:
+            choice.token_ids.append(event.token_id)
+            if self.req.logprobs is not None:
+                choice.logprobs.append(event)
+        choice.completion_tokens = event.completion_tokens
+        if event.finished:
+            choice.finish_reason = event.finish_reason
+        return choice
+
+    def _finish_reason(self, choice: ChoiceState) -> str | None:
+        if choice.parser is not None and choice.parser.calls:
+            return "tool_calls"
+        return choice.finish_reason
+
+    def _full_choice(self, choice: ChoiceState) -> JSON:
+        text = "".join(choice.texts)
+        out: JSON = {"index": choice.index}
+        reason = choice.finish_reason
+        if self.chat:
+            message: JSON = {"role": "assistant", "content": text}
+            if self.req.tools is not None:
+                content, calls = parse_complete(text, self.req.tools.names)
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = [call.openai() for call in calls]
+                    reason = "tool_calls"
+            out["message"] = message
+        else:
+            out["text"] = text
+        out["logprobs"] = None if self.req.logprobs is None else self._logprobs(choice.logprobs, 0)
+        out["finish_reason"] = reason
+        if self.req.return_token_ids:
+            if not self.chat:
+                out["prompt_token_ids"] = list(self.req.prompt_ids)
+            out["token_ids"] = list(choice.token_ids)
+        return out
 
     def _base(self, suffix: str) -> JSON:
         name = ("chat.completion" + suffix) if self.chat else "text_completion"
@@ -66,53 +200,84 @@ class Bodies:
             target["prompt_token_ids"] = list(self.req.prompt_ids)
         return body
 
-    def _choice(self, text: str | None, token_ids: Sequence[int], finish: str | None) -> JSON:
-        choice: JSON = {"index": 0}
+    def _choice(
+        self, index: int, text: str | None, token_ids: list[int], finish: str | None
+    ) -> JSON:
+        choice: JSON = {"index": index}
         if self.chat:
             choice["delta"] = {} if text is None else {"content": text}
         else:
             choice["text"] = text or ""
-        choice["logprobs"] = None
-        choice["finish_reason"] = finish
+        _with_finish(choice, finish)
         if self.req.return_token_ids:
-            choice["token_ids"] = list(token_ids)
+            choice["token_ids"] = token_ids
         return choice
 
-    def opening(self) -> list[JSON]:
-        """Chat announces the assistant role before any token; completions have no opener."""
-        if not self.chat:
-            return []
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}}
-        choice |= {"logprobs": None, "finish_reason": None}
-        return [self._chunk(choice)]
+    def _text_chunk(self, index: int, text: str, ids: list[int], logprobs: JSON | None) -> JSON:
+        chunk = self._chunk(self._choice(index, text, ids, None))
+        if logprobs is not None:
+            chunk["choices"][0]["logprobs"] = logprobs
+        return chunk
 
-    def chunks(self, event: TokenEvent) -> list[JSON]:
-        """The chunks one engine event makes: its text (or bare token), then the finish."""
-        out: list[JSON] = []
-        ids = [] if event.token_id is None else [event.token_id]
-        if event.text or (self.req.return_token_ids and ids):
-            out.append(self._chunk(self._choice(event.text, ids, None)))
-        if event.finished:
-            out.append(self._chunk(self._choice(None, [], event.finish_reason)))
-        return out
-
-    def usage_chunk(self, last: TokenEvent) -> JSON:
-        body = self._chunk(None)
-        body["usage"] = usage(last)
-        return body
-
-    def full(self, text: str, token_ids: Sequence[int], last: TokenEvent) -> JSON:
-        body = self._base("")
-        choice: JSON = {"index": 0}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        choice |= {"logprobs": None, "finish_reason": last.finish_reason}
+    def _delta_chunk(self, index: int, delta: JSON) -> JSON:
+        choice = _with_finish({"index": index, "delta": delta}, None)
         if self.req.return_token_ids:
-            prompt_ids = list(self.req.prompt_ids)
-            (body if self.chat else choice)["prompt_token_ids"] = prompt_ids
-            choice["token_ids"] = list(token_ids)
-        body["choices"] = [choice]
-        body["usage"] = usage(last)
-        return body
+            choice["token_ids"] = []
+        return self._chunk(choice)
+
+    @staticmethod
+    def _attach(chunk: JSON, logprobs: JSON | None, ids: list[int]) -> None:
+        choice = chunk["choices"][0]
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        if "token_ids" in choice:
+            choice["token_ids"] = ids
+
+    def _logprobs(self, events: list[TokenEvent], offset: int) -> JSON:
+        if self.chat:
+            return {"content": [self._chat_entry(e) for e in events if e.token_id is not None]}
+        tokens, logprobs, tops, offsets = [], [], [], []
+        for e in events:
+            if e.token_id is None:
+                continue
+            tokens.append(self._text(e.token_id))
+            logprobs.append(e.logprob)
+            tops.append({self._text(t): lp for t, lp in e.top_logprobs})
+            offsets.append(offset)
+            offset += len(e.text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, event: TokenEvent) -> JSON:
+        assert event.token_id is not None
+        entry = self._token(event.token_id, event.logprob)
+        entry["top_logprobs"] = [self._token(t, lp) for t, lp in event.top_logprobs]
+        return entry
+
+    def _token(self, token: int, logprob: float | None) -> JSON:
+        raw = self.token_bytes(token)
+        return {
+            "token": raw.decode("utf-8", errors="replace"),
+            "logprob": logprob,
+            "bytes": list(raw),
+        }
+
+    def _text(self, token: int) -> str:
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+
+def _delta(delta: Delta) -> JSON:
+    """A chunk's `delta`: content text, or one entry of `tool_calls`."""
+    if isinstance(delta, CallDelta):
+        return {"tool_calls": [delta.openai()]}
+    return delta.openai()
+
+
+def _with_finish(choice: JSON, finish: str | None) -> JSON:
+    choice["logprobs"] = None
+    choice["finish_reason"] = finish
+    return choice

@@ -7,7 +7,9 @@ then identical to an uninterrupted answer.
 
 What cannot be continued that way is excluded up front (the stream is relayed as before):
 several choices, logprobs (the new unit would score a different prefix), tool calls and
-structured output (parsed from the whole answer by the engine, not by the gateway), echo and
+structured output (the grammar's state and the tool-call parser live in the first unit; a
+continuation would start the grammar over at the generated prefix), presence and frequency
+penalties (they count generated tokens, which the continuation sees as prompt), echo and
 suffix. Only the sampling fields a completion understands travel to the continuation: a
 chat-only field could be refused by the completions endpoint mid-answer.
 """
@@ -33,6 +35,8 @@ _EXCLUDED = (
     "guided_choice",
     "guided_grammar",
     "structured_outputs",
+    "presence_penalty",
+    "frequency_penalty",
 )
 
 # Sampling fields copied to the continuation unchanged (`min_tokens` is adjusted).
@@ -45,8 +49,6 @@ _SAMPLING = (
     "stop",
     "stop_token_ids",
     "ignore_eos",
-    "presence_penalty",
-    "frequency_penalty",
     "repetition_penalty",
     "logit_bias",
     "skip_special_tokens",

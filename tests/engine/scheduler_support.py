@@ -23,7 +23,7 @@ def make(**config: int) -> Scheduler:
 
 
 def step(sched: Scheduler, token: int) -> ScheduledBatch:
-    """Run one step where every scheduled sequence samples `token`."""
+    """Run one step where every scheduled sequence (and child sharing a row) samples `token`."""
     batch = sched.schedule()
-    sched.update(dict.fromkeys(batch.seq_ids, token))
+    sched.update(dict.fromkeys(batch.sampled_ids, token))
     return batch

@@ -102,3 +102,33 @@ def test_bad_entries_are_rejected(
 ) -> None:
     with pytest.raises(ValueError, match=field):
         fresh(config)(batch)
+
+
+def test_a_copied_prefix_decodes_as_its_source(config: ModelConfig) -> None:
+    """A child slot given its parent's prompt KV decodes as if it had prefilled the prompt,
+    whatever the slot held before (positions past the copy are never attended)."""
+    model = fresh(config)
+    model([(2, MORE * 3, 0)])  # stale keys and values in the child's slot
+    model([(0, PROMPT, 0)])
+    model.cache.copy_prefix(0, 2, len(PROMPT))
+    decode = model([(2, [42], len(PROMPT)), (0, [43], len(PROMPT))])
+    ref = fresh(config)
+    torch.testing.assert_close(decode[0], ref([(0, [*PROMPT, 42], 0)])[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(decode[1], ref([(1, [*PROMPT, 43], 0)])[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "length", "field"),
+    [(4, 1, 3, "src_slot"), (0, -1, 3, "dst_slot"), (1, 1, 3, "dst_slot"), (0, 1, 0, "length")],
+)
+def test_bad_prefix_copies_are_rejected(
+    config: ModelConfig, src: int, dst: int, length: int, field: str
+) -> None:
+    model = fresh(config)
+    model([(0, PROMPT, 0)])
+    before = model.cache.k.clone()
+    with pytest.raises(ValueError, match=field):
+        model.cache.copy_prefix(src, dst, length)
+    with pytest.raises(ValueError, match="length"):
+        model.cache.copy_prefix(0, 1, config.max_seq_len + 1)
+    assert torch.equal(model.cache.k, before)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.model import TPContext
 from engine.runtime.messages import (
@@ -19,7 +21,7 @@ from engine.runtime.messages import (
     receive,
     send,
 )
-from engine.runtime.sampling import make_generator, sample, top_p_filter
+from engine.sampling import make_generator, sample, top_p_filter
 from engine.scheduler import SamplingParams
 from tests.engine.test_model_tp import run_group
 
@@ -28,9 +30,43 @@ def test_step_message_round_trip() -> None:
     msg = StepMessage.step([(3, [1, 2, 3], 0), (0, [7], 41), (5, [9, 9], 2)], 4, 3)
     header, body = encode(msg)
     assert header.dtype == body.dtype == torch.int64
-    assert header.tolist() == [int(Command.STEP), 3, 6, 4, 3]
+    assert header.tolist() == [int(Command.STEP), 3, 6, 0, 4, 3]
     assert body.numel() == 3 * 3 + 6
     assert decode(header, body) == msg
+
+
+def test_forks_travel_between_the_entries_and_the_tokens() -> None:
+    msg = StepMessage.step([(3, [1, 2, 3], 0), (0, [7], 41)], 5, 5, forks=[(3, 1, 3), (3, 2, 3)])
+    header, body = encode(msg)
+    assert header.tolist() == [int(Command.STEP), 2, 4, 2, 5, 5]
+    assert body.tolist() == [3, 0, 3, 0, 41, 1, 3, 1, 3, 3, 2, 3, 1, 2, 3, 7]
+    assert decode(header, body) == msg
+    assert msg.forks == ((3, 1, 3), (3, 2, 3))
+
+
+ENTRIES = st.lists(
+    st.tuples(
+        st.integers(0, 255),
+        st.lists(st.integers(0, 2**31), min_size=1, max_size=40),
+        st.integers(0, 9999),
+    ),
+    max_size=12,
+)
+FORKS = st.lists(
+    st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(1, 9999)), max_size=8
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ENTRIES, FORKS, st.integers(0, 10**6), st.integers(0, 255))
+def test_any_step_message_survives_the_codec(
+    entries: list[tuple[int, list[int], int]],
+    forks: list[tuple[int, int, int]],
+    pending: int,
+    slots_used: int,
+) -> None:
+    msg = StepMessage.step(entries, pending, slots_used, forks)
+    assert decode(*encode(msg)) == msg
 
 
 @pytest.mark.parametrize("command", [Command.STOP, Command.HEARTBEAT])
@@ -86,10 +122,18 @@ MESSAGES = [
     StepMessage.step([(1, list(range(FRAME_SIZE - HEADER_SIZE - 3)), 0)], 1, 1),
     # one value more: the body follows in a second broadcast
     StepMessage.step([(1, list(range(FRAME_SIZE - HEADER_SIZE - 2)), 0)], 1, 1),
+    # a prefill with forks: the frame filled to the last value, then one value over it
+    StepMessage.step([(0, [5] * (FRAME_SIZE - HEADER_SIZE - 9), 0)], 3, 3, [(0, 1, 7), (0, 2, 7)]),
+    StepMessage.step([(0, [5] * (FRAME_SIZE - HEADER_SIZE - 8), 0)], 3, 3, [(0, 1, 7), (0, 2, 7)]),
     StepMessage.step([(s, list(range(s, s + 300)), 0) for s in range(8)], 9, 8),
     StepMessage(Command.HEARTBEAT, pending=4),
     StepMessage(Command.STOP),
 ]
+
+
+def test_forks_count_against_the_frame() -> None:
+    sizes = [HEADER_SIZE + encode(msg)[1].numel() for msg in MESSAGES[3:5]]
+    assert sizes == [FRAME_SIZE, FRAME_SIZE + 1]
 
 
 def _plain(msg: StepMessage) -> list[Any]:
@@ -99,6 +143,7 @@ def _plain(msg: StepMessage) -> list[Any]:
         [[slot, list(ids), start] for slot, ids, start in msg.entries],
         msg.pending,
         msg.slots_used,
+        [list(fork) for fork in msg.forks],
     ]
 
 
@@ -115,7 +160,8 @@ def _exchange(tp: TPContext) -> dict[str, Any]:
 
 
 def test_send_and_receive_over_a_real_gloo_pair(tmp_path: Path) -> None:
-    """Inline frames, a frame filled to the last value, overflowing prefills and bare
-    commands all arrive intact and in order, whatever the frame held before."""
+    """Inline frames, a frame filled to the last value, overflowing prefills (with and
+    without forks) and bare commands all arrive intact and in order, whatever the frame held
+    before."""
     _, follower = run_group(2, _exchange, (), tmp_path)
     assert follower["got"] == [_plain(msg) for msg in MESSAGES]

@@ -15,12 +15,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from engine.api import GenerationRequest, TokenEvent
+from engine.api import Engine, GenerationRequest, TokenEvent
+from engine.grammar import GrammarBackend
 from engine.model.tokenizer import ByteTokenizer
 from engine.server.app import bound_port, build_app
 
 MODEL = "fake-model"
 TOKENIZER = ByteTokenizer()
+GRAMMARS = GrammarBackend(TOKENIZER, TOKENIZER.vocab_size)
 EOS = 257  # ByteTokenizer's <eos>
 # (token id, visible text): token 7 shows no text yet (held back by the engine)
 SCRIPT = ((72, "Hel"), (101, "lo"), (7, ""), (33, " world"), (46, "!"))
@@ -62,6 +64,11 @@ class FakeEngine:
     def max_seq_len(self) -> int:
         return self._max_seq_len
 
+    def check_grammar(self, grammar: str) -> None:
+        """The real check, against the byte tokenizer: a grammar refused here is refused by a
+        real engine with this tokenizer."""
+        GRAMMARS.check(grammar)
+
     def abort(self, request_id: str) -> None:
         self.aborts.append(request_id)
         self._aborted.setdefault(request_id, asyncio.Event()).set()
@@ -94,7 +101,7 @@ class FakeEngine:
 
 
 @contextlib.asynccontextmanager
-async def served(engine: FakeEngine) -> AsyncIterator[str]:
+async def served(engine: Engine) -> AsyncIterator[str]:
     """The app on a real socket (port from the OS), as the leader runs it."""
     runner = web.AppRunner(build_app(engine), handler_cancellation=True)
     await runner.setup()

@@ -45,6 +45,18 @@ HONOURED_SAMPLES: dict[str, Any] = {
     "ignore_eos": True,
     "n": 1,
     "return_token_ids": True,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.1,
+    "logit_bias": {"65": 2},
+    "logprobs": None,
+    "priority": 5,
+    "response_format": {"type": "text"},
+    "structured_outputs": None,
+    "tools": [],
+    "tool_choice": "none",
+    "parallel_tool_calls": False,
+    "top_logprobs": None,
 }
 IGNORED_SAMPLES: dict[str, Any] = {
     "user": "u-42",
@@ -55,8 +67,6 @@ IGNORED_SAMPLES: dict[str, Any] = {
     "prompt_cache_key": "k",
     "cache_salt": "s",
     "request_id": "r-1",
-    "priority": 5,
-    "parallel_tool_calls": False,
     "guided_decoding_backend": "xgrammar",
     "guided_whitespace_pattern": r"\s*",
     "length_penalty": 1.2,
@@ -102,39 +112,32 @@ async def refusal(url: str, body: dict[str, Any]) -> dict[str, Any]:
     return error
 
 
-async def test_structured_output_is_refused_not_answered_in_free_text(
+async def test_a_schema_the_grammar_cannot_enforce_is_refused_with_why(
     engine_url: tuple[FakeEngine, str],
 ) -> None:
+    """strict: every keyword is enforced or the request is refused, naming the schema."""
     engine, url = engine_url
-    response_format = {"type": "json_schema", "json_schema": SCHEMA}
+    schema = {"type": "string", "format": "hostname-of-the-moon"}
+    spec = {"name": "odd", "schema": schema, "strict": True}
     for path in POLICIES:
-        error = await refusal(url + path, body_for(path, response_format=response_format))
-        assert error["param"] == "response_format"
-        assert error["message"].startswith(
-            "'response_format' is not supported by this engine (got {'type': 'json_schema'"
-        )
-        assert ' ...); it accepts null or {"type":"text"}' in error["message"]  # cut short
+        body = body_for(path, response_format={"type": "json_schema", "json_schema": spec})
+        error = await refusal(url + path, body)
+        assert error["param"] == "response_format.json_schema.schema"
+        assert "cannot be used for constrained decoding" in error["message"]
     assert engine.requests == []
 
 
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [TOOL]}, "tools"),
-        ({"tools": [TOOL], "tool_choice": "auto"}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        (
-            {"tools": [], "tool_choice": {"type": "function", "function": {"name": "x"}}},
-            "tool_choice",
-        ),
         ({"functions": [TOOL["function"]]}, "functions"),
         ({"function_call": {"name": "lookup"}}, "function_call"),
         ({"guided_json": SCHEMA["schema"]}, "guided_json"),
         ({"guided_choice": ["yes", "no"]}, "guided_choice"),
-        ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs"),
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
         ({"top_k": 40}, "top_k"),
         ({"min_tokens": 5}, "min_tokens"),
-        ({"repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"guided_regex": "[0-9]+"}, "guided_regex"),
         ({"skip_special_tokens": False}, "skip_special_tokens"),
         ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
@@ -162,9 +165,9 @@ async def test_chat_features_this_engine_lacks_are_refused_by_name(
         ({"role": "user", "content": "hi", "name": "ana"}, "messages[0].name"),
         (
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
-            "messages[0].tool_calls",
+            "messages[0].tool_calls[0].type",
         ),
-        ({"role": "user", "content": "hi", "tool_call_id": "c1"}, "messages[0].tool_call_id"),
+        ({"role": "tool", "content": "72 F"}, "messages[0].tool_call_id"),
         ({"role": "assistant", "content": "no", "refusal": "no"}, "messages[0].refusal"),
         ({"role": "user", "content": "hi", "mood": "calm"}, "messages[0].mood"),
         (
@@ -315,8 +318,8 @@ def test_the_docstring_lists_every_field() -> None:
 
 
 def test_policy_decisions_are_pure() -> None:
-    assert CHAT.problem("tools", []) is None and CHAT.problem("tool_choice", "none") is None
-    assert CHAT.problem("logprobs", 0) is None and CHAT.problem("logprobs", True) is not None
+    assert CHAT.problem("tools", [{"type": "function"}]) is None  # honoured: checked later
+    assert CHAT.problem("echo", False) is None and CHAT.problem("echo", True) is not None
     assert CHAT.problem("top_k", False) is not None  # false is not the integer 0
     assert COMPLETION.problem("add_special_tokens", True) is None
     assert CHAT.problem("add_special_tokens", True) is not None  # chat's default is false

@@ -28,6 +28,9 @@ class ServedAs:
     def max_seq_len(self) -> int:
         return self._engine.max_seq_len
 
+    def check_grammar(self, grammar: str) -> None:
+        self._engine.check_grammar(grammar)
+
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         return self._engine.generate(request)
 

@@ -1,4 +1,7 @@
-"""Turning one entry's logits into a token, on the leader only (followers never sample)."""
+"""Drawing one row's token: greedy at temperature 0, else temperature, then nucleus (top_p).
+
+A seeded request draws from its own generator, so its tokens do not depend on which other
+requests share its batches."""
 
 from __future__ import annotations
 
@@ -8,8 +11,8 @@ from engine.scheduler import SamplingParams
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
-    """A per-request generator for a seeded request, so its output does not depend on which
-    other requests shared its batches; None draws from torch's global generator."""
+    """A per-request generator for a seeded, sampled request; None draws from torch's global
+    generator (and greedy requests draw nothing)."""
     if params.seed is None or params.temperature == 0:
         return None
     return torch.Generator().manual_seed(params.seed)
@@ -18,25 +21,14 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> int:
-    """Greedy at temperature 0; otherwise temperature, then nucleus (top_p) sampling."""
+    """One (V,) row: argmax at temperature 0; otherwise temperature, then top_p, then a draw.
+    Tokens at -inf (masked out) have probability 0 and are never drawn."""
     if params.temperature == 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1:
         probs = top_p_filter(probs, params.top_p)
     return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def sample_batch(
-    logits: torch.Tensor, requests: list[tuple[SamplingParams, torch.Generator | None]]
-) -> list[int]:
-    """One argmax over the whole batch for the greedy rows (the common case), so a decode
-    step does not pay a tensor call per sequence; sampled rows go one by one."""
-    greedy = logits.argmax(dim=-1).tolist()
-    return [
-        int(greedy[i]) if params.temperature == 0 else sample(logits[i], params, generator)
-        for i, (params, generator) in enumerate(requests)
-    ]
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
