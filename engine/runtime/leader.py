@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -119,6 +120,7 @@ class LeaderEngine:
         self._outbox: Outbox[TokenEvent] = Outbox()  # engine thread only
         self._unpublished: dict[int, Sampled] | None = None  # the last step's tokens
         self._grammars: GrammarBackend | None = None  # built at the first grammar
+        self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         self._grammars_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -186,6 +188,7 @@ class LeaderEngine:
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             self._thread.join(timeout)
+        self._mask_thread.shutdown(wait=False, cancel_futures=True)
         if self._teardown is not None:
             self._teardown()
 
@@ -305,28 +308,44 @@ class LeaderEngine:
             pending, used = self.scheduler.pending, self._slots_used
             msg = StepMessage.step(entries, pending, used, batch.forks)
             self._send(msg, self._model.tp.group)
+        members = [self._live[seq_id] for seq_id in batch.sampled_ids]
+        masks = self._start_masks(members)  # computed while the forward runs
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()
         logits = self._model(entries)
         if batch.forks:  # the children's prompt KV, as every follower does after its forward
             apply_forks(self._model.cache, batch.forks)
-        ids = list(batch.sampled_ids)
         if batch.shared:  # a copy of the parent's row per child (sampling edits rows)
             logits = logits[list(batch.sample_rows)]
+        bitmask = None if masks is None else masks.result()
         with torch.inference_mode():  # the logits are inference tensors, edited in place
-            sampled = self._sample(logits, [self._live[seq_id] for seq_id in ids])
+            sampled = self._sample(logits, members, bitmask)
         self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
         self._unpublished = sampled  # counted in /health once published
 
-    def _sample(self, logits: torch.Tensor, members: list[_Member]) -> dict[int, Sampled]:
+    def _start_masks(self, members: list[_Member]) -> Future[torch.Tensor] | None:
+        """The next-token masks of the constrained members, filled on the mask thread while
+        the forward runs (llguidance works without the GIL; vLLM overlaps them the same way).
+        The matchers are not touched again until the result is read."""
+        matchers = [m.matcher for m in members]
+        if all(matcher is None for matcher in matchers):
+            return None
+        grammars = self.grammars
+        bitmask = grammars.allocate(len(members))
+
+        def fill() -> torch.Tensor:
+            grammars.fill(matchers, bitmask)
+            return bitmask
+
+        return self._mask_thread.submit(fill)
+
+    def _sample(
+        self, logits: torch.Tensor, members: list[_Member], bitmask: torch.Tensor | None
+    ) -> dict[int, Sampled]:
         """One token per member; a member whose grammar allows nothing (a matcher fault) ends
         with an error and the others are sampled without it."""
         while True:
-            bitmask = None
-            if any(m.matcher is not None for m in members):
-                bitmask = self.grammars.allocate(len(members))
-                self.grammars.fill([m.matcher for m in members], bitmask)
             rows = [
                 Row(m.seq.params, m.generator, m.seq.prompt_ids, m.seq.output_ids) for m in members
             ]
@@ -338,6 +357,7 @@ class LeaderEngine:
                     self._end(members[i], "the grammar allows no next token")
                 keep = [i for i in range(len(members)) if i not in dead]
                 members, logits = [members[i] for i in keep], logits[keep]
+                bitmask = None if bitmask is None else bitmask[keep]
                 continue
             break
         out: dict[int, Sampled] = {}
