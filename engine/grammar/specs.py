@@ -28,6 +28,7 @@ from typing import Any
 
 import llguidance
 
+from engine.grammar.bounds import exact_number_ranges
 from engine.grammar.errors import GrammarError
 from engine.grammar.validate import validate
 
@@ -47,7 +48,7 @@ def _json_object() -> str:
 
 def json_schema_grammar(schema: object, strict: bool) -> str:
     """The grammar of JSON valid against `schema` (OpenAI's `json_schema`); see the module."""
-    grammar = _from_schema(_with_options(schema, strict))
+    grammar = _from_schema(_with_options(exact_number_ranges(schema, strict), strict))
     validate(grammar)
     return grammar
 

@@ -88,21 +88,13 @@ def parse_request(kind: Kind, raw: bytes, engine: Engine) -> ParsedRequest:
         ids = _chat_prompt(data, tokenizer, tools)
     else:
         ids = _completion_prompt(data, tokenizer)
-    constraint = _constraint(data, tools)
-    param = "messages" if kind == "chat" else "prompt"
-    _check_length(ids, engine.max_seq_len, param)
+    grammar = _grammar(data, tools, engine)
+    _check_length(ids, engine.max_seq_len, "messages" if kind == "chat" else "prompt")
     room = engine.max_seq_len - len(ids)
     default_max = room if kind == "chat" else min(room, COMPLETION_DEFAULT_MAX_TOKENS)
     options = _get(data, "stream_options", dict, "an object") or {}
     check_fields(options, STREAM_OPTIONS, "stream_options")
     logprobs = chat_logprobs(data) if kind == "chat" else completion_logprobs(data)
-    grammar = None
-    if constraint is not None:
-        param, grammar = constraint
-        try:
-            engine.check_grammar(grammar)
-        except GrammarError as exc:
-            raise bad(f"'{param}' cannot be used for constrained decoding: {exc}", param) from None
     return ParsedRequest(
         kind=kind,
         prompt_ids=tuple(ids),
@@ -124,9 +116,22 @@ def _tools(data: JSON) -> ToolSpec | None:
         raise bad(exc.message, exc.param) from None
 
 
+def _grammar(data: JSON, tools: ToolSpec | None, engine: Engine) -> str | None:
+    """The answer's grammar, checked against the engine's tokenizer, or None."""
+    constraint = _constraint(data, tools)
+    if constraint is None:
+        return None
+    param, grammar = constraint
+    try:
+        engine.check_grammar(grammar)
+    except GrammarError as exc:
+        raise bad(f"'{param}' cannot be used for constrained decoding: {exc}", param) from None
+    return grammar
+
+
 def _constraint(data: JSON, tools: ToolSpec | None) -> tuple[str, str] | None:
-    """At most one constraint: a response format, vLLM's structured_outputs, or tool calls
-    that must happen (`required` or a named function)."""
+    """(the field asking, its grammar): at most one of a response format, vLLM's
+    structured_outputs, or tools (every tool_choice but "none" has a grammar)."""
     asked = {
         "response_format": response_format_grammar(data.get("response_format")),
         "structured_outputs": structured_outputs_grammar(data.get("structured_outputs")),
@@ -159,11 +164,9 @@ def _check_model(data: JSON, served: str) -> None:
 
 
 def _tool_grammar(tools: ToolSpec | None) -> str | None:
-    lark = None if tools is None else tool_grammar(tools)
-    if lark is None:
-        return None
     try:
-        return lark_grammar(lark)
+        lark = None if tools is None else tool_grammar(tools)
+        return None if lark is None else lark_grammar(lark)
     except GrammarError as exc:
         message = f"'tools' cannot be used for constrained decoding: {exc}"
         raise bad(message, "tools") from None

@@ -125,9 +125,9 @@ class Bodies:
 
     def full(self) -> JSON:
         body = self._base("")
-        body["choices"] = [self._full_choice(c) for c in self.choices]
-        if self.req.return_token_ids and self.chat:
+        if self.req.return_token_ids and self.chat:  # before the choices, as vLLM orders it
             body["prompt_token_ids"] = list(self.req.prompt_ids)
+        body["choices"] = [self._full_choice(c) for c in self.choices]
         body["usage"] = self.usage()
         return body
 
@@ -255,7 +255,10 @@ class Bodies:
     def _chat_entry(self, event: TokenEvent) -> JSON:
         assert event.token_id is not None
         entry = self._token(event.token_id, event.logprob)
-        entry["top_logprobs"] = [self._token(t, lp) for t, lp in event.top_logprobs]
+        # OpenAI lists no alternatives without top_logprobs (the engine's list is the sampled
+        # token alone then).
+        tops = event.top_logprobs if self.req.logprobs else ()
+        entry["top_logprobs"] = [self._token(t, lp) for t, lp in tops]
         return entry
 
     def _token(self, token: int, logprob: float | None) -> JSON:

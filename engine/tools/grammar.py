@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from engine.grammar.bounds import exact_number_ranges
 from engine.tools.format import CLOSE, OPEN
 from engine.tools.spec import Tool, ToolSpec
 
@@ -66,5 +67,9 @@ def tool_grammar(spec: ToolSpec | None) -> str | None:
 
 
 def _schema(tool: Tool) -> str:
+    """The tool's schema for `%json`; a number range llguidance would get wrong is refused
+    (strict) or made inclusive (engine/grammar/bounds.py)."""
     options: Mapping[str, Any] = {**_LAYOUT, "lenient": not tool.strict}
-    return json.dumps({**tool.parameters, "x-guidance": options}, ensure_ascii=False)
+    where = f"tools.{tool.name}.parameters"
+    parameters = exact_number_ranges(tool.parameters, tool.strict, where)
+    return json.dumps({**parameters, "x-guidance": options}, ensure_ascii=False)

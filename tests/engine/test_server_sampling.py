@@ -83,6 +83,14 @@ async def test_chat_logprobs_whole_and_streamed(unit: Served, temperature: float
     assert streamed == entries  # the same seed, the same tokens and numbers
 
 
+async def test_chat_logprobs_without_top_logprobs_list_no_alternatives(unit: Served) -> None:
+    _, url = unit
+    answer = await ok(url + CHAT, chat(logprobs=True, max_tokens=3, ignore_eos=True))
+    entries = answer["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 3
+    assert all(e["top_logprobs"] == [] and e["logprob"] <= 0 for e in entries)
+
+
 async def test_completion_logprobs_shape(unit: Served) -> None:
     _, url = unit
     body = {"model": MODEL, "prompt": "shoes", "max_tokens": 5, "logprobs": 2}

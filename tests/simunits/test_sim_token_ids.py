@@ -26,6 +26,10 @@ USAGE = {"stream_options": {"include_usage": True}}
 DEFAULT_TOKENS = 8  # conftest's FAST settings
 
 
+def NO_LOGPROBS(token: int) -> bytes:
+    raise AssertionError("no logprobs were asked for")
+
+
 def url(cluster: SimCluster, kind: str, unit: int = 0) -> str:
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     return cluster.units[unit].leader_url + path
@@ -51,7 +55,7 @@ def engine_stream(
     """What the builtin engine's server sends for the same tokens, through its own builder."""
     engine_kind: EngineKind = "chat" if kind == "chat" else "completion"
     req = ParsedRequest(engine_kind, tuple(prompt_ids), SamplingParams(), True, include_usage, True)
-    bodies = EngineBodies(req, "x", 0, "m1")
+    bodies = EngineBodies(req, "x", 0, "m1", NO_LOGPROBS)
     out = bodies.opening()
     for n, token in enumerate(ids, 1):
         text = token_text(token - GEN_BASE)
@@ -60,16 +64,18 @@ def engine_stream(
     event = TokenEvent("r", None, "", True, finish, len(prompt_ids), len(ids))
     out += bodies.chunks(event)
     if include_usage:
-        out.append(bodies.usage_chunk(event))
+        out.append(bodies.usage_chunk())
     return out
 
 
 def engine_whole(kind: str, prompt_ids: list[int], ids: list[int], finish: str) -> Any:
     engine_kind: EngineKind = "chat" if kind == "chat" else "completion"
     req = ParsedRequest(engine_kind, tuple(prompt_ids), SamplingParams(), False, False, True)
-    text = "".join(token_text(t - GEN_BASE) for t in ids)
-    last = TokenEvent("r", None, "", True, finish, len(prompt_ids), len(ids))
-    return EngineBodies(req, "x", 0, "m1").full(text, ids, last)
+    bodies = EngineBodies(req, "x", 0, "m1", NO_LOGPROBS)
+    for n, token in enumerate(ids, 1):
+        bodies.record(TokenEvent("r", token, token_text(token - GEN_BASE), False, None, 0, n))
+    bodies.record(TokenEvent("r", None, "", True, finish, len(prompt_ids), len(ids)))
+    return bodies.full()
 
 
 def normalized(body: Any) -> bytes:
