@@ -33,7 +33,7 @@ from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Send, StepMessage, send
 from engine.runtime.outbox import Outbox
-from engine.sampling import NoTokenAllowed, Row, Sampled, sample_rows
+from engine.sampling import NoTokenAllowed, Row, Sampled, make_generator, sample_rows
 from engine.scheduler import InvalidParams, Scheduler, SchedulerConfig, Sequence
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,6 @@ class _Member:
     seq: Sequence
     generator: torch.Generator | None
     matcher: Matcher | None
-
-
-def _generator(request: GenerationRequest, index: int) -> torch.Generator | None:
-    """Choice i of a seeded request draws from seed + i (as vLLM does), so the n choices of one
-    seed differ from each other and repeat across requests; None for greedy or unseeded."""
-    params = request.params
-    if params.seed is None or params.temperature == 0:
-        return None
-    return torch.Generator().manual_seed((params.seed + index) % 2**64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +288,7 @@ class LeaderEngine:
             self._deliver(item, _final(request, None, "error", str(exc)))
             return
         item.members = [
-            _Member(item, i, seq, _generator(request, i), matcher)
+            _Member(item, i, seq, make_generator(request.params, i), matcher)
             for i, (seq, matcher) in enumerate(zip(seqs, matchers, strict=True))
         ]
         item.open = len(item.members)

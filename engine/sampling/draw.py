@@ -10,12 +10,13 @@ import torch
 from engine.scheduler import SamplingParams
 
 
-def make_generator(params: SamplingParams) -> torch.Generator | None:
+def make_generator(params: SamplingParams, index: int = 0) -> torch.Generator | None:
     """A per-request generator for a seeded, sampled request; None draws from torch's global
-    generator (and greedy requests draw nothing)."""
+    generator (and greedy requests draw nothing). Choice `index` of n draws from seed + index
+    (as vLLM does), so the choices of one seed differ and repeat across requests."""
     if params.seed is None or params.temperature == 0:
         return None
-    return torch.Generator().manual_seed(params.seed)
+    return torch.Generator().manual_seed((params.seed + index) % 2**64)
 
 
 def sample(

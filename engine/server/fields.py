@@ -80,7 +80,7 @@ class Policy:
         if value is None or any(_same(value, v) for v in neutral):
             return None
         accepted = " or ".join(["null", *(orjson.dumps(v).decode() for v in neutral)])
-        got = _short(value)
+        got = short(value)
         return f"'{name}' is not supported by this engine (got {got}); it accepts {accepted}"
 
 
@@ -97,7 +97,8 @@ def _same(value: object, neutral: object) -> bool:
     return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
 
 
-def _short(value: object) -> str:
+def short(value: object) -> str:
+    """A value as a message echoes it: its repr, cut to REPR_LIMIT characters."""
     text = repr(value)
     return text if len(text) <= REPR_LIMIT else text[: REPR_LIMIT - 4] + " ..."
 

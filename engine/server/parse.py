@@ -34,6 +34,7 @@ from engine.server.sampling_fields import (
     penalties,
     priority,
     seed,
+    typed,
 )
 from engine.server.structured import response_format_grammar, structured_outputs_grammar
 from engine.tools import (
@@ -92,16 +93,16 @@ def parse_request(kind: Kind, raw: bytes, engine: Engine) -> ParsedRequest:
     _check_length(ids, engine.max_seq_len, "messages" if kind == "chat" else "prompt")
     room = engine.max_seq_len - len(ids)
     default_max = room if kind == "chat" else min(room, COMPLETION_DEFAULT_MAX_TOKENS)
-    options = _get(data, "stream_options", dict, "an object") or {}
+    options = typed(data, "stream_options", dict, "an object") or {}
     check_fields(options, STREAM_OPTIONS, "stream_options")
     logprobs = chat_logprobs(data) if kind == "chat" else completion_logprobs(data)
     return ParsedRequest(
         kind=kind,
         prompt_ids=tuple(ids),
         params=_sampling(data, default_max, logprobs, tokenizer.vocab_size),
-        stream=bool(_get(data, "stream", bool, "a boolean")),
-        include_usage=bool(_get(options, "include_usage", bool, "a boolean", "stream_options")),
-        return_token_ids=bool(_get(data, "return_token_ids", bool, "a boolean")),
+        stream=bool(typed(data, "stream", bool, "a boolean")),
+        include_usage=bool(typed(options, "include_usage", bool, "a boolean", "stream_options")),
+        return_token_ids=bool(typed(data, "return_token_ids", bool, "a boolean")),
         n=choices(data),
         grammar=grammar,
         logprobs=logprobs,
@@ -155,7 +156,7 @@ def _load(raw: bytes) -> JSON:
 
 
 def _check_model(data: JSON, served: str) -> None:
-    model = _get(data, "model", str, "a string")
+    model = typed(data, "model", str, "a string")
     if model is None:
         raise bad("missing required parameter 'model'", "model")
     if model != served:
@@ -284,7 +285,7 @@ def _sampling(
         "seed": seed(data),
         "stop": _stop(data),
         "stop_token_ids": _stop_token_ids(data),
-        "ignore_eos": _get(data, "ignore_eos", bool, "a boolean"),
+        "ignore_eos": typed(data, "ignore_eos", bool, "a boolean"),
         "logit_bias": logit_bias(data, vocab_size),
         "logprobs": logprobs,
         "priority": priority(data),
@@ -299,7 +300,7 @@ def _sampling(
 def _max_tokens(data: JSON, default: int) -> int:
     """max_completion_tokens (the current name) wins over max_tokens (the deprecated one)."""
     for name in ("max_completion_tokens", "max_tokens"):
-        value = _get(data, name, int, "an integer")
+        value = typed(data, name, int, "an integer")
         if value is not None:
             if value < 1:
                 raise bad(f"'{name}' must be >= 1, got {value}", name)
@@ -329,16 +330,5 @@ def _stop(data: JSON) -> tuple[str, ...] | None:
 
 
 def _stop_token_ids(data: JSON) -> tuple[int, ...] | None:
-    value = _get(data, "stop_token_ids", list, "an array of token ids")
+    value = typed(data, "stop_token_ids", list, "an array of token ids")
     return None if value is None else tuple(_token_ids(value, 2**63, "stop_token_ids"))
-
-
-def _get(data: JSON, name: str, kind: type, what: str, parent: str | None = None) -> Any:
-    """The field, None when absent or null; a bool is not accepted where an int is meant."""
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        param = f"{parent}.{name}" if parent else name
-        raise bad(f"'{param}' must be {what}, got {type(value).__name__}", param)
-    return value

@@ -108,12 +108,19 @@ def seed(data: JSON) -> int | None:
     return None if value is None else value % 2**64
 
 
-def _int(data: JSON, name: str) -> int | None:
-    value: Any = data.get(name)
+def typed(data: JSON, name: str, kind: type, what: str, parent: str | None = None) -> Any:
+    """The field, None when absent or null; a bool is not accepted where an int is meant."""
+    value = data.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(f"'{name}' must be an integer, got {type(value).__name__}", name)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        param = f"{parent}.{name}" if parent else name
+        raise bad(f"'{param}' must be {what}, got {type(value).__name__}", param)
+    return value
+
+
+def _int(data: JSON, name: str) -> int | None:
+    value: int | None = typed(data, name, int, "an integer")
     return value
 
 

@@ -25,6 +25,7 @@ from engine.grammar import (
     regex_grammar,
 )
 from engine.server.errors import JSON, bad
+from engine.server.fields import short
 
 # vLLM's structured_outputs keys this engine honours; each is one kind of constraint.
 _KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -79,7 +80,7 @@ def structured_outputs_grammar(value: Any) -> str | None:
     for name, item in value.items():
         if name not in _KINDS and name not in _NEUTRAL_KEYS and item not in (None, False):
             param = f"structured_outputs.{name}"
-            raise bad(f"'{param}' is not supported by this engine (got {_short(item)})", param)
+            raise bad(f"'{param}' is not supported by this engine (got {short(item)})", param)
     asked = [k for k in _KINDS if value.get(k) not in (None, False)]
     if len(asked) != 1:
         message = f"'structured_outputs' must set exactly one of {', '.join(_KINDS)}"
@@ -124,8 +125,3 @@ def _compiled(build: Any, param: str) -> str:
     except GrammarError as exc:
         raise bad(f"'{param}' cannot be used for constrained decoding: {exc}", param) from None
     return grammar
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:76] + " ..."

@@ -22,7 +22,7 @@ import orjson
 from engine.api import TokenEvent
 from engine.server.errors import JSON
 from engine.server.parse import ParsedRequest
-from engine.tools import CallDelta, Delta, ToolStream, parse_complete
+from engine.tools import CallDelta, Delta, ToolStream, finish_reason, parse_complete
 
 DONE = b"data: [DONE]\n\n"
 TokenBytes = Callable[[int], bytes]
@@ -34,7 +34,8 @@ def sse(payload: JSON) -> bytes:
 
 @dataclass(slots=True)
 class ChoiceState:
-    """What one choice has produced so far."""
+    """What one choice has produced so far (text, ids and logprobs kept for whole answers
+    only: a stream sends each as it comes)."""
 
     index: int
     texts: list[str] = field(default_factory=list)
@@ -88,7 +89,7 @@ class Bodies:
 
     def chunks(self, event: TokenEvent) -> list[JSON]:
         """The chunks one engine event makes: its text (or bare token), then the finish."""
-        choice = self._record(event)
+        choice = self._record(event, whole=False)
         ids = [] if event.token_id is None else [event.token_id]
         out: list[JSON] = []
         logprobs = (
@@ -109,7 +110,8 @@ class Bodies:
         elif event.text or logprobs is not None or (self.req.return_token_ids and ids):
             out.append(self._text_chunk(choice.index, event.text, ids, logprobs))
         if event.finished:
-            reason = self._finish_reason(choice)
+            calls = 0 if choice.parser is None else len(choice.parser.calls)
+            reason = self._finish_reason(choice, calls)
             out.append(self._chunk(self._choice(choice.index, None, [], reason)))
         return out
 
@@ -121,7 +123,7 @@ class Bodies:
     # -- whole answers --
 
     def record(self, event: TokenEvent) -> None:
-        self._record(event)
+        self._record(event, whole=True)
 
     def full(self) -> JSON:
         body = self._base("")
@@ -141,41 +143,44 @@ class Bodies:
 
     # -- internals --
 
-    def _record(self, event: TokenEvent) -> ChoiceState:
+    def _record(self, event: TokenEvent, whole: bool) -> ChoiceState:
+        """Count the event into its choice; a whole answer also keeps its text, ids and
+        logprobs (a stream has sent them already)."""
         choice = self.choices[event.index]
-        choice.texts.append(event.text)
         choice.text_len += len(event.text)
-        if event.token_id is not None:
-            choice.token_ids.append(event.token_id)
-            if self.req.logprobs is not None:
-                choice.logprobs.append(event)
+        if whole:
+            choice.texts.append(event.text)
+            if event.token_id is not None:
+                choice.token_ids.append(event.token_id)
+                if self.req.logprobs is not None:
+                    choice.logprobs.append(event)
         choice.completion_tokens = event.completion_tokens
         if event.finished:
             choice.finish_reason = event.finish_reason
         return choice
 
-    def _finish_reason(self, choice: ChoiceState) -> str | None:
-        if choice.parser is not None and choice.parser.calls:
-            return "tool_calls"
-        return choice.finish_reason
+    @staticmethod
+    def _finish_reason(choice: ChoiceState, calls: int) -> str | None:
+        reason = choice.finish_reason
+        return reason if reason is None else finish_reason(reason, calls)
 
     def _full_choice(self, choice: ChoiceState) -> JSON:
         text = "".join(choice.texts)
         out: JSON = {"index": choice.index}
-        reason = choice.finish_reason
+        calls = 0
         if self.chat:
             message: JSON = {"role": "assistant", "content": text}
             if self.req.tools is not None:
-                content, calls = parse_complete(text, self.req.tools.names)
+                content, parsed = parse_complete(text, self.req.tools.names)
                 message["content"] = content
-                if calls:
-                    message["tool_calls"] = [call.openai() for call in calls]
-                    reason = "tool_calls"
+                if parsed:
+                    message["tool_calls"] = [call.openai() for call in parsed]
+                calls = len(parsed)
             out["message"] = message
         else:
             out["text"] = text
         out["logprobs"] = None if self.req.logprobs is None else self._logprobs(choice.logprobs, 0)
-        out["finish_reason"] = reason
+        out["finish_reason"] = self._finish_reason(choice, calls)
         if self.req.return_token_ids:
             if not self.chat:
                 out["prompt_token_ids"] = list(self.req.prompt_ids)
