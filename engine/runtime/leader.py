@@ -19,15 +19,15 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
-from engine.grammar import GrammarBackend, GrammarError, Matcher
+from engine.grammar import GrammarError, Matcher
 from engine.model import Tokenizer, Transformer
+from engine.runtime.constraints import Constraints
 from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
@@ -110,9 +110,7 @@ class LeaderEngine:
         self._by_name: dict[str, _Request] = {}  # engine thread only
         self._outbox: Outbox[TokenEvent] = Outbox()  # engine thread only
         self._unpublished: dict[int, Sampled] | None = None  # the last step's tokens
-        self._grammars: GrammarBackend | None = None  # built at the first grammar
-        self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        self._grammars_lock = threading.Lock()
+        self._constraints = Constraints(tokenizer, model.config.vocab_size)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # -- engine.api.Engine --
@@ -133,20 +131,7 @@ class LeaderEngine:
         return self.stats.snapshot()
 
     def check_grammar(self, grammar: str) -> None:
-        try:
-            grammars = self.grammars
-        except (TypeError, ValueError) as exc:  # a tokenizer llguidance cannot serve
-            raise GrammarError(f"this model's tokenizer cannot be constrained: {exc}") from None
-        grammars.check(grammar)
-
-    @property
-    def grammars(self) -> GrammarBackend:
-        """llguidance over this model's tokenizer, built at first use (a few hundred ms for a
-        real vocabulary) rather than at start-up, which most units never need."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarBackend(self._tokenizer, self._model.config.vocab_size)
-            return self._grammars
+        self._constraints.check(grammar)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -176,24 +161,15 @@ class LeaderEngine:
 
     def start(self) -> LeaderEngine:
         self._thread.start()
-        threading.Thread(target=self._warm_grammars, name="grammar-warmup", daemon=True).start()
+        self._constraints.warm()
         return self
-
-    def _warm_grammars(self) -> None:
-        """Build the grammar backend now, off the serving loop: the first constrained request
-        would otherwise wait for it (0.35 s for SmolLM2's vocabulary) on the HTTP server's
-        event loop. A tokenizer it cannot serve is reported when a request asks for one."""
-        try:
-            _ = self.grammars
-        except (TypeError, ValueError) as exc:
-            log.info("leader: structured output unavailable for this tokenizer (%s)", exc)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """End in-flight requests, broadcast STOP so followers exit 0, join, tear down."""
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             self._thread.join(timeout)
-        self._mask_thread.shutdown(wait=False, cancel_futures=True)
+        self._constraints.shutdown()
         if self._teardown is not None:
             self._teardown()
 
@@ -279,7 +255,7 @@ class LeaderEngine:
             return
         ids = [next(self._ids) for _ in range(request.n)]
         try:  # matchers first: a grammar that fails must not leave sequences queued
-            matchers = [self._matcher(request) for _ in ids]
+            matchers = [self._constraints.matcher(request.grammar) for _ in ids]
             if request.n == 1:
                 seqs = [self.scheduler.add(ids[0], request.prompt_ids, request.params)]
             else:
@@ -296,9 +272,6 @@ class LeaderEngine:
             self._live[member.seq.seq_id] = member
         self._by_name[request.request_id] = item
 
-    def _matcher(self, request: GenerationRequest) -> Matcher | None:
-        return None if request.grammar is None else self.grammars.matcher(request.grammar)
-
     @property
     def _slots_used(self) -> int:
         return self._config.num_slots - self.scheduler.free_slots
@@ -314,7 +287,7 @@ class LeaderEngine:
             msg = StepMessage.step(entries, pending, used, batch.forks)
             self._send(msg, self._model.tp.group)
         members = [self._live[seq_id] for seq_id in batch.sampled_ids]
-        masks = self._start_masks(members)  # computed while the forward runs
+        masks = self._constraints.start_masks([m.matcher for m in members])
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()
@@ -328,22 +301,6 @@ class LeaderEngine:
             sampled = self._sample(logits, members, bitmask)
         self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
         self._unpublished = sampled  # counted in /health once published
-
-    def _start_masks(self, members: list[_Member]) -> Future[torch.Tensor] | None:
-        """The next-token masks of the constrained members, filled on the mask thread while
-        the forward runs (llguidance works without the GIL; vLLM overlaps them the same way).
-        The matchers are not touched again until the result is read."""
-        matchers = [m.matcher for m in members]
-        if all(matcher is None for matcher in matchers):
-            return None
-        grammars = self.grammars
-        bitmask = grammars.allocate(len(members))
-
-        def fill() -> torch.Tensor:
-            grammars.fill(matchers, bitmask)
-            return bitmask
-
-        return self._mask_thread.submit(fill)
 
     def _sample(
         self, logits: torch.Tensor, members: list[_Member], bitmask: torch.Tensor | None
