@@ -3,7 +3,8 @@
 "Drained" is the admin API's own verdict (`drained: true` in the unit's view): out of service
 by the operator and nothing in flight on it, and, where replicas share their state, on every
 live replica, each of which has applied the drain. This module only asks, waits and says what
-is still keeping the unit busy; the deadline bounds every wait, each request's included.
+is still keeping the unit busy; the deadline bounds the wait, and the last look may run past it
+by at most LOOK_AT_LEAST (and never past the client's own request timeout).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from gateway.admin.client import ANSWERED_WITH_ERROR, AdminClient, ClientError
 # the replicas' reports of it then take up to a heartbeat and a converge to arrive.
 DEFAULT_WAIT = 630.0
 FIRST_POLL, LAST_POLL = 0.1, 1.0  # seconds between looks: quick at first, then once a second
+# The least time a look is given (unless the client's own timeout is shorter): the last look
+# comes at the deadline, and one given only what is left of the wait (nothing) would time out
+# and report the gateway unreachable instead of what keeps the unit busy.
+LOOK_AT_LEAST = 1.0
 # Admin states in which the unit can still become drained; another means someone undid it.
 OUT_OF_SERVICE = ("draining", "drained", "disabled")
 
@@ -39,7 +44,8 @@ def wait_drained(
     path = f"/admin/units/{quote(unit_id, safe='')}"
     pause, said = FIRST_POLL, ""
     while True:
-        view = client.get(path, timeout=max(0.001, min(client.timeout, deadline - clock())))
+        look = min(client.timeout, max(LOOK_AT_LEAST, deadline - clock()))
+        view = client.get(path, timeout=look)
         if view.get("drained"):
             return dict(view)
         state = view["admin"]["state"]

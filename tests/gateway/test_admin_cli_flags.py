@@ -3,10 +3,14 @@ says is still in flight, without a gateway (tests/integration/test_cli_admin.py 
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
 import pytest
 
 from gateway.admin.cli import DEFAULT_TOKEN_ENV, DEFAULT_URL, parser
-from gateway.admin.drain_wait import DEFAULT_WAIT, still_busy
+from gateway.admin.client import ANSWERED_WITH_ERROR, UNREACHABLE, ClientError
+from gateway.admin.drain_wait import DEFAULT_WAIT, LOOK_AT_LEAST, still_busy, wait_drained
 
 
 def parse(*argv: str) -> dict[str, object]:
@@ -66,3 +70,37 @@ def test_still_busy_names_the_replicas_with_requests() -> None:
     )
     unread = {"in_flight": 0, "fleet": {"error": "the fleet's in-flight counts are unknown: x"}}
     assert still_busy(unread) == "0 in flight here; the fleet's in-flight counts are unknown: x"
+
+
+class _BusyUnit:
+    """An AdminClient stand-in: a unit that stays draining with one request in flight, on a
+    fake clock each look advances by `answer_in`; it records every look's timeout."""
+
+    def __init__(self, clock: list[float], answer_in: float) -> None:
+        self.timeout, self.clock, self.answer_in = 10.0, clock, answer_in
+        self.looks: list[float] = []
+
+    def get(self, path: str, timeout: float | None = None) -> dict[str, Any]:
+        assert timeout is not None
+        self.looks.append(timeout)
+        if self.answer_in > timeout:  # what urllib does when the answer comes too late
+            raise ClientError("cannot reach x: timed out", UNREACHABLE)
+        self.clock[0] += self.answer_in
+        return {"drained": False, "admin": {"state": "draining"}, "in_flight": 1}
+
+
+def test_the_last_look_at_the_deadline_has_time_to_be_answered() -> None:
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    client = _BusyUnit(now, answer_in=0.05)  # a loaded machine: 50 ms per answer
+    with pytest.raises(ClientError) as raised:
+        wait_drained(client, "u0", 1.0, io.StringIO(), lambda: now[0], sleep)  # type: ignore[arg-type]
+    # What keeps the unit busy, not "unreachable": the look at the deadline was answered.
+    assert (raised.value.exit_code, str(raised.value)) == (
+        ANSWERED_WITH_ERROR,
+        "u0 not drained after 1 s: 1 in flight",
+    )
+    assert min(client.looks) == LOOK_AT_LEAST and max(client.looks) <= client.timeout
