@@ -86,12 +86,23 @@ class Gateway:
         a = config.admission
         nodes = sum(len(u.nodes) for u in config.units)
         limit = role.limit or a.max_inflight or stream_budget(nodes)
-        self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after, limit)
+        self.admission = Admission(
+            a.queue_size,
+            a.queue_timeout,
+            a.retry_after,
+            limit,
+            config.priority,
+            capacity=self.units.capacity,
+        )
         self.units.on_change(lambda *_: self.admission.wake_all())
         # The loop's own lag: exported, and consulted by connect deadlines (looplag.py).
         self.lag = LoopLag()
         self.metrics = Metrics(
-            self.units, lambda: self.admission.queued, self.lag, config.timeouts.total
+            self.units,
+            lambda: self.admission.queued,
+            self.lag,
+            config.timeouts.total,
+            self.admission.by_class,
         )
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)

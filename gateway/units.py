@@ -263,6 +263,13 @@ class UnitRegistry:
     def total_inflight(self) -> int:
         return sum(u.inflight for u in self.units.values())
 
+    def capacity(self) -> int:
+        """Slots the units in service offer (at least 1: with none, a request is refused by
+        the picker, 503, rather than queued for a capacity of nothing). Unhealthy units count:
+        a count too large only lets the picker's own caps bind, one too small would hold
+        requests back from free slots (and panic routing uses units that are not routable)."""
+        return max(1, sum(u.configured_cap for u in self.units.values() if u.in_service))
+
     def _state(self, unit: UnitConfig) -> UnitState:
         cap = self._config.unit_cap(unit)
         state = UnitState(unit, cap, unit.models or self.models, self._initial)

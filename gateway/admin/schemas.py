@@ -217,6 +217,10 @@ NEW_UNIT = {
         "max_seq_len": of("integer", minimum=1),
         "weight_dtype": of("string", enum=list(WEIGHT_DTYPES)),
         "engine_args": of("object"),
+        "priority": of(
+            "boolean",
+            "Send each request's class as `priority` (with [priority]; default: builtin units).",
+        ),
     },
     "required": ["id", "leader"],
     "additionalProperties": False,

@@ -21,6 +21,7 @@ from gateway.config.checks import ConfigError
 from gateway.config.checks import check as _check
 from gateway.config.health import BreakerConfig, HealthConfig
 from gateway.config.logging import LOG_FORMATS, LoggingConfig
+from gateway.config.priority import PriorityClass, PriorityConfig
 from gateway.config.proxy import (
     AFFINITY_MODES,
     AdmissionConfig,
@@ -49,6 +50,8 @@ __all__ = [
     "HealthConfig",
     "ListenerConfig",
     "LoggingConfig",
+    "PriorityClass",
+    "PriorityConfig",
     "ResumeConfig",
     "RetryConfig",
     "RoutingConfig",
@@ -78,6 +81,8 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # Priority classes; None (no [priority] table) = one class, `standard`, as [admission] sizes it.
+    priority: PriorityConfig | None = None
     units: tuple[UnitConfig, ...] = ()
 
     def __post_init__(self) -> None:

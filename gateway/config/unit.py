@@ -97,6 +97,12 @@ class UnitConfig:
     weight_dtype: str | None = None
     # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
     engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
+    # With [priority] set: send each request's class to the unit as the body's `priority`
+    # (the class's unit_priority; lower = scheduled sooner). None = yes for this project's
+    # builtin engine and for backend = "vllm" with engine_args.scheduling_policy = "priority",
+    # no otherwise. A stock vLLM refuses the field unless started with `--scheduling-policy
+    # priority`: set true for one that is.
+    priority: bool | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -117,6 +123,15 @@ class UnitConfig:
         self._check_kind()
         self._check_backend()
         self._check_tls()
+
+    @property
+    def takes_priority(self) -> bool:
+        """Whether requests to this unit carry their class's `priority` (with [priority])."""
+        if self.priority is not None:
+            return self.priority
+        if self.kind != "unitgate":
+            return False
+        return self.backend == "builtin" or self.engine_args.get("scheduling_policy") == "priority"
 
     def header_lines(self) -> bytes:
         """What every request and probe to this unit carries besides the gateway's own

@@ -20,7 +20,7 @@ Prometheus text format, or OpenMetrics when asked (app.py).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -46,6 +46,7 @@ class Metrics:
         queue_depth: Callable[[], int],
         lag: LoopLag | None = None,
         longest: float = TimeoutConfig().total,
+        by_class: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
     ) -> None:
         """`longest`: `[timeouts].total`, where the latency histograms' buckets reach."""
         self.registry = CollectorRegistry(auto_describe=True)
@@ -102,6 +103,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.class_rejections = Counter(
+            "unitgate_class_rejections",
+            "Requests refused by admission control, by priority class and reason (saturated:"
+            " 429, no_routable_unit: 503).",
+            ["class", "reason"],
+            registry=r,
+        )
         self.breaker_transitions = Counter(
             "unitgate_breaker_transitions",
             "Circuit breaker state changes per unit, by new state (or 'suppressed').",
@@ -138,14 +146,21 @@ class Metrics:
             ("unit", "model"),
             long,
         )
-        for family in (self.ttft, self.itl, self.e2e):
+        self.queue_wait = HistogramFamily(
+            "unitgate_queue_wait_seconds",
+            "Time from asking admission for a slot to getting one, by priority class (0 when"
+            " a slot was free; every attempt of a retried request asks again).",
+            "class",
+            long,
+        )
+        for family in (self.ttft, self.itl, self.e2e, self.queue_wait):
             r.register(family)
         for reason in ("saturated", "no_routable_unit"):
             self.rejections.labels(reason)
         for unit in list(units.units.values()):
             self._zero(unit.id)
         units.on_membership(lambda unit, added: self._zero(unit.id) if added else None)
-        r.register(_StateCollector(units, queue_depth))
+        r.register(_StateCollector(units, queue_depth, by_class))
         r.register(_HealthCollector(units))
         if lag is not None:
             r.register(_LagCollector(lag))
@@ -173,10 +188,14 @@ class Metrics:
 
 class _StateCollector(Collector):
     def __init__(
-        self, units: UnitRegistry, queue_depth: Callable[[], int], lag: LoopLag | None = None
+        self,
+        units: UnitRegistry,
+        queue_depth: Callable[[], int],
+        by_class: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
     ) -> None:
         self.units = units
         self.queue_depth = queue_depth
+        self.by_class = by_class
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         inflight = GaugeMetricFamily(
@@ -212,6 +231,22 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "unitgate_queue_depth", "Requests waiting for a unit slot.", value=self.queue_depth()
         )
+        if self.by_class is not None:
+            waiting = GaugeMetricFamily(
+                "unitgate_class_queue_depth",
+                "Requests waiting for a unit slot, by priority class.",
+                labels=["class"],
+            )
+            running = GaugeMetricFamily(
+                "unitgate_class_in_flight",
+                "Requests holding a unit slot, by priority class.",
+                labels=["class"],
+            )
+            for name, (queued, held) in self.by_class().items():
+                waiting.add_metric([name], queued)
+                running.add_metric([name], held)
+            yield waiting
+            yield running
 
 
 class _HealthCollector(Collector):

@@ -40,6 +40,7 @@ class MetricsObserver(Observer):
         self.m = metrics
         self._series: dict[tuple[str, str], _Series] = {}
         self._requests: dict[tuple[str, str, int], Counter] = {}
+        self._waits: dict[str, Histogram] = {}
 
     def _of(self, unit: str, model: str) -> _Series:
         series = self._series.get((unit, model))
@@ -54,8 +55,16 @@ class MetricsObserver(Observer):
             self._requests[(unit, model, status)] = child
         child.inc()
 
-    def rejected(self, code: str) -> None:
+    def rejected(self, call: Call, code: str) -> None:
         self.m.rejections.labels(code).inc()
+        self.m.class_rejections.labels(call.lease.ask.klass, code).inc()
+
+    def admitted(self, call: Call, waited: float) -> None:
+        klass = call.lease.ask.klass
+        wait = self._waits.get(klass)
+        if wait is None:
+            wait = self._waits[klass] = self.m.queue_wait.labels(klass)
+        wait.observe(waited)
 
     def attempt_failed(
         self, call: Call, unit: UnitState, error: UpstreamError, started: float

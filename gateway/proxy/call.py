@@ -47,6 +47,7 @@ class Call:
         "tried",
         "ttft",
         "unit",
+        "unit_priority",
         "usage",
     )
 
@@ -74,6 +75,8 @@ class Call:
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.send_path = path
         self.send_body = b""
+        # The class's `priority` for units that schedule by it (None: no [priority]).
+        self.unit_priority: int | None = None
         self.first_byte = 0.0  # an attempt's first-byte timeout (s), set by the dispatcher
         self.attempts = 0
         self.tried: list[UnitState] = []  # units that failed it, not to be tried again

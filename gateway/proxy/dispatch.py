@@ -17,6 +17,7 @@ from gateway.errors import Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.names import Renamer, for_unit
+from gateway.proxy.priority import with_priority
 from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.routing.admission import Admission
@@ -94,13 +95,16 @@ class Dispatcher:
         self.signals.attempt_started(call, unit)
         started = asyncio.get_running_loop().time()
         served = unit.config.served_model
+        body = for_unit(call.send_body, served) if served else call.send_body
+        if call.unit_priority is not None and unit.config.takes_priority:
+            body = with_priority(body, call.unit_priority)
         try:
             first_byte_at = min(started + call.first_byte, call.deadline)
             answer = await self.upstream.open(
                 unit.id,
                 unit.leader,
                 call.send_path,
-                for_unit(call.send_body, served) if served else call.send_body,
+                body,
                 call.rid,
                 first_byte_at,
                 call.traceparent,
@@ -135,11 +139,15 @@ class Dispatcher:
             factor = self.config.routing.bounded_load_factor
             return choose(routable, call.tried, call.key, factor, self.rng)
 
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         try:
-            return await call.lease.take(pick)
+            unit = await call.lease.take(pick)
         except Overloaded as exc:
-            self.signals.rejected(exc.code or "overloaded")
+            self.signals.rejected(call, exc.code or "overloaded")
             raise
+        self.signals.admitted(call, loop.time() - asked)
+        return unit
 
     def _routable(self, call: Call) -> tuple[UnitState, ...]:
         """The model's routable units, narrowed to those that serve the call's API."""

@@ -14,7 +14,7 @@ import asyncio
 from aiohttp import web
 
 from gateway.config import Config
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, Overloaded, UpstreamError
 from gateway.outcomes import End
 from gateway.paths import (
     CHAT_PATH,
@@ -28,7 +28,7 @@ from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.intake import Intake, Validator, request_id
-from gateway.proxy.lease import Lease
+from gateway.proxy.lease import PREEMPTED, Lease
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.signals import Signals
 from gateway.proxy.stream import headers_for, relay_stream
@@ -71,14 +71,21 @@ class ProxyHandler:
         call = Call(path, request_id(request.headers), request.headers, start, deadline, lease)
         self.signals.received(call)
         try:
-            with lease:  # whatever ends the request gives its slot back
-                response = await self._serve(call, request, validate)
+            try:
+                with lease:  # whatever ends the request gives its slot back
+                    response = await self._serve(call, request, validate)
+            except asyncio.CancelledError:
+                if not lease.preempted or lease.task is None or lease.task.uncancel() > 0:
+                    raise  # the client left (or the server is stopping): not a preemption
+                response = self._preempted(call)
             call.status = response.status
             return response
         except BaseException as exc:
             call.error = exc
             raise
         finally:
+            if call.usage is not None:  # the tenant's fair share counts what it really used
+                self.admission.charge(lease.ask, call.usage.prompt + call.usage.completion)
             self.signals.ended(call)
 
     async def _serve(
@@ -91,6 +98,7 @@ class ProxyHandler:
         except GatewayError as exc:
             return self._error(call, exc)
         call.unit, call.status = unit, answer.status
+        call.lease.started = True  # its answer begins: no longer preemptible
         ttft = asyncio.get_running_loop().time() - call.start
         self.signals.first_byte(call, unit, ttft)
         if answer.streaming:
@@ -106,6 +114,14 @@ class ProxyHandler:
             headers=headers_for(unit, call.rid),
             content_type=answer.content_type.split(";")[0],
         )
+
+    def _preempted(self, call: Call) -> web.Response:
+        """A request cancelled before its first byte for a more important one: 503, which is
+        no unit's fault (the breaker never hears of it) and worth retrying."""
+        self.signals.rejected(call, "preempted")
+        retry_after = self.admission.retry_after
+        exc = Overloaded(PREEMPTED, status=503, code="preempted", retry_after=retry_after)
+        return self._error(call, exc)
 
     @staticmethod
     def _error(call: Call, exc: GatewayError) -> web.Response:

@@ -20,8 +20,10 @@ from gateway.errors import InvalidRequest
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.continuation import resumable, with_token_ids
+from gateway.proxy.priority import ask_of, refuse_own_priority
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo, parse_body
+from gateway.routing.admission import ANONYMOUS, one_class
 from gateway.routing.affinity import affinity_key
 
 Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
@@ -39,11 +41,20 @@ class Intake:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.models = frozenset(config.gateway.models)
+        self.priority = config.priority  # None: no classes, every request `standard`
+        a = config.admission
+        self.classes = config.priority or one_class(a.queue_size, a.queue_timeout)
 
     async def __call__(self, call: Call, request: web.Request, validate: Validator) -> None:
         body = await self._read_body(request)
         data = parse_body(body)
         info = validate(data, self.models, self.config.routing.prefix_chars)
+        if self.priority is not None:
+            refuse_own_priority(data)
+        ask = ask_of(request.headers, data, len(body), self.classes, ANONYMOUS)
+        call.lease.ask = ask
+        if self.priority is not None:
+            call.unit_priority = self.priority.get(ask.klass).unit_priority
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
         tracker, send = None, body

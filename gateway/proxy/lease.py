@@ -8,31 +8,45 @@ whatever path ends the request, the handler's `with` gives back what is still he
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from types import TracebackType
 
-from gateway.routing.admission import Admission
+from gateway.routing.admission import DEFAULT_ASK, Admission, Ask
 from gateway.units import UnitState
+
+PREEMPTED = "preempted by a request of a more important class"
 
 
 class Lease:
-    __slots__ = ("admission", "unit")
+    __slots__ = ("admission", "ask", "preempted", "started", "task", "unit")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
+        self.ask: Ask = DEFAULT_ASK  # the request's class, tenant and tokens, set by intake
         self.unit: UnitState | None = None
+        # Preemption ([priority].preempt): the request's task, cancelled to preempt it before
+        # its answer begins (`started`); `preempted` tells the handler to answer 503.
+        self.task = _current_task()
+        self.started = False
+        self.preempted = False
+
+    def preempt(self) -> None:
+        if not self.preempted and self.task is not None:
+            self.preempted = True
+            self.task.cancel(PREEMPTED)
 
     async def take(self, pick: Callable[[], UnitState | None]) -> UnitState:
         """Give back what is held, then wait for a slot on the unit `pick` returns."""
         self.drop()
-        unit = await self.admission.acquire(pick)
+        unit = await self.admission.acquire(pick, self.ask, self)
         self.unit = unit
         return unit
 
     def drop(self) -> None:
         if self.unit is not None:
             unit, self.unit = self.unit, None
-            self.admission.release(unit)
+            self.admission.release(unit, self.ask.klass, self)
 
     def __enter__(self) -> Lease:
         return self
@@ -44,3 +58,10 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         self.drop()
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no loop: a test building a call by hand
+        return None

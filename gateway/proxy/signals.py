@@ -48,8 +48,11 @@ class Observer:
     def validated(self, call: Call) -> None:
         """Intake accepted it: its body, model and routing key are known."""
 
-    def rejected(self, code: str) -> None:
+    def rejected(self, call: Call, code: str) -> None:
         """Admission said no: `saturated` (429) or `no_routable_unit` (503)."""
+
+    def admitted(self, call: Call, waited: float) -> None:
+        """Admission gave the call a slot (in its class: `call.lease.ask`) after `waited` s."""
 
     def attempt_started(self, call: Call, unit: UnitState) -> None:
         """An attempt at `unit` is about to be sent (`call.attempts` counts it)."""
@@ -107,9 +110,13 @@ class Signals(Observer):
         for o in self._observers:
             o.validated(call)
 
-    def rejected(self, code: str) -> None:
+    def rejected(self, call: Call, code: str) -> None:
         for o in self._observers:
-            o.rejected(code)
+            o.rejected(call, code)
+
+    def admitted(self, call: Call, waited: float) -> None:
+        for o in self._observers:
+            o.admitted(call, waited)
 
     def attempt_started(self, call: Call, unit: UnitState) -> None:
         for o in self._observers:

@@ -1,121 +1,245 @@
-"""Admission control: per-unit in-flight caps plus one bounded FIFO wait queue with a deadline.
+"""Admission control: per-unit in-flight caps, and wait queues per priority class.
 
-A request that finds every candidate unit full waits (FIFO) instead of being refused at once,
-because LLM requests finish every few seconds and a short wait beats a client retry storm. The
-queue is bounded in size and in time; past either bound the answer is 429 with Retry-After.
+A request that finds every candidate unit full waits instead of being refused at once, because
+LLM requests finish every few seconds and a short wait beats a client retry storm. Who waits,
+who goes first, who is shed and who is preempted is decided by the class queues
+(routing/classes.py, pure); this module owns the waiting requests, the slots and the clock.
+
+- A request asks in a class, as a tenant, for an estimated number of tokens (`Ask`).
+- Without `[priority]` there is one class, `standard`, sized by `[admission]`: one line, fair
+  between tenants (one tenant, "anonymous", without keys: first come, first served).
+- A freed slot, or a change in which units are routable, "pumps" the queues: waiters are
+  placed while some unit takes them, the most important class first.
+- Every queue is bounded in size and in time; past either bound the answer is 429 with
+  Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
-from gateway.errors import Overloaded
+from gateway.config.priority import PriorityClass, PriorityConfig
+from gateway.errors import GatewayError, Overloaded
+from gateway.routing.classes import Admit, ClassQueues, Entry, Queue, Running, Slots
+
+STANDARD = "standard"
+ANONYMOUS = "anonymous"
 
 
 class Slot(Protocol):
     inflight: int
 
 
+class Holder(Protocol):
+    """Who holds a slot, as preemption sees it ([priority].preempt): whether its answer has
+    begun reaching its client (no longer preemptible), and how to cancel it (a 503)."""
+
+    @property
+    def started(self) -> bool: ...
+
+    def preempt(self) -> None: ...
+
+
 S = TypeVar("S", bound=Slot)
 
 
-class _Waiter:
-    __slots__ = ("future",)
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What a request asks admission for: a slot in `klass`, as `tenant`, for about `tokens`."""
 
-    def __init__(self) -> None:
-        self.future: asyncio.Future[None] | None = None
+    klass: str = STANDARD
+    tenant: str = ANONYMOUS
+    tokens: int = 1
+
+
+DEFAULT_ASK = Ask()
+
+
+def one_class(queue_size: int, queue_timeout: float) -> PriorityConfig:
+    """A gateway without `[priority]`: one class, `standard`, as `[admission]` sizes it."""
+    only = PriorityClass(STANDARD, 0, 0.0, queue_size=queue_size, queue_timeout=queue_timeout)
+    return PriorityConfig(classes=(only,), default=STANDARD)
+
+
+class _Waiter(Generic[S]):
+    """A queued request: the unit picker it brings, and the future its placement resolves."""
+
+    __slots__ = ("future", "holder", "pick")
+
+    def __init__(
+        self, pick: Callable[[], S | None], future: asyncio.Future[S], holder: Holder | None
+    ) -> None:
+        self.pick = pick
+        self.future = future
+        self.holder = holder
 
 
 class Admission:
     def __init__(
-        self, queue_size: int, queue_timeout: float, retry_after: int, limit: int | None = None
+        self,
+        queue_size: int,
+        queue_timeout: float,
+        retry_after: int,
+        limit: int | None = None,
+        classes: PriorityConfig | None = None,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         """`limit`: slots over all units at once (the gateway's own capacity, e.g. what its
-        open-files limit allows); past it requests queue as if every unit were full."""
+        open-files limit allows); past it requests queue as if every unit were full.
+        `classes`: the priority classes (None: `standard` alone, with `queue_size` and
+        `queue_timeout`); `queue_size` then bounds the waiters of all classes together.
+        `capacity`: the slots the routable units offer, the base of the classes' reserved
+        shares (None: `limit`); read again whenever routability changes (`wake_all`)."""
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
         self.retry_after = retry_after
         self.limit = limit
+        self.classes = classes or one_class(queue_size, queue_timeout)
+        self.queues: ClassQueues[_Waiter[Slot]] = ClassQueues(self.classes, queue_size)
         self.inflight = 0
-        self._waiters: deque[_Waiter] = deque()
+        self.used: dict[str, int] = {c.name: 0 for c in self.classes.classes}
+        self._capacity_of = capacity
+        self._capacity = self._measure()
+        # Preemption: the least important class's requests holding slots (when they got them),
+        # and those already told to give theirs back.
+        ranked = self.classes.ranked
+        self._bottom = ranked[-1].name if self.classes.preempt and len(ranked) > 1 else None
+        self._top = ranked[0].name
+        self._preemptible: dict[Holder, float] = {}
+        self._preempted: set[Holder] = set()
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return len(self.queues)
 
-    async def acquire(self, pick: Callable[[], S | None]) -> S:
+    def waiting(self, klass: str) -> int:
+        return self.queues.waiting(klass)
+
+    def by_class(self) -> dict[str, tuple[int, int]]:
+        """(waiting, in flight) per class, most important first."""
+        ranked = self.queues.ranked
+        return {c.name: (self.queues.waiting(c.name), self.used[c.name]) for c in ranked}
+
+    def slots(self) -> Slots:
+        return Slots(self._capacity, self.used)
+
+    async def acquire(
+        self, pick: Callable[[], S | None], ask: Ask = DEFAULT_ASK, holder: Holder | None = None
+    ) -> S:
         """Take a slot on the unit `pick` returns; `pick` raises Overloaded(503) if none can ever.
 
-        New arrivals do not overtake queued requests.
-        """
-        if not self._waiters:
-            unit = self._take(pick)
-            if unit is not None:
-                return unit
-        if len(self._waiters) >= self.queue_size:
-            raise self.saturated("all units are at capacity and the wait queue is full")
-        return await self._wait(pick)
+        New arrivals do not overtake queued requests of their class or a more important one.
+        `holder`: the request, which preemption may cancel (release must name it too)."""
+        loop = asyncio.get_running_loop()
+        waiter: _Waiter[S] = _Waiter(pick, loop.create_future(), holder)
+        entry = Entry(waiter, ask.klass, ask.tenant, ask.tokens, loop.time())
+        verdict = self.queues.offer(entry, self.slots(), self._placed)  # type: ignore[arg-type]
+        if isinstance(verdict, Admit):
+            return waiter.future.result()  # placed, or pick's error raised
+        if not isinstance(verdict, Queue):
+            raise self.saturated(verdict.reason)
+        if verdict.displaced is not None:
+            self._refuse(verdict.displaced)
+        self.pump()  # a unit of its model may have room though those ahead wait for theirs
+        if self._bottom is not None and ask.klass == self._top:
+            self._preempt(loop.time())
+        return await self._wait(entry, waiter)
 
-    def release(self, unit: Slot) -> None:
+    def release(self, unit: Slot, klass: str = STANDARD, holder: Holder | None = None) -> None:
         unit.inflight -= 1
         self.inflight -= 1
-        self.wake(None)
+        self.used[klass] -= 1
+        if holder is not None and self._bottom is not None:
+            self._preemptible.pop(holder, None)
+            self._preempted.discard(holder)
+        self.pump()
 
-    def _take(self, pick: Callable[[], S | None]) -> S | None:
-        if self.limit is not None and self.inflight >= self.limit:
-            return None
-        unit = pick()
-        if unit is not None:
-            unit.inflight += 1
-            self.inflight += 1
-        return unit
+    def _preempt(self, now: float) -> None:
+        """Cancel the request classes.py picks for a top-class waiter (rule 6), if any."""
+        bottom = self._bottom
+        assert bottom is not None
+        # Newest first, so that of two placed at the same instant the later one goes.
+        placed = reversed(self._preemptible.items())
+        running = (Running(h, bottom, h.started, since) for h, since in placed)
+        victim = self.queues.preempt_candidate(now, running, len(self._preempted))
+        if victim is not None:
+            del self._preemptible[victim.handle]
+            self._preempted.add(victim.handle)
+            victim.handle.preempt()  # its slot comes back through `release`
 
-    def wake(self, after: _Waiter | None) -> None:
-        """Wake the first sleeping waiter behind `after` (or the first of all)."""
-        started = after is None
-        for waiter in self._waiters:
-            if not started:
-                started = waiter is after
-                continue
-            if waiter.future is not None and not waiter.future.done():
-                waiter.future.set_result(None)
-                return
+    def charge(self, ask: Ask, tokens: int) -> None:
+        """The request's real token count, once known: its tenant's share is corrected."""
+        self.queues.charge(ask.klass, ask.tenant, tokens - ask.tokens)
 
     def wake_all(self) -> None:
-        """Routability changed: every waiter must look again (some may now get a 503)."""
-        for waiter in self._waiters:
-            if waiter.future is not None and not waiter.future.done():
-                waiter.future.set_result(None)
+        """Routability changed: the capacity is measured again, every waiter looks again."""
+        self._capacity = self._measure()
+        self.pump()
 
-    async def _wait(self, pick: Callable[[], S | None]) -> S:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.queue_timeout
-        waiter = _Waiter()
-        self._waiters.append(waiter)
-        took = False
+    def pump(self) -> None:
+        """Place waiters while some unit takes one (the classes' order: queues.next)."""
+        if not self.queues:
+            return
+        now = asyncio.get_running_loop().time()
+        while self.queues.next(now, self.slots(), self._placed) is not None:
+            pass
+
+    def _placed(self, entry: Entry[_Waiter[Slot]]) -> bool:
+        """Whether `entry` takes a slot now; if so it has it (or its pick's error), resolved
+        in its future. A waiter whose future is done (it timed out, it left) takes nothing."""
+        waiter = entry.handle
+        if waiter.future.done() or (self.limit is not None and self.inflight >= self.limit):
+            return False
         try:
-            while True:
-                waiter.future = loop.create_future()
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        await waiter.future
-                except TimeoutError:
-                    raise self.saturated(
-                        f"all units stayed at capacity for {self.queue_timeout:g} s"
-                    ) from None
-                unit = self._take(pick)
-                if unit is not None:
-                    took = True
-                    return unit
-                # The freed slot did not fit this request: pass the wake-up on.
-                self.wake(waiter)
-        finally:
-            if not took and waiter.future is not None and waiter.future.done():
-                self.wake(waiter)  # a wake-up we can no longer use (timeout or cancel)
-            self._waiters.remove(waiter)
+            unit = waiter.pick()
+        except GatewayError as exc:  # no unit can ever serve it: told at once
+            waiter.future.set_exception(exc)
+            return True
+        if unit is None:
+            return False
+        unit.inflight += 1
+        self.inflight += 1
+        self.used[entry.klass] += 1
+        if entry.klass == self._bottom and waiter.holder is not None:
+            self._preemptible[waiter.holder] = asyncio.get_running_loop().time()
+        waiter.future.set_result(unit)
+        return True
+
+    async def _wait(self, entry: Entry[_Waiter[S]], waiter: _Waiter[S]) -> S:
+        klass = self.classes.get(entry.klass)
+        try:
+            async with asyncio.timeout_at(self.queues.deadline(entry)):  # type: ignore[arg-type]
+                return await asyncio.shield(waiter.future)
+        except TimeoutError:
+            if waiter.future.done():  # placed as the deadline struck: take it
+                return waiter.future.result()
+            self.queues.remove(entry)  # type: ignore[arg-type]
+            raise self.saturated(
+                f"all units stayed at capacity for {klass.queue_timeout:g} s"
+                + ("" if len(self.classes.classes) == 1 else f" ({klass.name} class)")
+            ) from None
+        except asyncio.CancelledError:  # the client left
+            if not self.queues.remove(entry):  # type: ignore[arg-type]
+                if waiter.future.done() and waiter.future.exception() is None:
+                    self.release(waiter.future.result(), entry.klass, waiter.holder)
+            else:
+                waiter.future.cancel()
+            raise
+
+    def _refuse(self, entry: Entry[_Waiter[Slot]]) -> None:
+        """A waiter displaced from a full queue by a newcomer (classes.py, rule 5)."""
+        if not entry.handle.future.done():
+            why = f"the queue is full and this {entry.klass} request was shed to make room"
+            entry.handle.future.set_exception(self.saturated(why))
+
+    def _measure(self) -> int:
+        measured = self._capacity_of() if self._capacity_of is not None else self.limit
+        if measured is None:
+            return 1 << 30  # no bound known: reservations hold nothing back
+        return min(measured, self.limit) if self.limit is not None else measured
 
     def saturated(self, message: str) -> Overloaded:
         return Overloaded(message, status=429, code="saturated", retry_after=self.retry_after)

@@ -47,7 +47,7 @@ class Recorder(Observer):
         self.held_at_start: list[int] = []
         self.on_retried: Callable[[], object] | None = None
 
-    def rejected(self, code: str) -> None:
+    def rejected(self, call: Call, code: str) -> None:
         self.events.append(("rejected", code))
 
     def attempt_started(self, call: Call, unit: UnitState) -> None:

@@ -27,7 +27,7 @@ class Seen(Observer):
     def __init__(self, name: str, log: list[str], sink: Histogram | None = None) -> None:
         self.name, self.log, self.sink = name, log, sink
 
-    def rejected(self, code: str) -> None:
+    def rejected(self, call: Call, code: str) -> None:
         self.log.append(f"{self.name}:{code}")
 
     def token_gaps(self, unit_id: str) -> Histogram | None:
@@ -41,7 +41,7 @@ def test_every_subscriber_hears_every_signal_in_order() -> None:
     sink = Histogram()
     signals.subscribe(Seen("a", log))
     signals.subscribe(Seen("b", log, sink))
-    signals.rejected("saturated")
+    signals.rejected(call(), "saturated")
     signals.ended(call())  # a hook nobody overrides does nothing
     assert log == ["a:saturated", "b:saturated"]
     assert signals.token_gaps("u0") is sink
