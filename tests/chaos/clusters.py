@@ -43,6 +43,8 @@ def toml_value(value: Any) -> str:
         return orjson.dumps(value).decode()
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table, e.g. one of [[priority.classes]]
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
