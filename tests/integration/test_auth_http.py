@@ -38,7 +38,7 @@ async def keyed(sim: SimProcess, tmp_path: Path, required: bool = True) -> Async
 async def make_key(http: aiohttp.ClientSession, gw: Gateway, **body: Any) -> dict[str, Any]:
     status, made = await call(http, gw, "POST", "/admin/keys", {"tenant": "acme", **body})
     assert status == 201, made
-    return made
+    return dict(made)
 
 
 async def chat(http: aiohttp.ClientSession, gw: Gateway, header: str | None) -> tuple[int, Any]:
