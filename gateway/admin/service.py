@@ -189,6 +189,10 @@ class AdminService:
     async def _converge(self) -> None:
         assert self._shared is not None
         version, saved, keys_version = await self._shared.load(self._keys_version)
+        if keys_version is not None and version >= self._version:
+            # Before the version's own check: a fresh store's keys are read at version 0.
+            self._converge_keys(saved.keys, announce=self._keys_version >= 0)
+            self._keys_version = keys_version
         if version == self._version:
             return
         if version < self._version:
@@ -200,9 +204,6 @@ class AdminService:
             )  # fmt: skip
             return
         self._converge_units(saved)
-        if keys_version is not None:
-            self._converge_keys(saved.keys, announce=self._keys_version >= 0)
-            self._keys_version = keys_version
         self._version = version
         for listener in self._on_version:
             listener(version)
