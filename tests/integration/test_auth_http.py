@@ -143,7 +143,7 @@ async def test_a_1_mb_header_gets_a_clean_4xx_and_the_gateway_stays_healthy(
                 gw.public_url + CHAT, json=chat_body(stream=False), headers={"Authorization": huge}
             ) as resp,
         ):
-            assert 400 <= resp.status < 500, resp.status
+            assert resp.status == 400, resp.status  # aiohttp: a header field is at most 8190 B
             await resp.read()
         assert (await chat(http, gw, f"Bearer {secret}"))[0] == 200
         async with http.get(gw.public_url + "/readyz") as resp:
