@@ -166,7 +166,7 @@ class AdminApi:
         return _json(200, {"events": [e.to_json() for e in found], **answer})
 
     async def list_keys(self, request: web.Request) -> web.Response:
-        return _json(200, self.keys.list())
+        return _json(200, await self.keys.list())
 
     async def create_key(self, request: web.Request) -> web.Response:
         body = await _body(request, required=True)

@@ -11,12 +11,14 @@ then applied here at once and, with shared state, on every replica as it converg
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gateway.admin.errors import AdminError, bad_request
 from gateway.admin.service import AdminService
+from gateway.admin.store import StoreError
 from gateway.auth import spec
 from gateway.auth.keys import Key, digest, new_id, new_secret, shown
 
@@ -26,7 +28,8 @@ class KeyAdmin:
         self.service = service
         self._clock = clock
 
-    def list(self) -> dict[str, Any]:
+    async def list(self) -> dict[str, Any]:
+        await self._current()
         now = self._clock()
         keys = sorted(self.service.keys.by_id.values(), key=lambda k: (k.created, k.id))
         return {"keys": [k.view(now) for k in keys]}
@@ -46,6 +49,8 @@ class KeyAdmin:
         return {**key.view(now), "key": secret}
 
     async def revoke(self, key_id: str, who: str) -> dict[str, Any]:
+        if key_id not in self.service.keys.by_id:
+            await self._current()  # made through another replica a moment ago?
         key = self.service.keys.by_id.get(key_id)
         if key is None:
             raise AdminError(f"unknown key {key_id!r}", status=404, code="key_not_found")
@@ -53,3 +58,12 @@ class KeyAdmin:
             key = key.revoke(self._clock(), who)
             await self.service.put_key(key, "key revoked", who)
         return self.service.keys.by_id.get(key_id, key).view(self._clock())
+
+    async def _current(self) -> None:
+        """With shared state, this replica brought to the latest version first (a key made
+        or revoked through another one a moment ago is shown); if the store cannot be read,
+        the keys this replica knows."""
+        if self.service.shared is None:
+            return
+        with contextlib.suppress(StoreError):
+            await self.service.converge()

@@ -61,6 +61,21 @@ async def test_a_key_made_through_one_replica_works_on_the_other(
         ]
 
 
+async def test_another_replica_lists_and_revokes_a_key_made_a_moment_ago(
+    clean_sim: SimProcess, store: RedisServer, http: aiohttp.ClientSession
+) -> None:
+    """Its list and its revocation bring it to the latest version first: no stale list, no
+    404 for a key its follower has not heard of yet."""
+    async with replicas(keyed(clean_sim, store)) as (a, b):
+        for _ in range(5):
+            status, made = await call(http, a, "POST", "/admin/keys", {"tenant": "acme"})
+            _, listed = await call(http, b, "GET", "/admin/keys")
+            assert made["id"] in [k["id"] for k in listed["keys"]]
+            status, made = await call(http, a, "POST", "/admin/keys", {"tenant": "acme"})
+            status, revoked = await call(http, b, "DELETE", f"/admin/keys/{made['id']}")
+            assert (status, revoked["state"]) == (200, "revoked")
+
+
 async def test_other_writes_do_not_re_read_the_keys(
     clean_sim: SimProcess, store: RedisServer, http: aiohttp.ClientSession
 ) -> None:
