@@ -4,7 +4,9 @@ input of every kind answered with a clear 4xx that changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -204,3 +206,16 @@ async def test_keys_and_revocations_survive_a_restart(
         assert (await chat(http, gw, f"Bearer {gone['key']}"))[0] == 401
         _, listed = await call(http, gw, "GET", "/admin/keys")
         assert [k["state"] for k in listed["keys"]] == ["active", "revoked"]
+
+
+async def test_a_key_past_its_expiry_is_refused_and_listed_expired(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with keyed(clean_sim, tmp_path) as gw:
+        made = await make_key(http, gw, expires=time.time() + 0.5)
+        assert (await chat(http, gw, f"Bearer {made['key']}"))[0] == 200
+        await asyncio.sleep(0.6)
+        status, (body, _) = await chat(http, gw, f"Bearer {made['key']}")
+        assert status == 401 and "has expired" in body["error"]["message"]
+        _, listed = await call(http, gw, "GET", "/admin/keys")
+        assert [k["state"] for k in listed["keys"]] == ["expired"]
