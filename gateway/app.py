@@ -12,7 +12,7 @@ from prometheus_client.exposition import choose_encoder
 
 from gateway import cors
 from gateway.config import Config
-from gateway.errors import InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.observability.metrics import Metrics
 from gateway.paths import (
     CHAT_PATH,
@@ -75,8 +75,21 @@ def public_app(
     app.router.add_post(RESPONSES_PATH, proxy.responses)
     app.router.add_post(MESSAGES_PATH, proxy.messages)
     app.router.add_post(EMBEDDINGS_PATH, proxy.embeddings)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/models/{model:.+}", model)
+
+    def keyed(handler: Handler) -> Handler:
+        """A data-plane route: the API key is checked as on the request path."""
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            try:
+                proxy.gate.caller(request.headers.get("Authorization"))
+            except GatewayError as exc:
+                return exc.response()
+            return await handler(request)
+
+        return checked
+
+    app.router.add_get("/v1/models", keyed(models))
+    app.router.add_get("/v1/models/{model:.+}", keyed(model))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

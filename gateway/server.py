@@ -23,6 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from gateway.admin.runtime import Admin
 from gateway.admin.view import WorkersView
 from gateway.app import ops_app, public_app
+from gateway.auth.check import Gatekeeper
+from gateway.auth.ring import KeyRing
 from gateway.config import Config
 from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
@@ -130,13 +132,15 @@ class Gateway:
         if self.tracing.enabled:
             self.signals.subscribe(TracingObserver(self.tracing))
         access_log.subscribe(self.signals, config.logging)  # only if [logging] access
+        # The data plane's API keys: written by the admin API here, or by the control plane's
+        # link in a worker; read by the request path.
+        self.keys = KeyRing()
         # Admin API: the one writer of the units' enabled/draining bits. It restores its saved
         # overrides while the operator listener is set up, before any listener opens.
-        self.admin = (
-            Admin(config, self.units, self.events, self.breakers.view, role.workers, self.metrics)
-            if config.admin.enabled and role.control
-            else None
-        )
+        self.admin: Admin | None = None
+        if config.admin.enabled and role.control:
+            views = (self.breakers.view, role.workers, self.metrics)
+            self.admin = Admin(config, self.units, self.events, *views, keys=self.keys)
         self.draining = False
         self.public_url = ""
         self.metrics_url = ""
@@ -169,7 +173,8 @@ class Gateway:
                 dispatcher = Dispatcher(
                     self.config, self.units, self.admission, self._upstream, self.signals
                 )
-                self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.live)
+                gate = Gatekeeper(self.config.auth, self.keys)
+                self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.live, gate)
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
                 self.public_url = await self._listen(

@@ -23,6 +23,7 @@ state file not writable (the action is then not applied).
                                          "models"?, "enabled"?}                   -> 201 UNIT
     DELETE /admin/units/{id}            -> 200 {"id", "removed": true, "in_flight"}
     GET    /admin/events?limit=N&unit=ID  (limit default 100) -> 200 {"events": [EVENT, ...]}
+    POST   /admin/keys, GET /admin/keys, DELETE /admin/keys/{id}: data-plane API keys (keys.py)
     GET    /admin/openapi.json          -> 200 this API in OpenAPI 3.1 (no token needed)
 
     UNIT = {"id", "routable",            # true when health, breaker and admin all allow it
@@ -55,6 +56,7 @@ from aiohttp import web
 from gateway.admin import openapi
 from gateway.admin.auth import Authenticator
 from gateway.admin.errors import AdminError, bad_request
+from gateway.admin.keys import KeyAdmin
 from gateway.admin.replicas import Fleet
 from gateway.admin.service import AdminService
 from gateway.admin.shared import StoreUnavailable
@@ -79,6 +81,7 @@ class AdminApi:
         workers: WorkersView | None = None,
     ) -> None:
         self.service = service
+        self.keys = KeyAdmin(service)
         self._auth = auth  # known once the admin has started
         self._breaker_view = breaker_view
         self._workers = workers
@@ -96,6 +99,9 @@ class AdminApi:
                 web.post("/units/{id}/enable", self.enable),
                 web.get("/events", self.events),
                 web.get("/workers", self.workers),
+                web.get("/keys", self.list_keys),
+                web.post("/keys", self.create_key),
+                web.delete("/keys/{id}", self.revoke_key),
                 openapi.route(),  # the one route without a token
             ]
         )
@@ -158,6 +164,16 @@ class AdminApi:
                 found = self.service.events.recent(limit, unit)
                 answer.update(source="local", warning=f"{exc}: this replica's events only")
         return _json(200, {"events": [e.to_json() for e in found], **answer})
+
+    async def list_keys(self, request: web.Request) -> web.Response:
+        return _json(200, await self.keys.list())
+
+    async def create_key(self, request: web.Request) -> web.Response:
+        body = await _body(request, required=True)
+        return _json(201, await self.keys.create(body, request[WHO]))
+
+    async def revoke_key(self, request: web.Request) -> web.Response:
+        return _json(200, await self.keys.revoke(request.match_info["id"], request[WHO]))
 
     async def _set_state(
         self, request: web.Request, state: State, *, reason_required: bool

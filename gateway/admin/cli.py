@@ -72,7 +72,24 @@ def parser() -> argparse.ArgumentParser:
     events = verb("events", "admin actions and health/breaker transitions")
     events.add_argument("--limit", type=int, default=100, help="newest N (default 100)")
     events.add_argument("--unit", help="only this unit's events")
+    _keys_parser(verb("keys", "data-plane API keys: create, list, revoke"))
     return p
+
+
+def _keys_parser(keys: argparse.ArgumentParser) -> None:
+    sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    after = [_global_flags(after_verb=True)]
+    create = sub.add_parser("create", help="make a key (its secret is printed once)", parents=after)
+    create.add_argument("--tenant", required=True, help="who the key's requests are from")
+    create.add_argument("--priority", help="its highest priority class")
+    create.add_argument("--default-priority", help="the class of requests that ask for none")
+    for limit, text in (("rpm", "requests per minute"), ("tpm", "tokens per minute")):
+        create.add_argument(f"--{limit}", type=int, help=f"{text} (default unlimited)")
+    create.add_argument("--max-inflight", type=int, help="requests at once (default unlimited)")
+    create.add_argument("--expires", help="Unix seconds or an RFC 3339 time (default never)")
+    sub.add_parser("list", help="every key, never a secret", parents=after)
+    revoke = sub.add_parser("revoke", help="refused by every replica from now on", parents=after)
+    revoke.add_argument("id", help="the key's id (key_...)")
 
 
 def _global_flags(after_verb: bool = False, timeout: bool = True) -> argparse.ArgumentParser:
@@ -158,6 +175,26 @@ def _add_body(ns: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+def _keys(client: AdminClient, ns: argparse.Namespace) -> Any:
+    if ns.keys_command == "list":
+        return client.get("/admin/keys")
+    if ns.keys_command == "revoke":
+        return client.delete(f"/admin/keys/{quote(ns.id, safe='')}")
+    expires: object = ns.expires
+    if isinstance(expires, str) and expires.replace(".", "", 1).isdigit():
+        expires = float(expires)
+    body = {
+        "tenant": ns.tenant,
+        "priority": ns.priority,
+        "default_priority": ns.default_priority,
+        "rpm": ns.rpm,
+        "tpm": ns.tpm,
+        "max_inflight": ns.max_inflight,
+        "expires": expires,
+    }
+    return client.post("/admin/keys", {k: v for k, v in body.items() if v is not None})
+
+
 def _events_path(ns: argparse.Namespace) -> str:
     query = {"limit": ns.limit, **({"unit": ns.unit} if ns.unit else {})}
     return f"/admin/events?{urlencode(query)}"
@@ -178,4 +215,5 @@ COMMANDS: dict[str, tuple[Command, Callable[[Any], str]]] = {
     "add": (lambda c, ns: c.post("/admin/units", _add_body(ns)), tables.summary),
     "remove": (lambda c, ns: c.delete(_unit_path(ns)), tables.removed),
     "events": (lambda c, ns: c.get(_events_path(ns)), tables.events),
+    "keys": (_keys, tables.keys),
 }

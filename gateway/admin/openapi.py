@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.admin import key_schemas
 from gateway.admin.schemas import SCHEMAS, Schema, of, ref
 from gateway.version import version
 
@@ -21,7 +22,8 @@ PATH = "/openapi.json"  # inside the admin app, which is mounted at /admin/
 ROUTE = "openapi"  # the route's name: the admin's auth middleware lets it through
 
 INTRO = """\
-Look at units, take them out of service and back, add and remove them, read the events log.
+Look at units, take them out of service and back, add and remove them, read the events log,
+make and revoke the data plane's API keys.
 
 Served on the operator listener (next to /metrics) under /admin/, when `[admin].enabled`.
 Every operation but this document's needs `Authorization: Bearer <token>`: no or malformed
@@ -32,7 +34,7 @@ ERRORS = {
     "400": "Bad body or query; the message names the key.",
     "401": "No `Authorization: Bearer` header.",
     "403": "The token is not valid.",
-    "404": "No unit with this id.",
+    "404": "No unit (or key) with this id.",
     "409": "A unit with this id exists.",
     "500": "The state file could not be written: the action was not applied.",
     "503": "The shared state store is unreachable: the action was not applied.",
@@ -147,6 +149,7 @@ def paths() -> dict[str, Any]:
             required=False,
         ),
         "/admin/events": {"get": events()},
+        **key_paths(),
         "/admin/workers": {
             "get": operation(
                 "List the worker processes",
@@ -164,6 +167,44 @@ def paths() -> dict[str, Any]:
                 tag="gateway",
                 operationId="getOpenApi",
                 security=[],
+            )
+        },
+    }
+
+
+def key_paths() -> dict[str, Any]:
+    key_id = {**UNIT_ID, "description": "The key's id (key_...)."}
+    return {
+        "/admin/keys": {
+            "get": operation(
+                "List the API keys",
+                ("200", "Every key, revoked and expired ones too; never a secret.", ref("KeyList")),
+                AUTH,
+                tag="keys",
+                operationId="listKeys",
+            ),
+            "post": operation(
+                "Make an API key",
+                ("201", "The key, with its secret: shown this once.", ref("CreatedKey")),
+                ("400", *WRITE),
+                about="Data-plane requests send it as `Authorization: Bearer <key>`.",
+                tag="keys",
+                operationId="createKey",
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": ref("NewKey")}},
+                },
+            ),
+        },
+        "/admin/keys/{id}": {
+            "delete": operation(
+                "Revoke an API key",
+                ("200", "The key, revoked (revoking it again changes nothing).", ref("Key")),
+                (*WRITE, "404"),
+                about="Every replica refuses it within 100 ms.",
+                tag="keys",
+                operationId="revokeKey",
+                parameters=[key_id],
             )
         },
     }
@@ -213,6 +254,7 @@ def document() -> dict[str, Any]:
         "tags": [
             {"name": "units", "description": "Units and their service state."},
             {"name": "events", "description": "Who changed what, and why."},
+            {"name": "keys", "description": "The data plane's API keys."},
             {"name": "gateway", "description": "The gateway itself."},
         ],
         "paths": paths(),
@@ -224,7 +266,7 @@ def document() -> dict[str, Any]:
                     "description": "A token from [admin].token_env or [admin].token_file.",
                 }
             },
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **key_schemas.SCHEMAS},
             "responses": responses,
         },
     }

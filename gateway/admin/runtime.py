@@ -23,6 +23,7 @@ from gateway.admin.service import AdminService
 from gateway.admin.shared import SharedStore
 from gateway.admin.store import Store, StoreError
 from gateway.admin.view import BreakerView, WorkersView
+from gateway.auth.ring import KeyRing
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
@@ -44,9 +45,10 @@ class Admin:
         breaker_view: BreakerView | None = None,
         workers: WorkersView | None = None,
         metrics: Metrics | None = None,
+        keys: KeyRing | None = None,
     ) -> None:
         self._config = config
-        self.service = AdminService(config, units, events)
+        self.service = AdminService(config, units, events, keys=keys)
         self._auth: Authenticator | None = None
         self.api = AdminApi(self.service, self._authenticator, breaker_view, workers)
         # The status page (/status) shows what the admin API does, pushed on every change,

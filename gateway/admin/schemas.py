@@ -62,7 +62,8 @@ ERROR = obj(
                 "code": of(
                     ["string", "null"],
                     "A stable code: invalid_body, invalid_query, missing_token, invalid_token, "
-                    "unit_not_found, unit_exists, state_not_saved, state_store_unavailable.",
+                    "unit_not_found, unit_exists, key_not_found, state_not_saved, "
+                    "state_store_unavailable.",
                 ),
             }
         )

@@ -18,6 +18,8 @@ from gateway.admin.replicas import Fleet, Heartbeat
 from gateway.admin.shared import SharedStore
 from gateway.admin.state import BITS, AddedUnit, Mark, Removal, Saved, State
 from gateway.admin.store import Store, StoreError
+from gateway.auth.keys import Key
+from gateway.auth.ring import KeyRing
 from gateway.config import Config, ConfigError, UnitConfig
 from gateway.config.builder import build, table
 from gateway.observability.events import Event, EventLog
@@ -35,9 +37,13 @@ class AdminService:
         units: UnitRegistry,
         events: EventLog,
         clock: Callable[[], float] = time.time,
+        keys: KeyRing | None = None,
     ) -> None:
+        self.config = config
         self.units = units
         self.events = events
+        self.keys = KeyRing() if keys is None else keys  # the data plane's API keys
+        self._keys_version = -1  # of the shared state's keys last read
         self._served = config.gateway.models
         self._configured = {u.id for u in config.units}
         self._clock = clock
@@ -112,6 +118,19 @@ class AdminService:
             self.events.record(unit_id, "remove", f"{unit.inflight} in flight may finish", who)
             return unit
 
+    async def put_key(self, key: Key, what: str, who: str) -> None:
+        """Save a key made or revoked, then apply it (`what`: the event, e.g. "key created")."""
+        reason = f"tenant {key.tenant}"
+        async with self._lock:
+            if self._shared is not None:
+                await self._shared.put_key(key, Event(self._clock(), key.id, what, reason, who))
+                await self._converge()
+                return
+            if self._store is not None:
+                await self._store.put_key(key)
+            self.keys.put(key)
+            self.events.record(key.id, what, reason, who)
+
     def parse_unit(self, body: object) -> UnitConfig:
         if not isinstance(body, dict):
             raise bad_request("the body must be a JSON object describing a unit")
@@ -136,6 +155,7 @@ class AdminService:
             self._restore_removed(saved)
             self._restore_added(saved, store)
             self._restore_marks(saved)
+            self.keys.replace(saved.keys.values())
             self._store = store
 
     @property
@@ -168,7 +188,11 @@ class AdminService:
 
     async def _converge(self) -> None:
         assert self._shared is not None
-        version, saved = await self._shared.load()
+        version, saved, keys_version = await self._shared.load(self._keys_version)
+        if keys_version is not None and version >= self._version:
+            # Before the version's own check: a fresh store's keys are read at version 0.
+            self._converge_keys(saved.keys, announce=self._keys_version >= 0)
+            self._keys_version = keys_version
         if version == self._version:
             return
         if version < self._version:
@@ -218,6 +242,22 @@ class AdminService:
             if self.marks[unit_id].state != mark.state:
                 self._apply(unit, mark)
                 self.events.record(unit_id, VERBS[mark.state], mark.reason, mark.who, echo=True)
+
+    def _converge_keys(self, keys: dict[str, Key], announce: bool) -> None:
+        """The key table made equal to the shared one; each key made or revoked since the
+        last read is recorded (its event is already in the shared log). The first read
+        (`announce` False) records none: those keys are not news."""
+        before = self.keys.by_id
+        self.keys.replace(keys.values())
+        for key in keys.values() if announce else ():
+            old = before.get(key.id)
+            if old is None:
+                self.events.record(
+                    key.id, "key created", f"tenant {key.tenant}", key.who, echo=True
+                )
+            if key.revoked is not None and (old is None or old.revoked is None):
+                reason = f"tenant {key.tenant}"
+                self.events.record(key.id, "key revoked", reason, key.revoked_by, echo=True)
 
     def _restore_removed(self, saved: Saved) -> None:
         for unit_id, removal in saved.removed.items():

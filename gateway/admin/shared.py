@@ -5,6 +5,9 @@ Layout, every key under `<key_prefix>:`:
 - `version`: a counter; every write increments it in the same transaction (MULTI/EXEC), so
   writes made through any replicas fall into one total order;
 - `marks`, `added`, `removed`: hashes by unit id, the same records the SQLite store keeps;
+- `keys`: the data-plane API keys by id (their hashes, never their secrets), and
+  `keys_version`, incremented with every key write, so a replica re-reads the keys (which
+  may be many) only when they changed, not on every other write or once-a-second re-read;
 - `changes`: the channel each write publishes on, in its transaction;
 - `events`: the fleet's events log, a stream (`gateway/admin/shared_log.py`); an admin write
   appends its event in its own transaction, so the log's order is the versions' order;
@@ -33,6 +36,7 @@ from redis.exceptions import RedisError
 from gateway.admin.shared_log import entry, parse
 from gateway.admin.state import AddedUnit, Mark, Removal, Saved, saved_mark
 from gateway.admin.store import StoreError
+from gateway.auth.keys import Key, from_record
 from gateway.config.state import StateConfig
 from gateway.observability.events import Event
 
@@ -72,20 +76,48 @@ class SharedStore:
     def key(self, name: str) -> str:
         return f"{self._prefix}:{name}"
 
-    async def load(self) -> tuple[int, Saved]:
-        """(version, everything) read in one transaction: a consistent snapshot."""
+    async def load(self, keys_seen: int = -1) -> tuple[int, Saved, int | None]:
+        """(version, everything, the keys' version) read in one transaction: a consistent
+        snapshot. The keys are read (into `Saved.keys`) only when their version is not
+        `keys_seen`; otherwise the keys' version is None and `Saved.keys` empty."""
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.get(self.key("version"))
+                pipe.get(self.key("keys_version"))
                 for name in ("marks", "added", "removed"):
                     pipe.hgetall(self.key(name))
-                version, marks, added, removed = await pipe.execute()
+                version, keys_version, marks, added, removed = await pipe.execute()
+            found: int | None = int(keys_version or 0)
+            keys: dict[bytes, bytes] = {}
+            if found != keys_seen:
+                found, keys = await self._keys()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"{self.where} is unreachable: {exc}") from None
         try:
-            return int(version or 0), _saved(marks, added, removed)
-        except (ValueError, TypeError) as exc:  # a record this gateway cannot read
+            saved = _saved(marks, added, removed)
+            saved.keys = _keys(keys)
+            return int(version or 0), saved, None if found == keys_seen else found
+        except (ValueError, TypeError, KeyError) as exc:  # a record this gateway cannot read
             raise StoreError(f"{self.where} holds an unreadable record: {exc}") from None
+
+    async def _keys(self) -> tuple[int, dict[bytes, bytes]]:
+        """The keys and their version, in one transaction (a later write may have come
+        since the rest was read: the next converge reads that one's units)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.get(self.key("keys_version"))
+            pipe.hgetall(self.key("keys"))
+            version, keys = await pipe.execute()
+        return int(version or 0), keys
+
+    async def put_key(self, key: Key, event: Event) -> int:
+        """A key made, or changed (revoked)."""
+        record = orjson.dumps(key.record())
+
+        def write(pipe: Any) -> None:
+            pipe.hset(self.key("keys"), key.id, record)
+            pipe.incr(self.key("keys_version"))
+
+        return await self._write(write, event)
 
     async def set_mark(self, unit: str, mark: Mark | None, event: Event) -> int:
         """`mark` None: back to the unit's configured state (nothing to override)."""
@@ -210,6 +242,11 @@ class SharedStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _keys(raw: dict[bytes, bytes]) -> dict[str, Key]:
+    keys = (from_record(orjson.loads(record)) for record in raw.values())
+    return {key.id: key for key in keys}
 
 
 def _saved(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.auth.keys import Key
 from gateway.units import UnitState
 
 State = Literal["enabled", "disabled", "draining"]
@@ -50,6 +51,7 @@ class Saved:
     marks: dict[str, Mark] = field(default_factory=dict)
     added: dict[str, AddedUnit] = field(default_factory=dict)
     removed: dict[str, Removal] = field(default_factory=dict)  # units of the config file
+    keys: dict[str, Key] = field(default_factory=dict)  # data-plane API keys, by id
 
 
 def saved_mark(unit: str, state: str, reason: str, who: str, since: float) -> Mark:

@@ -4,7 +4,9 @@ SQLite because a half-written JSON file after a crash would lose every override,
 SQLite transaction is all or nothing. The stdlib driver blocks, so every call runs in a worker
 thread; one connection and one lock serialize them, which is plenty for operator actions.
 The schema is versioned in `meta` so a newer gateway can migrate and an older one refuses a
-file it does not understand instead of misreading it.
+file it does not understand instead of misreading it. Version 2 added the data-plane API keys
+(`keys`: one JSON record per key, its secret's hash and never the secret); a version 1 file
+is migrated when opened.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import orjson
 
 from gateway.admin.errors import AdminStartError
 from gateway.admin.state import AddedUnit, Mark, Removal, Saved, saved_mark
+from gateway.auth.keys import Key, from_record
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS marks (
@@ -30,6 +33,8 @@ CREATE TABLE IF NOT EXISTS added (
     unit TEXT PRIMARY KEY, config TEXT NOT NULL, who TEXT NOT NULL, since REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS removed (unit TEXT PRIMARY KEY, who TEXT NOT NULL, since REAL NOT NULL);
 """
+# Each version's step from the one before; tables it adds are in _SCHEMA (IF NOT EXISTS).
+_MIGRATIONS = {2: "CREATE TABLE IF NOT EXISTS keys (id TEXT PRIMARY KEY, record TEXT NOT NULL);"}
 
 T = TypeVar("T")
 
@@ -92,6 +97,11 @@ class Store:
 
         await self._guarded(apply)
 
+    async def put_key(self, key: Key) -> None:
+        """A key made, or changed (revoked)."""
+        record = orjson.dumps(key.record()).decode()
+        await self._write("INSERT OR REPLACE INTO keys VALUES (?, ?)", (key.id, record))
+
     async def close(self) -> None:
         async with self._lock:
             await asyncio.to_thread(self._db.close)
@@ -121,15 +131,27 @@ def _connect(path: Path) -> sqlite3.Connection:
             db.executescript(_SCHEMA)
             row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
+                _migrate(db, 1)  # a new file
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
+            elif not row[0].isdigit() or not 1 <= int(row[0]) <= SCHEMA_VERSION:
                 raise ValueError(
-                    f"schema version {row[0]}, this gateway understands {SCHEMA_VERSION}"
+                    f"schema version {row[0]}, this gateway understands 1 to {SCHEMA_VERSION}"
+                )
+            elif int(row[0]) < SCHEMA_VERSION:
+                _migrate(db, int(row[0]))
+                db.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
                 )
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _migrate(db: sqlite3.Connection, found: int) -> None:
+    """From schema version `found` to SCHEMA_VERSION, in the caller's transaction."""
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        db.execute(_MIGRATIONS[version])
 
 
 def _load(db: sqlite3.Connection) -> Saved:
@@ -140,4 +162,7 @@ def _load(db: sqlite3.Connection) -> Saved:
         saved.added[unit] = AddedUnit(orjson.loads(config), who, float(since))
     for unit, who, since in db.execute("SELECT * FROM removed"):
         saved.removed[unit] = Removal(who, float(since))
+    for _, record in db.execute("SELECT * FROM keys"):
+        key = from_record(orjson.loads(record))
+        saved.keys[key.id] = key
     return saved

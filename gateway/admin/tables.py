@@ -76,6 +76,32 @@ def events(payload: dict[str, Any]) -> str:
     return table(header, rows)
 
 
+def keys(payload: dict[str, Any]) -> str:
+    """`keys list`, `keys create` (the secret, once) and `keys revoke`."""
+    if "keys" in payload:
+        header = (
+            "ID",
+            "PREFIX",
+            "TENANT",
+            "PRIORITY",
+            "RPM",
+            "TPM",
+            "INFLIGHT",
+            "EXPIRES",
+            "STATE",
+        )
+        rows = [
+            (k["id"], k["prefix"], k["tenant"], k["priority"], k["rpm"], k["tpm"],
+             k["max_inflight"], when(k["expires"]), k["state"])
+            for k in payload["keys"]
+        ]  # fmt: skip
+        return table(header, rows)
+    line = f"{payload['id']}: tenant {payload['tenant']}, {payload['state']}"
+    if "key" not in payload:
+        return line
+    return f"{line}\n{payload['key']}\n(the key is shown this once: store it now)"
+
+
 def why_not(u: dict[str, Any]) -> str:
     """The first reason the unit takes no new requests, in the order an operator would fix."""
     admin, health, breaker = u["admin"], u["health"], u["breaker"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.config import env as _env
 from gateway.config.admin import TRACE_EXPORTERS, AdminConfig, TracingConfig
+from gateway.config.auth import AuthConfig
 from gateway.config.builder import build as _build
 from gateway.config.checks import ConfigError
 from gateway.config.checks import check as _check
@@ -43,6 +44,7 @@ __all__ = [
     "TRACE_EXPORTERS",
     "AdminConfig",
     "AdmissionConfig",
+    "AuthConfig",
     "BreakerConfig",
     "Config",
     "ConfigError",
@@ -78,6 +80,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     state: StateConfig = field(default_factory=StateConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -86,6 +89,12 @@ class Config:
     units: tuple[UnitConfig, ...] = ()
 
     def __post_init__(self) -> None:
+        _check(
+            not self.auth.required or self.admin.enabled,
+            "auth",
+            "required = true",
+            "needs the admin API ([admin].enabled = true): keys are made and loaded through it",
+        )
         ids = [u.id for u in self.units]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         _check(not dupes, "id", dupes, "unit ids must be unique")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.auth.caller import ANONYMOUS, Caller
 from gateway.errors import UpstreamError
 from gateway.outcomes import End
 from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
@@ -25,6 +26,7 @@ class Call:
     __slots__ = (
         "attempts",
         "body",
+        "caller",
         "data",
         "deadline",
         "end",
@@ -71,6 +73,7 @@ class Call:
         self.start = start  # loop time of its arrival
         self.deadline = deadline  # loop time by which its answer must be over
         self.lease = lease  # the admission slot of the unit serving it now, if any
+        self.caller: Caller = ANONYMOUS  # who it is from (its API key), set before intake
         self.tracker: StreamTracker | None = None  # a resumable stream's token bookkeeping
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.send_path = path

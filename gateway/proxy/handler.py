@@ -13,6 +13,7 @@ import asyncio
 
 from aiohttp import web
 
+from gateway.auth.check import Gatekeeper
 from gateway.config import Config
 from gateway.errors import GatewayError, Overloaded, UpstreamError
 from gateway.outcomes import End
@@ -38,8 +39,11 @@ from gateway.routing.admission import Admission
 
 
 class ProxyHandler:
-    def __init__(self, config: Config, dispatcher: Dispatcher, live: LiveStreams) -> None:
+    def __init__(
+        self, config: Config, dispatcher: Dispatcher, live: LiveStreams, gate: Gatekeeper
+    ) -> None:
         self.config = config
+        self.gate = gate  # who each request is from: its API key
         self.live = live  # streams in flight per unit (the gateway's one, shared with probers)
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
@@ -92,6 +96,7 @@ class ProxyHandler:
         self, call: Call, request: web.Request, validate: Validator
     ) -> web.StreamResponse:
         try:
+            call.caller = self.gate.caller(request.headers.get("Authorization"))
             await self.intake(call, request, validate)
             self.signals.validated(call)
             unit, answer = await self.dispatcher.open(call)

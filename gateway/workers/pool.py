@@ -139,6 +139,7 @@ class WorkerPool:
         self._scrapes = 0
         self._scraped = asyncio.Event()
         self._dirty = False
+        self._keys_sent = -1  # the key table's version last broadcast
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._port_holder: socket.socket | None = None
@@ -165,6 +166,8 @@ class WorkerPool:
         units.on_membership(lambda _unit, _added: self._changed())
         units.on_panic(lambda _change: self._changed())
         self.gateway.events.on_event(lambda _event: self._changed())
+        self.gateway.keys.on_change(lambda _ring: self._changed())
+        self._keys_sent = self.gateway.keys.version  # each worker's first state has them
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._supervise(w)) for w in self.workers]
         waits = [w.ready.wait() for w in self.workers]
@@ -238,7 +241,10 @@ class WorkerPool:
     def _broadcast(self) -> None:
         self._dirty = False
         self.version += 1
-        frame = frames.encode(state.encode(self.gateway.units, self.version))
+        ring = self.gateway.keys
+        keys = ring if ring.version != self._keys_sent else None  # only when they changed
+        self._keys_sent = ring.version
+        frame = frames.encode(state.encode(self.gateway.units, self.version, keys))
         now = time.monotonic()
         for worker in self.workers:
             if worker.writer is not None and not worker.writer.is_closing():
@@ -300,7 +306,8 @@ class WorkerPool:
             "config": table(self.config),
         }
         writer.write(frames.encode(hello))
-        writer.write(frames.encode(state.encode(self.gateway.units, self.version)))
+        first = state.encode(self.gateway.units, self.version, self.gateway.keys)
+        writer.write(frames.encode(first))
         serving = asyncio.get_running_loop().create_task(self._serve(worker, reader))
         try:
             code = await proc.wait()

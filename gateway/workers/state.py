@@ -7,6 +7,10 @@ a restarted worker is current after its first message. A worker keeps a mirror
 (stream ejection on an unhealthy unit, admission wake-ups) fire as they do in one process, and
 its snapshot, panic routing included, is built by the same code from the same bits.
 
+The data plane's API keys ride the same messages, but only when they changed (and always in
+a worker's first state): a fleet may hold many keys, and most changes are a unit's bits. They
+are records with their secrets' hashes; no secret exists anywhere to be sent.
+
 Caps are split, not copied: worker i of n gets `share(cap, n, i)` of a unit's in-flight cap
 (and of a configured `[admission].max_inflight`), so the workers together never admit more
 than the cap, whatever the load balance of their connections.
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.auth.keys import from_record
+from gateway.auth.ring import KeyRing
 from gateway.config import UnitConfig
 from gateway.config.builder import build, table
 from gateway.health.states import Health
@@ -32,8 +38,18 @@ def share(total: int, count: int, index: int) -> int:
     return base + (index < extra)
 
 
-def encode(registry: UnitRegistry, version: int) -> dict[str, Any]:
-    return {"t": "state", "v": version, "units": [_unit(u) for u in registry.units.values()]}
+def encode(registry: UnitRegistry, version: int, keys: KeyRing | None = None) -> dict[str, Any]:
+    """The state message; with `keys`, the whole key table too."""
+    found = {"t": "state", "v": version, "units": [_unit(u) for u in registry.units.values()]}
+    if keys is not None:
+        found["keys"] = [key.record() for key in keys.by_id.values()]
+    return found
+
+
+def apply_keys(ring: KeyRing, message: dict[str, Any]) -> None:
+    """A worker's key table replaced by the message's, if it carries one."""
+    if "keys" in message:
+        ring.replace(from_record(record) for record in message["keys"])
 
 
 def _unit(unit: UnitState) -> dict[str, Any]:

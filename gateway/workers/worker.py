@@ -52,6 +52,7 @@ async def run(link_fd: int) -> int:
     if first is None or first["t"] != "state":
         raise frames.FrameError(f"expected the first state, got {first!r}")
     state.apply(gateway.units, first, count, index)
+    state.apply_keys(gateway.keys, first)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,6 +81,7 @@ async def _follow(
     """Apply each state message in order; return at EOF (the control plane died)."""
     while (message := await frames.read(reader)) is not None:
         if message["t"] == "state":
+            state.apply_keys(gateway.keys, message)  # first: a revocation is the urgent part
             state.apply(gateway.units, message, count, index)
             link.send({"t": "applied", "v": message["v"]})
         elif message["t"] == "load":

@@ -129,6 +129,7 @@ async def test_every_operation_answers_as_documented(
     failure's), every answer validated: a new route or status must come with a call here."""
     await units_and_states(checker, len(clean_sim.units))
     await membership_and_events(checker, clean_sim.units[0])
+    await api_keys(checker)
     await auth_everywhere(checker)
     wanted = {seen for seen in checker.documented() if seen[2] not in UNPROVOKED}
     assert wanted - checker.seen == set()
@@ -184,6 +185,21 @@ async def membership_and_events(checker: Checker, sim_unit: dict[str, Any]) -> N
     assert (await call("GET", "/admin/events", "/admin/events?limit=0"))[0] == 400
     status, workers = await call("GET", "/admin/workers")
     assert (status, workers) == (200, {"workers": []})  # one process
+
+
+async def api_keys(checker: Checker) -> None:
+    call = checker.call
+    body = {"tenant": "acme", "rpm": 60, "expires": "2099-01-01T00:00:00Z"}
+    status, made = await call("POST", "/admin/keys", body=body)
+    assert status == 201 and made["key"].startswith("ug-")
+    refused = {"tenant": "acme", "rpm": -1}
+    assert (await call("POST", "/admin/keys", body=refused, refused=True))[0] == 400
+    status, listed = await call("GET", "/admin/keys")
+    assert status == 200 and [k["id"] for k in listed["keys"]] == [made["id"]]
+    one = "/admin/keys/{id}"
+    status, revoked = await call("DELETE", one, f"/admin/keys/{made['id']}")
+    assert (status, revoked["state"]) == (200, "revoked")
+    assert (await call("DELETE", one, "/admin/keys/key_nope"))[0] == 404
 
 
 async def auth_everywhere(checker: Checker) -> None:
