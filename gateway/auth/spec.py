@@ -41,15 +41,13 @@ class KeySpec:
 def class_names(config: Config) -> tuple[str, ...]:
     """The priority classes a key may name, most important first: the configured ones, or
     "standard" alone where the gateway has no classes."""
-    priority = getattr(config, "priority", None)
-    if priority is None:
+    if config.priority is None:
         return ("standard",)
-    return tuple(c.name for c in priority.ranked)
+    return tuple(c.name for c in config.priority.ranked)
 
 
 def default_class(config: Config) -> str:
-    priority = getattr(config, "priority", None)
-    return "standard" if priority is None else str(priority.default)
+    return "standard" if config.priority is None else config.priority.default
 
 
 def parse(body: object, config: Config, now: float) -> KeySpec:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.auth.caller import Caller
 from gateway.config import Config
 from gateway.errors import InvalidRequest
 from gateway.paths import RESUMABLE
@@ -23,7 +24,7 @@ from gateway.proxy.continuation import resumable, with_token_ids
 from gateway.proxy.priority import ask_of, refuse_own_priority
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo, parse_body
-from gateway.routing.admission import ANONYMOUS, one_class
+from gateway.routing.admission import one_class
 from gateway.routing.affinity import affinity_key
 
 Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
@@ -44,6 +45,7 @@ class Intake:
         self.priority = config.priority  # None: no classes, every request `standard`
         a = config.admission
         self.classes = config.priority or one_class(a.queue_size, a.queue_timeout)
+        self.names = frozenset(c.name for c in self.classes.classes)
 
     async def __call__(self, call: Call, request: web.Request, validate: Validator) -> None:
         body = await self._read_body(request)
@@ -51,7 +53,10 @@ class Intake:
         info = validate(data, self.models, self.config.routing.prefix_chars)
         if self.priority is not None:
             refuse_own_priority(data)
-        ask = ask_of(request.headers, data, len(body), self.classes, ANONYMOUS)
+        caller = call.caller
+        ask = ask_of(
+            request.headers, data, len(body), self.classes, caller.tenant, *self.clamp(caller)
+        )
         call.lease.ask = ask
         if self.priority is not None:
             call.unit_priority = self.priority.get(ask.klass).unit_priority
@@ -62,6 +67,16 @@ class Intake:
             tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
             send = with_token_ids(data)
         call.accept(body, data, info, key, tracker, send)
+
+    def clamp(self, caller: Caller) -> tuple[str | None, str]:
+        """The caller's highest and default class, as this gateway's classes know them: a key
+        made for a class the config has since dropped runs in `[priority].default`, at most."""
+        names = self.names
+        highest = caller.highest
+        if highest is not None and highest not in names:
+            highest = self.classes.default
+        default = caller.default if caller.default in names else ""
+        return highest, default
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body; the app's `client_max_size` enforces the limit while reading.

@@ -219,3 +219,43 @@ async def test_a_key_past_its_expiry_is_refused_and_listed_expired(
         assert status == 401 and "has expired" in body["error"]["message"]
         _, listed = await call(http, gw, "GET", "/admin/keys")
         assert [k["state"] for k in listed["keys"]] == ["expired"]
+
+
+async def test_a_keys_classes_clamp_the_header_and_set_the_default(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    state = str(tmp_path / "admin.sqlite3")
+    config = gateway_config(
+        clean_sim.units,
+        admin={"enabled": True, "state_file": state},
+        auth={"required": True},
+        priority={},
+    )
+    async with running(config) as gw:
+        capped = await make_key(http, gw, priority="standard", default_priority="batch")
+        top = await make_key(http, gw, tenant="shop", priority="interactive")
+        sample = gw.metrics.registry.get_sample_value
+
+        def admitted(klass: str) -> float:
+            return sample("unitgate_queue_wait_seconds_count", {"class": klass}) or 0.0
+
+        async def ask(secret: str, klass: str | None) -> int:
+            headers = {"Authorization": f"Bearer {secret}"}
+            if klass is not None:
+                headers["x-unitgate-priority"] = klass
+            body = chat_body(stream=False, max_tokens=1)
+            async with http.post(gw.public_url + CHAT, json=body, headers=headers) as resp:
+                return resp.status
+
+        cases = [
+            (capped["key"], "interactive", "standard"),  # clamped to the key's highest
+            (capped["key"], None, "batch"),  # the key's default
+            (capped["key"], "batch", "batch"),  # lower than its highest: as asked
+            (top["key"], "interactive", "interactive"),
+            (top["key"], None, "interactive"),  # no default_priority: its priority
+            (top["key"], "batch", "batch"),
+        ]
+        for secret, asked, ran in cases:
+            before = admitted(ran)
+            assert await ask(secret, asked) == 200
+            assert admitted(ran) == before + 1, (asked, ran)
