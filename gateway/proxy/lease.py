@@ -46,7 +46,7 @@ class Lease:
     def drop(self) -> None:
         if self.unit is not None:
             unit, self.unit = self.unit, None
-            self.admission.release(unit, self.ask.klass, self)
+            self.admission.release(unit, self.ask.klass, self, self.ask.tenant)
 
     def __enter__(self) -> Lease:
         return self

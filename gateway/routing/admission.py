@@ -101,6 +101,7 @@ class Admission:
         self.queues: ClassQueues[_Waiter[Slot]] = ClassQueues(self.classes, queue_size)
         self.inflight = 0
         self.used: dict[str, int] = {c.name: 0 for c in self.classes.classes}
+        self.tenants: dict[tuple[str, str], int] = {}  # in flight by (class, tenant)
         self._capacity_of = capacity
         self._capacity = self._measure()
         # Preemption: the least important class's requests holding slots (when they got them),
@@ -124,7 +125,7 @@ class Admission:
         return {c.name: (self.queues.waiting(c.name), self.used[c.name]) for c in ranked}
 
     def slots(self) -> Slots:
-        return Slots(self._capacity, self.used)
+        return Slots(self._capacity, self.used, self.tenants)
 
     async def acquire(
         self, pick: Callable[[], S | None], ask: Ask = DEFAULT_ASK, holder: Holder | None = None
@@ -148,10 +149,21 @@ class Admission:
             self._preempt(loop.time())
         return await self._wait(entry, waiter)
 
-    def release(self, unit: Slot, klass: str = STANDARD, holder: Holder | None = None) -> None:
+    def release(
+        self,
+        unit: Slot,
+        klass: str = STANDARD,
+        holder: Holder | None = None,
+        tenant: str = ANONYMOUS,
+    ) -> None:
         unit.inflight -= 1
         self.inflight -= 1
         self.used[klass] -= 1
+        key = (klass, tenant)
+        if (left := self.tenants[key] - 1) > 0:
+            self.tenants[key] = left
+        else:
+            del self.tenants[key]
         if holder is not None and self._bottom is not None:
             self._preemptible.pop(holder, None)
             self._preempted.discard(holder)
@@ -203,6 +215,8 @@ class Admission:
         unit.inflight += 1
         self.inflight += 1
         self.used[entry.klass] += 1
+        key = (entry.klass, entry.tenant)
+        self.tenants[key] = self.tenants.get(key, 0) + 1
         if entry.klass == self._bottom and waiter.holder is not None:
             self._preemptible[waiter.holder] = asyncio.get_running_loop().time()
         waiter.future.set_result(unit)
@@ -224,7 +238,8 @@ class Admission:
         except asyncio.CancelledError:  # the client left
             if not self.queues.remove(entry):  # type: ignore[arg-type]
                 if waiter.future.done() and waiter.future.exception() is None:
-                    self.release(waiter.future.result(), entry.klass, waiter.holder)
+                    unit = waiter.future.result()
+                    self.release(unit, entry.klass, waiter.holder, entry.tenant)
             else:
                 waiter.future.cancel()
             raise

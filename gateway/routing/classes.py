@@ -22,6 +22,15 @@ by class (`Slots`); it owns the requests, the units and the timers. The rules:
    than slots are already on their way to them (`releasing`), the newest request of the least
    important class that has not yet sent its first byte may be cancelled for them. The freed
    slot reaches them by rule 2 (the most important class fits whenever anyone does).
+7. Headroom between tenants: in a class that more than one tenant used in the last
+   `ACTIVE_WINDOW` seconds, a tenant that already holds slots, its fair share of the class's
+   or more (the slots not held back for more important classes, divided by the active
+   tenants), takes another only if that leaves free a slot for each other active tenant (at
+   most `HEADROOM_SHARE` of the capacity). So a flooding tenant leaves a slot free for the
+   next request of a steady one, which starts at once instead of waiting for a slot to end;
+   alone, a tenant uses every slot. The cost: while others are active, up to that many slots
+   may stand idle. (The headroom is kept from the class's own tenants only: a less important
+   class may take it.)
 """
 
 from __future__ import annotations
@@ -32,10 +41,13 @@ from typing import Generic, TypeVar
 
 from gateway.config.priority import PriorityClass, PriorityConfig
 from gateway.routing.fairshare import FairLine
-from gateway.routing.reserve import fits
+from gateway.routing.reserve import fits, held_back
 
 H = TypeVar("H")
 R = TypeVar("R")
+
+ACTIVE_WINDOW = 10.0  # seconds: a tenant seen this recently in a class counts for rule 7
+HEADROOM_SHARE = 0.1  # rule 7 keeps free at most this share of the slots
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -63,6 +75,8 @@ class Running(Generic[R]):
 class Slots:
     capacity: int  # slots in all (the gateway's limit, or the routable units' caps)
     used: Mapping[str, int] = field(default_factory=dict)  # in flight, by class
+    # In flight by (class, tenant), for rule 7; empty: rule 7 is off.
+    tenants: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +105,9 @@ class ClassQueues(Generic[H]):
         self.ranked = config.ranked
         self._class = {c.name: c for c in self.ranked}
         self._lines: dict[str, FairLine[Entry[H]]] = {c.name: FairLine() for c in self.ranked}
+        # Rule 7: per class, when each tenant last arrived; pruned once a second.
+        self._seen: dict[str, dict[str, float]] = {c.name: {} for c in self.ranked}
+        self._pruned = 0.0
 
     def __len__(self) -> int:
         return sum(len(line) for line in self._lines.values())
@@ -114,9 +131,11 @@ class ClassQueues(Generic[H]):
         unit serving its model has room); None = always."""
         klass = self._class[entry.klass]
         line = self._lines[entry.klass]
+        self._seen[klass.name][entry.tenant] = entry.since
         if (
             not self._waiting_at_or_above(klass)
             and fits(self.ranked, klass.name, slots.capacity, slots.used)
+            and self._tenant_fits(klass.name, entry.tenant, entry.since, slots)
             and (eligible is None or eligible(entry))
         ):
             line.serve(entry.tenant, entry.tokens)
@@ -148,7 +167,10 @@ class ClassQueues(Generic[H]):
             def ok(e: Entry[H], due: float = due) -> bool:
                 return now < e.since + due and (eligible is None or eligible(e))
 
-            entry = line.pop(ok)
+            def tenant_ok(tenant: str, name: str = klass.name) -> bool:
+                return self._tenant_fits(name, tenant, now, slots)
+
+            entry = line.pop(ok, tenant_ok if slots.tenants else None)
             if entry is not None:
                 return entry
         return None
@@ -211,6 +233,31 @@ class ClassQueues(Generic[H]):
         bottom = self.ranked[-1].name
         victims = (r for r in running if r.klass == bottom and not r.started)
         return max(victims, key=lambda r: r.since, default=None)
+
+    def active(self, klass: str, now: float) -> int:
+        """Tenants that asked for a slot in `klass` in the last ACTIVE_WINDOW seconds."""
+        if now - self._pruned >= 1.0:
+            self._pruned = now
+            for seen in self._seen.values():
+                for tenant in [t for t, at in seen.items() if now - at > ACTIVE_WINDOW]:
+                    del seen[tenant]
+        return len(self._seen[klass])
+
+    def _tenant_fits(self, klass: str, tenant: str, now: float, slots: Slots) -> bool:
+        """Rule 7: whether `tenant` may take one more of the slots `klass` may take."""
+        if not slots.tenants:
+            return True
+        active = self.active(klass, now)
+        if active <= 1:
+            return True
+        held = slots.tenants.get((klass, tenant), 0)
+        back = held_back(self.ranked, klass, slots.capacity, slots.used)
+        room = slots.capacity - back  # the slots this class may use at all
+        if held == 0 or (held + 1) * active <= room:  # none yet, or within its fair share
+            return True
+        headroom = min(active - 1, max(1, int(HEADROOM_SHARE * slots.capacity)))
+        free_after = slots.capacity - sum(slots.used.values()) - 1 - back
+        return free_after >= headroom
 
     def _waiting_at_or_above(self, klass: PriorityClass) -> bool:
         return any(self._lines[c.name] for c in self.ranked if c.rank <= klass.rank)

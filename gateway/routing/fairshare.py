@@ -69,15 +69,20 @@ class FairLine(Generic[W]):
         line.append(waiter)
         self._size += 1
 
-    def pop(self, ok: Callable[[W], bool]) -> W | None:
-        """The next waiter `ok` accepts (least-served tenant first), removed and charged."""
+    def pop(
+        self, ok: Callable[[W], bool], tenant_ok: Callable[[str], bool] | None = None
+    ) -> W | None:
+        """The next waiter `ok` accepts (least-served tenant first), removed and charged;
+        `tenant_ok` skips a tenant's waiters all at once (a tenant at its share of slots)."""
         if not self._lines:
             return None
         first = min(self._lines, key=self._order)
-        waiter = _first(self._lines[first], ok)
-        if waiter is None:  # rare: the caller skips waiters it cannot place (overdue, unroutable)
+        waiter = _first(self._lines[first], ok) if tenant_ok is None or tenant_ok(first) else None
+        if waiter is None:  # the caller skips waiters it cannot place (overdue, unroutable)
             for tenant in sorted(self._lines, key=self._order):
-                waiter = _first(self._lines[tenant], ok) if tenant != first else None
+                if tenant == first or (tenant_ok is not None and not tenant_ok(tenant)):
+                    continue
+                waiter = _first(self._lines[tenant], ok)
                 if waiter is not None:
                     break
         if waiter is not None:

@@ -6,19 +6,16 @@ absorbs the shedding.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from random import Random
 
-import aiohttp
 import pytest
 
 from loadtest.gen.stats import percentile
 from tests.chaos.clusters import start_gateway
+from tests.chaos.openloop import closed_loop_capacity, open_loop
 from tests.chaos.simulated import paced
-from tests.support import MODEL, SimProcess, chat_body
+from tests.support import MODEL, SimProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(180)]
 
@@ -35,64 +32,6 @@ CLASSES = [
 ]
 
 
-@dataclass
-class Result:
-    klass: str
-    status: int | None = None
-    ttft: float | None = None
-    completed: bool = False
-
-
-async def one(http: aiohttp.ClientSession, url: str, klass: str) -> Result:
-    result = Result(klass)
-    started = time.perf_counter()
-    headers = {"x-unitgate-priority": klass}
-    try:
-        async with http.post(url, json=chat_body(True), headers=headers) as resp:
-            result.status = resp.status
-            if resp.status != 200:
-                await resp.read()
-                return result
-            first = True
-            async for _chunk in resp.content.iter_any():
-                if first:
-                    result.ttft, first = time.perf_counter() - started, False
-            result.completed = True
-    except (aiohttp.ClientError, TimeoutError):
-        pass
-    return result
-
-
-async def open_loop(url: str, rate: float, duration: float, seed: int) -> list[Result]:
-    rng = Random(seed)
-    timeout = aiohttp.ClientTimeout(total=30)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-        tasks: list[asyncio.Task[Result]] = []
-        start = time.perf_counter()
-        for i in range(int(rate * duration)):
-            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-            klass = "interactive" if rng.random() < INTERACTIVE_SHARE else "batch"
-            tasks.append(asyncio.create_task(one(http, url, klass)))
-        return list(await asyncio.gather(*tasks))
-
-
-async def closed_loop_capacity(url: str, concurrency: int, duration: float) -> float:
-    """Requests per second the units serve with every slot busy (standard class)."""
-    done: list[float] = []
-    stop = time.perf_counter() + duration
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-
-        async def worker() -> None:
-            while time.perf_counter() < stop:
-                result = await one(http, url, "standard")
-                if result.completed:
-                    done.append(time.perf_counter())
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return (len(done) - 1) / (max(done) - min(done))
-
-
 async def test_at_twice_capacity_interactive_keeps_its_goodput_and_batch_is_shed(
     sim: SimProcess, tmp_path: Path
 ) -> None:
@@ -107,11 +46,17 @@ async def test_at_twice_capacity_interactive_keeps_its_goodput_and_batch_is_shed
     try:
         url = gw.public + CHAT
         slots = SLOTS_PER_UNIT * len(sim.units)
-        capacity = await closed_loop_capacity(url, slots, 3.0)
+        capacity = await closed_loop_capacity(url, slots, 3.0, {"x-unitgate-priority": "batch"})
         rate = 2.0 * capacity
-        results = await open_loop(url, rate, DURATION, seed=7)
-        interactive = [r for r in results if r.klass == "interactive"]
-        batch = [r for r in results if r.klass == "batch"]
+        rng = Random(7)
+
+        def sender(_: int) -> tuple[str, dict[str, str]]:
+            klass = "interactive" if rng.random() < INTERACTIVE_SHARE else "batch"
+            return klass, {"x-unitgate-priority": klass}
+
+        results = await open_loop(url, rate, DURATION, sender)
+        interactive = [r for r in results if r.label == "interactive"]
+        batch = [r for r in results if r.label == "batch"]
         good = [r for r in interactive if r.status == 200 and r.completed]
         ttfts = sorted(r.ttft for r in good if r.ttft is not None)
         p50, p99 = percentile(ttfts, 50), percentile(ttfts, 99)

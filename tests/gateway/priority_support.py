@@ -18,6 +18,7 @@ class FakeGateway:
     config: PriorityConfig
     capacity: int
     queue_limit: int
+    headroom: bool = False  # report slots by tenant too: rule 7 (headroom) applies
     queues: ClassQueues[int] = field(init=False)
     running: dict[int, Entry[int]] = field(default_factory=dict)
     entries: dict[int, Entry[int]] = field(default_factory=dict)
@@ -31,7 +32,12 @@ class FakeGateway:
         self.queues = ClassQueues(self.config, self.queue_limit)
 
     def slots(self) -> Slots:
-        return Slots(self.capacity, Counter(e.klass for e in self.running.values()))
+        used = Counter(e.klass for e in self.running.values())
+        if not self.headroom:
+            return Slots(self.capacity, used)
+        return Slots(
+            self.capacity, used, Counter((e.klass, e.tenant) for e in self.running.values())
+        )
 
     def arrive(self, now: float, klass: str, tenant: str, tokens: int = 100) -> Entry[int]:
         entry = Entry(next(self._ids), klass, tenant, tokens, now)

@@ -132,7 +132,7 @@ async def test_a_flooding_tenant_does_not_hold_back_another_in_its_class() -> No
         await adm.acquire(pick, ask)
         served.append(tenant)
         await asyncio.sleep(0)
-        adm.release(slot, "standard")
+        adm.release(slot, "standard", None, tenant)
 
     flood = [asyncio.create_task(wait("a")) for _ in range(10)]
     await queued(adm, 10)

@@ -17,14 +17,7 @@ STEP, SERVICE = 0.1, 1.0  # seconds per tick; every request runs one second
 
 def _run(gw: FakeGateway, ticks: int, arrivals: dict[str, tuple[int, int, int]]) -> None:
     """`arrivals`: tenant -> (every how many ticks, how many, tokens each)."""
-    for tick in range(ticks):
-        now = tick * STEP
-        for e in [e for e in gw.running.values() if gw.admitted_at[e.handle] + SERVICE <= now]:
-            gw.finish(e, now)
-        for tenant, (every, count, tokens) in arrivals.items():
-            if tick % every == 0:
-                for _ in range(count):
-                    gw.arrive(now, "standard", tenant, tokens)
+    _run_from(gw, 0, ticks, arrivals)
 
 
 def test_a_steady_tenant_waits_behind_at_most_one_request_of_a_flooding_one() -> None:
@@ -40,6 +33,41 @@ def test_a_steady_tenant_waits_behind_at_most_one_request_of_a_flooding_one() ->
     assert len(gw.admitted) == 4 * 200  # and a had every slot b did not use
     shed = gw.fated("shed")  # past its queue, the flood's own arrivals are shed
     assert shed and {e.tenant for e in shed} == {"a"}
+
+
+def test_with_headroom_a_steady_tenant_starts_at_once_beside_a_flood() -> None:
+    """Rule 7: the flood holds 3 of the 4 slots while b is active, so b never waits; once b
+    has been quiet for ACTIVE_WINDOW, the flood uses all 4 again."""
+    gw = FakeGateway(ONE_CLASS, capacity=4, queue_limit=1024, headroom=True)
+    _run(gw, 1000, {"a": (1, 2, 100), "b": (20, 1, 100)})  # 100 s, b every 2 s
+    b = [e for e in gw.admitted if e.tenant == "b"]
+    assert len(b) == 50 and all(gw.admitted_at[e.handle] == e.since for e in b)
+    busy = Counter(e.tenant for e in gw.running.values())
+    assert busy["a"] == 3  # one slot kept for b
+    quiet = len(gw.admitted)
+    _run_from(gw, 1000, 1300, {"a": (1, 2, 100)})  # b gone for 30 s
+    assert Counter(e.tenant for e in gw.running.values())["a"] == 4
+    # b last came at 98 s, so it counts until 108 s: 3 a second for 8 s, then 4 for 22 s.
+    assert abs(len(gw.admitted) - quiet - (3 * 8 + 4 * 22)) <= 4
+
+
+def test_alone_a_tenant_uses_every_slot_with_headroom_on() -> None:
+    gw = FakeGateway(ONE_CLASS, capacity=4, queue_limit=1024, headroom=True)
+    _run(gw, 200, {"a": (1, 2, 100)})
+    assert len(gw.admitted) == 4 * 20
+
+
+def _run_from(
+    gw: FakeGateway, first: int, last: int, arrivals: dict[str, tuple[int, int, int]]
+) -> None:
+    for tick in range(first, last):
+        now = tick * STEP
+        for e in [e for e in gw.running.values() if gw.admitted_at[e.handle] + SERVICE <= now]:
+            gw.finish(e, now)
+        for tenant, (every, count, tokens) in arrivals.items():
+            if tick % every == 0:
+                for _ in range(count):
+                    gw.arrive(now, "standard", tenant, tokens)
 
 
 def test_two_floods_get_the_same_tokens_whatever_their_request_sizes() -> None:

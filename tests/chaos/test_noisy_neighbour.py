@@ -1,0 +1,80 @@
+"""A noisy neighbour: tenant A floods at ten times tenant B's rate, both with API keys in the
+same class, past what the units serve; B, sending steadily, keeps its time to first token
+and is never refused. Real processes: a gateway in front of the simulator.
+
+The simulated units take 200 ms to a first token (a prefill) and free a slot every ~20 ms
+across the fleet, as a real fleet does: B's waits for a slot are short next to its TTFT, if
+the queue lets B through rather than behind A's flood.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest.gen.stats import percentile
+from tests.chaos.clusters import start_gateway
+from tests.chaos.openloop import Result, closed_loop_capacity, open_loop
+from tests.chaos.simulated import paced
+from tests.support import MODEL, SimProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(240)]
+
+CHAT = "/v1/chat/completions"
+SLOTS_PER_UNIT = 4  # 3 simulated units: 12 slots
+TTFT_MS, ITL_MS = 200.0, 10.0  # 8 tokens: about 0.28 s a request, ~40 requests/s in all
+B_RATE = 6.0  # requests a second, steady
+FLOOD = 10  # A sends FLOOD times B's rate
+DURATION = 15.0
+RATIO = 1.25  # B's TTFT p99 with the flood, at most this times B's alone
+
+
+def p99(results: list[Result]) -> float:
+    return percentile(sorted(r.ttft for r in results if r.ttft is not None), 99)
+
+
+async def test_a_flooding_tenant_does_not_slow_a_steady_one_in_its_class(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    paced(sim, TTFT_MS, ITL_MS)
+    gw = start_gateway(
+        tmp_path,
+        sim,
+        MODEL,
+        admission={"unit_max_inflight": SLOTS_PER_UNIT},
+        priority={},
+        auth={"required": True},
+    )
+    try:
+        url = gw.public + CHAT
+        keys = {t: gw.ops.admin("/admin/keys", {"tenant": t})["key"] for t in ("a", "b")}
+        auth = {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
+        capacity = await closed_loop_capacity(url, 3 * SLOTS_PER_UNIT, 3.0, auth["a"])
+        assert 1.5 * capacity < (FLOOD + 1) * B_RATE, f"no overload at {capacity:.1f} req/s"
+
+        alone = await open_loop(url, B_RATE, DURATION, lambda i: ("b", auth["b"]))
+        assert all(r.completed for r in alone), [r.status for r in alone if not r.completed]
+
+        def mixed(i: int) -> tuple[str, dict[str, str]]:
+            tenant = "b" if i % (FLOOD + 1) == 0 else "a"
+            return tenant, auth[tenant]
+
+        both = await open_loop(url, (FLOOD + 1) * B_RATE, DURATION, mixed)
+        b = [r for r in both if r.label == "b"]
+        a = [r for r in both if r.label == "a"]
+        a_served = sum(1 for r in a if r.completed)
+        a_refused = sum(1 for r in a if r.status == 429)
+        print(
+            f"\nnoisy neighbour: capacity {capacity:.1f} req/s; B alone TTFT p99"
+            f" {p99(alone) * 1000:.0f} ms, with A's flood {p99(b) * 1000:.0f} ms"
+            f" ({p99(b) / p99(alone):.2f}x); B {sum(r.completed for r in b)}/{len(b)} served;"
+            f" A {a_served}/{len(a)} served, {a_refused} refused with 429"
+        )
+        assert [r.status for r in b if r.status != 200] == []  # B: no 429, nothing else
+        assert all(r.completed for r in b)
+        assert a_refused > 0, "A's flood was never refused: there was no overload"
+        assert p99(b) <= RATIO * p99(alone), (p99(b), p99(alone))
+    finally:
+        sim.post("/reset")
+        gw.close()
