@@ -51,10 +51,12 @@ CONCURRENCY = 32
 ADMIN = '[admin]\nenabled = true\nstate_file = ""\nallow_unauthenticated_loopback = false\n'
 
 
-def admin_call(url: str, token: str, path: str, method: str = "POST") -> Any:
+def admin_call(
+    url: str, token: str, path: str, method: str = "POST", body: dict[str, Any] | None = None
+) -> Any:
     """One admin API request with the benchmark's token; its JSON answer (also used by
-    bench.replicas)."""
-    data = b'{"reason": "benchmark"}' if method == "POST" else None
+    bench.replicas and bench.tenancy)."""
+    data = None if method != "POST" else json.dumps(body or {"reason": "benchmark"}).encode()
     req = urllib.request.Request(url + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     req.add_header("Content-Type", "application/json")
@@ -106,10 +108,13 @@ def capacity(tmp: Path, workers: int, requests: int, pins: Pins | None) -> dict[
             return asyncio.run(measured_load(gw["public"], int(gw["pid"]), requests))
 
 
-async def measured_load(url: str, pid: int, requests: int) -> dict[str, Any]:
+async def measured_load(
+    url: str, pid: int, requests: int, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A warmed-up closed loop of CONCURRENCY and the CPU the gateway tree spent on it (also
-    used by bench.replicas)."""
+    used by bench.replicas and bench.tenancy); `headers` go with every request."""
     async with open_session(CONCURRENCY) as session:
+        session.headers.update(headers or {})
         await closed_loop(session, [url], 2 * CONCURRENCY, CONCURRENCY, 0.0)
         cpu0 = tree_ticks(pid)
         loop = await closed_loop(session, [url], requests, CONCURRENCY, 0.0)
