@@ -33,6 +33,7 @@ from gateway.observability import process
 from gateway.observability.fleet import Fleet
 from gateway.observability.histogram import HistogramFamily, reaching
 from gateway.observability.looplag import LoopLag
+from gateway.observability.tenants import TenantFamilies
 from gateway.outcomes import Resumption
 from gateway.units import UnitRegistry
 
@@ -153,6 +154,9 @@ class Metrics:
             "class",
             long,
         )
+        # Per tenant, the tenant label bounded (tenants.py): the observer sits in the server.
+        self.tenants = TenantFamilies(r)
+        self.by_class = by_class  # each class's (waiting, in flight), for the status page too
         for family in (self.ttft, self.itl, self.e2e, self.queue_wait):
             r.register(family)
         for reason in ("saturated", "no_routable_unit"):
