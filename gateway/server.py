@@ -34,13 +34,13 @@ from gateway.net import LISTEN_BACKLOG
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
-from gateway.observability.fairness import Shares, TokenWindow, merged
+from gateway.observability.fairness import TokenWindow
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
 from gateway.observability.request_tracing import TracingObserver
 from gateway.observability.tenant_labels import TenantLabels
-from gateway.observability.tenants import FairnessCollector, TenantObserver
+from gateway.observability.tenants import TenantObserver
 from gateway.observability.tracing import Tracing
 from gateway.oslimits import stream_budget
 from gateway.proxy.dispatch import Dispatcher
@@ -133,7 +133,7 @@ class Gateway:
         window = TokenWindow(m.fairness_window)
         self.tenants = TenantObserver(self.metrics.tenants, TenantLabels(m.tenants_top), window)
         self.signals.subscribe(self.tenants)
-        self.metrics.registry.register(FairnessCollector(self.tenant_shares))
+        self.metrics.window = self.tenants.shares
         self.signals.subscribe(AuditObserver(self.events))
         t, h = config.timeouts, config.health
         record = role.record or self.breakers.record
@@ -158,13 +158,6 @@ class Gateway:
         self._runners: list[web.AppRunner] = []
         self._upstream: UpstreamClient | None = None
         self.proxy: ProxyHandler | None = None  # the request path, once started
-
-    def tenant_shares(self) -> Shares:
-        """Tokens per tenant per class over the fairness window: this process's, and in a
-        control plane its workers' as they last reported them."""
-        own = self.tenants.shares()
-        fleet = self.metrics.fleet
-        return own if fleet is None else merged([own, *fleet.shares()])
 
     def _membership(self, unit: UnitState, added: bool) -> None:
         if not added:
