@@ -58,7 +58,7 @@ class TenantLabels:
         if label is not None:
             self._tick()
             return label
-        if len(self._labels) >= self.top:
+        if len(self._labels) >= self.top or tenant == OTHER:  # a tenant named "other" is in it
             return OTHER
         self._tick()
         count = self._count(tenant)

@@ -61,3 +61,10 @@ def test_a_newcomer_inherits_no_credit_from_the_counter_it_takes_over() -> None:
     feed(labels, [f"t{i}" for i in range(16)], 20)  # every counter at 20
     # a newcomer's counter starts at 21, but it is guaranteed only its own one request
     assert labels.observe("new") == OTHER
+
+
+def test_a_tenant_named_other_takes_no_label_of_the_top() -> None:
+    labels = TenantLabels(top=1)
+    feed(labels, [OTHER], 50)
+    assert labels.labelled == frozenset()
+    assert feed(labels, ["real"], MIN_REQUESTS)[-1] == "real"
