@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +34,13 @@ from gateway.net import LISTEN_BACKLOG
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
+from gateway.observability.fairness import TokenWindow
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
 from gateway.observability.request_tracing import TracingObserver
+from gateway.observability.tenant_labels import TenantLabels
+from gateway.observability.tenants import TenantObserver
 from gateway.observability.tracing import Tracing
 from gateway.oslimits import stream_budget
 from gateway.proxy.dispatch import Dispatcher
@@ -72,6 +75,9 @@ class Role:
     own: Callable[[UnitState], int] | None = None
     limit: int | None = None
     workers: WorkersView | None = None  # the admin API's /admin/workers
+    # Each priority class's (waiting, in flight) for the metrics and the status page
+    # (default: this process's admission; the control plane's: its workers', as reported).
+    by_class: Callable[[], Mapping[str, tuple[int, int]]] | None = None
 
 
 ALL = Role()
@@ -104,7 +110,7 @@ class Gateway:
             lambda: self.admission.queued,
             self.lag,
             config.timeouts.total,
-            self.admission.by_class,
+            role.by_class or self.admission.by_class,
         )
         self.events = EventLog(config.admin.events_kept)
         self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
@@ -123,6 +129,11 @@ class Gateway:
         # The request path's observers: it emits signals, these subscribe (proxy/signals.py).
         self.signals = Signals()
         self.signals.subscribe(MetricsObserver(self.metrics))
+        m = config.metrics
+        window = TokenWindow(m.fairness_window)
+        self.tenants = TenantObserver(self.metrics.tenants, TenantLabels(m.tenants_top), window)
+        self.signals.subscribe(self.tenants)
+        self.metrics.window = self.tenants.shares
         self.signals.subscribe(AuditObserver(self.events))
         t, h = config.timeouts, config.health
         record = role.record or self.breakers.record

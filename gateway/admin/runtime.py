@@ -27,6 +27,7 @@ from gateway.auth.ring import KeyRing
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
+from gateway.status.classes import ClassesAndTenants
 from gateway.status.feed import StatusFeed
 from gateway.status.page import StatusPage
 from gateway.status.traffic import Traffic
@@ -52,8 +53,9 @@ class Admin:
         self._auth: Authenticator | None = None
         self.api = AdminApi(self.service, self._authenticator, breaker_view, workers)
         # The status page (/status) shows what the admin API does, pushed on every change,
-        # and each unit's recent traffic from the metrics.
-        feed = StatusFeed(self.api.snapshot, None if metrics is None else Traffic(metrics))
+        # and each unit's recent traffic, the classes and the top tenants from the metrics.
+        found = () if metrics is None else (Traffic(metrics), ClassesAndTenants(metrics))
+        feed = StatusFeed(self.api.snapshot, *found)
         units.on_change(feed.changed)
         units.on_membership(feed.changed)
         units.on_panic(feed.changed)

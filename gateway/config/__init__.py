@@ -22,6 +22,7 @@ from gateway.config.checks import ConfigError
 from gateway.config.checks import check as _check
 from gateway.config.health import BreakerConfig, HealthConfig
 from gateway.config.logging import LOG_FORMATS, LoggingConfig
+from gateway.config.metrics import MetricsConfig
 from gateway.config.priority import PriorityClass, PriorityConfig
 from gateway.config.proxy import (
     AFFINITY_MODES,
@@ -52,6 +53,7 @@ __all__ = [
     "HealthConfig",
     "ListenerConfig",
     "LoggingConfig",
+    "MetricsConfig",
     "PriorityClass",
     "PriorityConfig",
     "ResumeConfig",
@@ -70,7 +72,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Config:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    metrics: ListenerConfig = field(default_factory=lambda: ListenerConfig(port=8081))
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)

@@ -25,6 +25,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
+from gateway.observability.fairness import Shares, from_wire
+
 SUMMED = ("counter", "histogram")
 PER_PROCESS = "process_"  # families shown per worker, never summed (process.py)
 Key = tuple[str, str, tuple[tuple[str, str], ...]]  # (family, sample name, labels)
@@ -52,6 +54,9 @@ class Fleet:
         self._processes: dict[int, dict[Key, float]] = {}  # each worker's process_*, labelled
         self._retired: dict[Key, float] = {}
         self._families: dict[str, tuple[str, str]] = {}  # name -> (type, documentation)
+        # each worker's tokens per tenant per class over the fairness window, as it last sent
+        # them: a window, not a count, so a retired worker's are dropped, not summed
+        self._shares: dict[int, Shares] = {}
 
     def family(self, name: str) -> tuple[str, str]:
         """(type, documentation) of a family a worker reported."""
@@ -70,9 +75,18 @@ class Fleet:
         self._latest[worker] = latest
         self._processes[worker] = processes
 
+    def update_shares(self, worker: int, wire: dict[str, dict[str, float]]) -> None:
+        self._shares[worker] = from_wire(wire)
+
+    def shares(self) -> list[Shares]:
+        """The listening workers' fairness windows (fairness.merged sums them)."""
+        return list(self._shares.values())
+
     def retire(self, worker: int) -> None:
-        """The worker exited: what it counted stays counted; its process metrics go."""
+        """The worker exited: what it counted stays counted; its process metrics and its
+        fairness window go."""
         self._processes.pop(worker, None)
+        self._shares.pop(worker, None)
         for key, value in self._latest.pop(worker, {}).items():
             self._retired[key] = self._retired.get(key, 0.0) + value
 

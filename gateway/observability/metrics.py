@@ -12,7 +12,8 @@ Series that a request adds carry the serving unit and, where it matters (request
 first-token latency, duration), the model the client asked for: a model is one of
 `[gateway].models` (another is refused before it is counted), so their number is bounded by
 the unit-model pairs the fleet serves. The request path's observer keeps the children it
-uses (request_metrics.py), so a request pays a dict lookup, not a `.labels()` call.
+uses (request_metrics.py), so a request pays a dict lookup, not a `.labels()` call. The
+per-tenant families bound their `tenant` label to the top `[metrics].tenants_top` (tenants.py).
 
 `render` takes the encoder prometheus_client chose for the scrape's Accept header: the
 Prometheus text format, or OpenMetrics when asked (app.py).
@@ -30,9 +31,11 @@ from gateway.config.proxy import TimeoutConfig
 from gateway.health.breaker import BreakerState
 from gateway.health.states import Health
 from gateway.observability import process
+from gateway.observability.fairness import Shares, merged
 from gateway.observability.fleet import Fleet
 from gateway.observability.histogram import HistogramFamily, reaching
 from gateway.observability.looplag import LoopLag
+from gateway.observability.tenants import FairnessCollector, TenantFamilies
 from gateway.outcomes import Resumption
 from gateway.units import UnitRegistry
 
@@ -153,6 +156,9 @@ class Metrics:
             "class",
             long,
         )
+        # Per tenant, the tenant label bounded (tenants.py): the observer sits in the server.
+        self.tenants = TenantFamilies(r)
+        self.by_class = by_class  # each class's (waiting, in flight), for the status page too
         for family in (self.ttft, self.itl, self.e2e, self.queue_wait):
             r.register(family)
         for reason in ("saturated", "no_routable_unit"):
@@ -169,6 +175,15 @@ class Metrics:
         # fresh from `refresh` (which asks them) before each scrape.
         self.fleet: Fleet | None = None
         self.refresh: Callable[[], Awaitable[None]] | None = None
+        # This process's fairness window (the tenants' observer's, set by the server).
+        self.window: Callable[[], Shares] = dict
+        r.register(FairnessCollector(self.shares))
+
+    def shares(self) -> Shares:
+        """Tokens per tenant per class over the fairness window: this process's, and in a
+        control plane its workers' as they last sent them."""
+        own = self.window()
+        return own if self.fleet is None else merged([own, *self.fleet.shares()])
 
     def _zero(self, unit_id: str) -> None:
         """The unit's breaker transitions and resumptions, exported at 0 from its start (see

@@ -5,8 +5,9 @@ when something changed (a health, breaker or admin bit, a unit added or removed,
 once a second (probe latencies and in-flight counts move all the time), and hands the same
 bytes to every watcher. Bursts are coalesced (at most one snapshot per MIN_GAP_S), a slow
 watcher gets the latest snapshot rather than a backlog (its queue holds one), and the task
-runs only while someone watches. Each unit's recent traffic (requests, tokens and TTFT over
-the last seconds, traffic.py) is added to its view when the gateway's metrics are given.
+runs only while someone watches. Annotators add what the metrics say to each snapshot when
+the gateway's metrics are given: each unit's recent traffic (requests, tokens and TTFT over the
+last seconds, traffic.py), the priority classes and the top tenants (classes.py).
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
-
-from gateway.status.traffic import Traffic
 
 MIN_GAP_S = 0.1  # at most 10 snapshots a second, however fast the fleet changes
 REFRESH_S = 1.0  # and at least one a second
@@ -30,15 +29,20 @@ log = logging.getLogger("unitgate.status")
 Build = Callable[[], Awaitable[dict[str, Any]]]
 
 
+class Annotator(Protocol):
+    def annotate(self, snapshot: dict[str, Any]) -> None:
+        """Add its part to the snapshot (on the event loop: it must be quick)."""
+
+
 def frame(event: str, data: object) -> bytes:
     """One server-sent event."""
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 class StatusFeed:
-    def __init__(self, build: Build, traffic: Traffic | None = None) -> None:
+    def __init__(self, build: Build, *annotators: Annotator) -> None:
         self._build = build
-        self._traffic = traffic
+        self._annotators = annotators
         self._watchers: set[asyncio.Queue[bytes]] = set()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -81,8 +85,8 @@ class StatusFeed:
             self._changed.clear()
             try:
                 snapshot = await self._build()
-                if self._traffic is not None:
-                    self._traffic.annotate(snapshot)
+                for annotator in self._annotators:
+                    annotator.annotate(snapshot)
                 data = frame("snapshot", snapshot)
             except Exception:  # a bug must not freeze every open page on its last snapshot
                 log.exception("status snapshot failed")

@@ -7,7 +7,8 @@ the admin is open on loopback), sent by the script as a Bearer header (it reads 
 with fetch, since EventSource cannot send one). Its buttons call the admin API itself.
 A link `/status#token=...` (what `unitgate up` prints) signs the page in: the script takes the
 token from the URL's fragment, which the browser never sends here, so no request and no log
-holds it. The page's charts (charts.js) draw each unit's `traffic` from the same stream.
+holds it. The page's charts (charts.js) draw each unit's `traffic` from the same stream, and
+its classes and tenants tables (classes.js) the snapshot's `classes` and `tenants`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from gateway.errors import GatewayError
 from gateway.status.feed import END, StatusFeed
 
 STATIC = Path(__file__).parent / "static"
-FILES = {"status.js": "text/javascript", "charts.js": "text/javascript", "status.css": "text/css"}
+FILES = {
+    "status.js": "text/javascript",
+    "charts.js": "text/javascript",
+    "classes.js": "text/javascript",
+    "status.css": "text/css",
+}
 
 
 class StatusPage:

@@ -29,7 +29,13 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     reports, fleet = Reports(), Fleet()
     count = config.gateway.worker_count
     pool = WorkerPool(config, reports, fleet, count)
-    role = Role(public=False, traffic=reports.flowing, own=reports.peak, workers=pool.view)
+    role = Role(
+        public=False,
+        traffic=reports.flowing,
+        own=reports.peak,
+        workers=pool.view,
+        by_class=reports.by_class,
+    )
     async with running(config, role=role) as gateway:
         gateway.metrics.fleet = fleet  # /metrics: the workers' request metrics summed in
         gateway.metrics.refresh = pool.refresh

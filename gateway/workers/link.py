@@ -4,7 +4,9 @@ Out go, as they happen: breaker evidence (`outcome`, with its age rather than a 
 the two processes' loop clocks are not one clock) and events recorded here (a resumption).
 Every `REPORT_EVERY` seconds goes a report: which units' streams flow (the probers' reason
 to call a unit slow rather than dead) and the in-flight count per unit (the fleet's
-"drained"); every second, and whenever a /metrics scrape asks, the metrics' samples. Writes
+"drained") and each priority class's waiting and in-flight counts; every second, and whenever
+a /metrics scrape asks, the metrics' samples and the fairness window's tokens per tenant
+(fleet.py). Writes
 never block the request path: they are buffered by the transport, and a control plane gone
 away is seen by the reader as EOF.
 """
@@ -14,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from gateway.observability import fleet
 from gateway.observability.events import Event
+from gateway.observability.fairness import Shares
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitRegistry, UnitState
@@ -41,6 +44,8 @@ class Link(Observer):
         self.units: UnitRegistry | None = None
         self.flowing_for: Callable[[str, float], float] = lambda _unit, _now: 0.0
         self.registry: CollectorRegistry | None = None
+        self.by_class: Callable[[], Mapping[str, tuple[int, int]]] = dict
+        self.shares: Callable[[], Shares] = dict
         self._reporter: asyncio.Task[None] | None = None
         self._until: dict[str, float] = {}  # unit -> flowing until (this loop's clock)
 
@@ -49,10 +54,14 @@ class Link(Observer):
         units: UnitRegistry,
         flowing_for: Callable[[str, float], float],
         registry: CollectorRegistry,
+        by_class: Callable[[], Mapping[str, tuple[int, int]]] = dict,
+        shares: Callable[[], Shares] = dict,
     ) -> None:
         """What the reports read: the worker's units, how long each one's streams keep
-        vouching for it (LiveStreams.flowing_for), its metrics."""
+        vouching for it (LiveStreams.flowing_for), its metrics, its admission's classes and
+        its fairness window."""
         self.units, self.flowing_for, self.registry = units, flowing_for, registry
+        self.by_class, self.shares = by_class, shares
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -87,7 +96,8 @@ class Link(Observer):
         """`scrape`: the number of the control plane's scrape this answers."""
         if self.registry is not None:
             samples = fleet.samples(self.registry)
-            self.send({"t": "metrics", "samples": samples, "scrape": scrape})
+            found = {"t": "metrics", "samples": samples, "scrape": scrape}
+            self.send({**found, "fairness": self.shares()})
 
     def report(self) -> None:
         if self.units is None:
@@ -100,6 +110,7 @@ class Link(Observer):
                 "flowing": {u.id: f for u in units if (f := self._horizon(u.id, now)) > 0},
                 "inflight": {u.id: u.inflight for u in units if u.inflight},
                 "requests": self.requests,
+                "classes": {k: list(v) for k, v in self.by_class().items()},
             }
         )
 

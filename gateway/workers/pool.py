@@ -64,11 +64,14 @@ class Reports:
         self._inflight: dict[int, dict[str, int]] = {}
         self._summed: dict[str, int] = {}  # unit -> the workers' in-flight count, summed now
         self.requests: dict[int, int] = {}  # answered by each worker's current process
+        self._classes: dict[int, dict[str, tuple[int, int]]] = {}  # class -> (waiting, held)
 
     def update(self, index: int, now: float, message: dict[str, Any]) -> None:
         self._flowing[index] = (now, {str(u): float(f) for u, f in message["flowing"].items()})
         self._inflight[index] = {str(k): int(v) for k, v in message["inflight"].items()}
         self.requests[index] = int(message["requests"])
+        classes = message.get("classes", {})
+        self._classes[index] = {str(k): (int(w), int(h)) for k, (w, h) in classes.items()}
         self._sum()
         self._sums.append((now, self._summed))
         while self._sums and self._sums[0][0] < now - PEAK_S:
@@ -79,6 +82,7 @@ class Reports:
         self._flowing.pop(index, None)
         self._inflight.pop(index, None)
         self.requests.pop(index, None)
+        self._classes.pop(index, None)
         self._sum()
 
     def _sum(self) -> None:
@@ -96,6 +100,15 @@ class Reports:
             if silence < SILENT_AFTER and horizons.get(unit_id, 0.0) > min(silence, DUE_AFTER):
                 return True
         return False
+
+    def by_class(self) -> dict[str, tuple[int, int]]:
+        """Each priority class's (waiting, in flight), summed over the workers' reports."""
+        out: dict[str, tuple[int, int]] = {}
+        for classes in list(self._classes.values()):
+            for klass, (waiting, held) in classes.items():
+                w, h = out.get(klass, (0, 0))
+                out[klass] = (w + waiting, h + held)
+        return out
 
     def inflight(self, unit_id: str) -> int:
         return self._summed.get(unit_id, 0)
@@ -346,6 +359,7 @@ class WorkerPool:
             self._send_load(worker)
         elif kind == "metrics":
             self.fleet.update(worker.index, message["samples"])
+            self.fleet.update_shares(worker.index, message.get("fairness", {}))
             if message.get("scrape") is not None:
                 worker.scraped = max(worker.scraped, int(message["scrape"]))
                 self._scraped.set()

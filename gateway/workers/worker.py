@@ -45,7 +45,13 @@ async def run(link_fd: int) -> int:
     link = Link(writer)
     role = Role(control=False, reuse_port=True, record=link.outcome, limit=limit)
     gateway = Gateway(config, role=role)
-    link.attach(gateway.units, gateway.live.flowing_for, gateway.metrics.registry)
+    link.attach(
+        gateway.units,
+        gateway.live.flowing_for,
+        gateway.metrics.registry,
+        gateway.admission.by_class,
+        gateway.tenants.shares,
+    )
     gateway.events.on_event(link.event)
     gateway.signals.subscribe(link)
     first = await asyncio.wait_for(frames.read(reader), FIRST_STATE_WITHIN)

@@ -66,3 +66,25 @@ async def test_each_process_is_shown_apart_and_requests_summed_by_model(
     families = {f.name: f for f in text_string_to_metric_families(om)}  # strict parser
     workers = {s.labels.get("worker") for s in families["process_cpu_seconds"].samples}
     assert workers == {None, "0", "1"}
+
+
+def tenants_and_fairness(gw: GatewayProcess, sent: int) -> str | None:
+    text = scrape(gw)
+    requests = samples(text, "unitgate_tenant_requests_total")
+    fairness = samples(text, "unitgate_class_fairness")
+    return text if sum(requests.values()) == sent and fairness else None
+
+
+async def test_tenants_are_summed_and_fairness_covers_every_workers_window(
+    gateway: GatewayProcess,
+) -> None:
+    for n in range(12):
+        chat(gateway, n % 2 == 0)
+    text = await until(lambda: tenants_and_fairness(gateway, 12), 10.0, "the tenants' requests")
+    tenants = {
+        k.split('tenant="')[1].split('"')[0]
+        for k in samples(text, "unitgate_tenant_requests_total")
+    }
+    assert tenants <= {"anonymous", "other"}, tenants  # each worker labels its own heavy hitters
+    assert samples(text, "unitgate_class_fairness") == {'{class="standard"}': 1.0}
+    assert '{class="standard"}' in samples(text, "unitgate_class_queue_depth")

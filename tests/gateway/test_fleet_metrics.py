@@ -94,3 +94,12 @@ def test_each_workers_process_metrics_are_shown_apart_never_summed() -> None:
     fleet.retire(1)  # an exited worker's process is gone, not folded into a total
     text = rendered(fleet, own)
     assert 'worker="1"' not in text and line(text, 'process_cpu_seconds_total{worker="0"}') == 2
+
+
+def test_the_workers_fairness_windows_are_kept_apart_and_dropped_on_exit() -> None:
+    fleet = Fleet()
+    fleet.update_shares(0, {"batch": {"a": 10}})
+    fleet.update_shares(1, {"batch": {"a": 5, "b": 15}})
+    assert fleet.shares() == [{"batch": {"a": 10.0}}, {"batch": {"a": 5.0, "b": 15.0}}]
+    fleet.retire(0)  # a window, not a count: nothing of it is kept
+    assert fleet.shares() == [{"batch": {"a": 5.0, "b": 15.0}}]

@@ -65,3 +65,20 @@ async def test_a_failing_build_is_reported_not_fatal() -> None:
         )
         feed.changed()
         assert decoded(await asyncio.wait_for(queue.get(), 1.0)) == {"ok": True}
+
+
+async def test_every_annotator_adds_its_part_to_each_snapshot() -> None:
+    class Adds:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def annotate(self, snapshot: dict[str, Any]) -> None:
+            snapshot[self.name] = [{"name": "batch"}]
+
+    async def build() -> dict[str, Any]:
+        return {"units": []}
+
+    feed = StatusFeed(build, Adds("classes"), Adds("tenants"))
+    async with feed.watch() as queue:
+        got = decoded(await asyncio.wait_for(queue.get(), 1.0))
+    assert got == {"units": [], "classes": [{"name": "batch"}], "tenants": [{"name": "batch"}]}

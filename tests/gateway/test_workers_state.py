@@ -128,6 +128,17 @@ def test_reports_merge_flowing_and_in_flight_over_workers() -> None:
     assert not reports.flowing("u0", 11.1)
 
 
+def test_reports_sum_each_classs_waiting_and_in_flight_over_workers() -> None:
+    """The control plane's class gauges and status page see the workers' admission."""
+    reports = Reports()
+    base = {"flowing": {}, "inflight": {}, "requests": 0}
+    reports.update(0, 10.0, {**base, "classes": {"batch": [3, 1], "interactive": [0, 2]}})
+    reports.update(1, 10.0, {**base, "classes": {"batch": [1, 1]}})
+    assert reports.by_class() == {"batch": (4, 2), "interactive": (0, 2)}
+    reports.forget(0)
+    assert reports.by_class() == {"batch": (1, 1)}
+
+
 def test_workers_config() -> None:
     assert build(GatewayConfig, {"workers": "auto"}, "gateway").worker_count >= 1
     assert build(GatewayConfig, {"workers": 3}, "gateway").worker_count == 3

@@ -52,6 +52,7 @@ async def test_the_page_and_its_files_are_served_without_a_token(
             ("/status", "text/html"),
             ("/status/status.js", "text/javascript"),
             ("/status/charts.js", "text/javascript"),
+            ("/status/classes.js", "text/javascript"),
             ("/status/status.css", "text/css"),
         ]:
             async with http.get(gw.metrics_url + path) as resp:
@@ -122,6 +123,32 @@ async def test_the_stream_carries_each_units_recent_traffic(
     assert all(t["tokens_per_s"] > 0 and t["ttft_p50"] is not None for t in busy), busy
     assert all(t["ttft_p50"] <= t["ttft_p99"] for t in busy), busy
     assert snap["traffic_window_s"] > 0
+
+
+async def test_the_stream_carries_the_classes_and_the_top_tenants(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with running(admin_config(clean_sim, tmp_path)) as gw:
+        headers = {"Authorization": "Bearer alice-token"}
+        async with http.get(gw.metrics_url + "/status/stream", headers=headers) as resp:
+            stream = snapshots(resp)
+            first = await next_where(stream, lambda s: True, within=1.0)
+            assert first["tenants"] == []
+            assert [k["name"] for k in first["classes"]] == ["standard"]  # no [priority]
+            for n in range(14):  # past MIN_REQUESTS: "anonymous" earns its own label
+                body = {"model": MODEL, "messages": [{"role": "user", "content": f"hi {n}"}]}
+                async with http.post(gw.public_url + "/v1/chat/completions", json=body) as chat:
+                    assert chat.status == 200
+                    await chat.read()
+            snap = await next_where(
+                stream, lambda s: any(t["tenant"] == "anonymous" for t in s["tenants"])
+            )
+    anonymous = next(t for t in snap["tenants"] if t["tenant"] == "anonymous")
+    assert anonymous["rps"] > 0 and anonymous["tokens_per_s"] > 0, anonymous
+    assert set(anonymous["classes"]) == {"standard"}
+    standard = snap["classes"][0]
+    assert (standard["waiting"], standard["refused_per_s"]) == (0, 0.0)
+    assert standard["wait_p50"] is not None and standard["fairness"] == 1.0
 
 
 async def test_open_streams_end_when_the_gateway_stops(

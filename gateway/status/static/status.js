@@ -119,6 +119,7 @@ function render(snap) {
   const body = document.querySelector("#units tbody");
   body.replaceChildren(...units.map(row));
   drawCharts(snap);
+  drawClasses(snap);
   const events = document.getElementById("events");
   events.replaceChildren(...snap.events.slice().reverse().map((e) => el("li", {},
     `${new Date(e.time * 1000).toLocaleTimeString()} ${e.unit}: ${e.what} (${e.reason}) by ${e.who}` +
