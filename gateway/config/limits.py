@@ -20,7 +20,7 @@ class LimitsConfig:
     lease_share: float = 0.5  # of the room left, split among the live replicas
     lease_max_requests: int = 100
     lease_max_tokens: int = 100_000
-    flush_interval: float = 0.1  # seconds between batches of returns and settles
+    flush_interval: float = 0.25  # seconds between batches of returns and settles
     slots_ttl: float = 3.0  # a replica's in-flight slots are let go this long after its last word
 
     def __post_init__(self) -> None:

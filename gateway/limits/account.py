@@ -46,19 +46,22 @@ class Account:
         self.blocked: dict[Dim, tuple[float, int, Answer]] = {}
 
     def reserve(self, wanted: list[Need], bucket: int) -> tuple[list[Need], list[Need]]:
-        """Spend what the leases and held slots cover: (reserved, still to ask the store)."""
+        """Spend what the leases and held slots cover: (reserved, still to ask the store). A
+        lease too small for a need is spent whole and only the rest is asked for."""
         reserved: list[Need] = []
         missing: list[Need] = []
         for need in wanted:
-            dim, _, units = need
+            dim, limit, units = need
             if dim == "inflight":
-                covered = self.slots.acquire()
-            else:
-                lease = self.leases.get(dim)
-                covered = lease is not None and lease.covers(bucket, units)
-                if covered and lease is not None:
-                    lease.unspent -= units
-            (reserved if covered else missing).append(need)
+                (reserved if self.slots.acquire() else missing).append(need)
+                continue
+            lease = self.leases.get(dim)
+            spent = min(units, lease.unspent) if lease and lease.bucket == bucket else 0
+            if spent and lease is not None:
+                lease.unspent -= spent
+                reserved.append((dim, limit, spent))
+            if spent < units:
+                missing.append((dim, limit, units - spent))
         return reserved, missing
 
     def undo(self, reserved: list[Need], bucket: int, pending: Changes) -> None:
@@ -91,7 +94,8 @@ class Account:
                 self.leases[dim] = Lease(bucket, 0, shared, answer.empty_at)
                 lease = self.leases[dim]
             lease.unspent += answer.granted - units
-            lease.shared_used, lease.empty_at = shared, max(lease.empty_at, answer.empty_at)
+            lease.shared_used = shared
+            lease.empty_at = max(lease.empty_at, answer.empty_at, window.leaves_at(bucket))
 
     def remember(self, asked: list[Need], answers: list[Answer], now: float, hold: float) -> None:
         """Keep a refusal: a window's until the end of the bucket (or until it frees, if
@@ -133,7 +137,7 @@ class Account:
         return Standing(limit, limit - lease.shared_used + lease.unspent, lease.empty_at)
 
     def refused(
-        self, limits: KeyLimits, asked: list[Need], answers: list[Answer], now: float
+        self, limits: KeyLimits, asked: list[Need], answers: list[Answer], now: float, tokens: int
     ) -> Refusal:
         standings = {
             dim: Standing(limit, limit - a.used, a.empty_at)
@@ -143,6 +147,7 @@ class Account:
             ((n, a) for n, a in zip(asked, answers, strict=True) if a.frees_at != now),
             key=lambda pair: pair[1].frees_at,
         )
+        units = tokens if dim == "tokens" else units  # the whole need, not what a lease lacked
         return self._refusal(
             limits, dim, limit, answer.used, units, answer.frees_at, now, standings
         )

@@ -73,7 +73,7 @@ class Limiter:
             blocked, answers = account.still_blocked(missing, now)
             if blocked:
                 account.undo(reserved, bucket, self.pending)
-                return account.refused(limits, blocked, answers, now)
+                return account.refused(limits, blocked, answers, now, tokens)
         if missing:
             refused = await self._take(account, limits, tokens, now, reserved, missing)
             if refused is not None:
@@ -120,7 +120,7 @@ class Limiter:
         if any(a.granted == 0 for a in answers):
             account.undo(reserved, bucket, self.pending)
             account.remember(missing, answers, now, self.config.flush_interval)
-            return account.refused(limits, missing, answers, now)
+            return account.refused(limits, missing, answers, now, tokens)
         account.apply(missing, answers, bucket, self.pending)
         return None
 

@@ -61,8 +61,7 @@ class MemoryStore:
 
     def _look(self, key: str, ask: Ask, now: float) -> Answer:
         if ask.dim == "inflight":
-            others = sum(h for r, (h, _) in self._live_slots(key, now).items() if r != self.replica)
-            used = others + ask.held
+            used = sum(held for held, _ in self._live_slots(key, now).values())
             fits = used + ask.need <= ask.limit
             return Answer(0, used, now if fits else now + 1.0, now)
         counts = self.counts.windows.setdefault((key, ask.dim), {})
@@ -73,7 +72,8 @@ class MemoryStore:
 
     def _charge(self, key: str, ask: Ask, amount: int, now: float) -> None:
         if ask.dim == "inflight":
-            self._hold(key, ask.held + amount, now)
+            own = self._live_slots(key, now).get(self.replica, (0, now))[0]
+            self._hold(key, own + amount, now)
         else:
             bucket = window.bucket_of(now)
             window.add(self.counts.windows[(key, ask.dim)], bucket, amount, bucket)

@@ -1,7 +1,8 @@
 """The interface to the shared counts: two calls, so another transport is one more module.
 
 - `take`: one atomic step for one key. Every ask (the requests window, the tokens window, the
-  in-flight slots) is checked; if all fit, each is charged its need plus a lease extra, else
+  in-flight slots) is checked; if all fit, each is charged its need plus a lease extra (a
+  window in the bucket of `now`; in-flight slots are added to this process's entry), else
   none is charged. One round trip.
 - `push`: a batch of changes, applied atomically, fire-and-forget from the request path's
   point of view: lease returns and token settles (deltas to a window's buckets, never below
@@ -32,8 +33,6 @@ class Ask:
     need: int
     cap: int  # the most extra units a lease may add
     fraction: float  # of the room left after the need, taken as extra (see lease.lease_extra)
-    held: int = 0  # inflight only: the slots this process holds now (its entry is set to
-    # held + granted)
 
 
 @dataclass(frozen=True, slots=True)
