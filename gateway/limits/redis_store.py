@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.config.state import StateConfig
@@ -26,6 +28,7 @@ from gateway.limits.store import Answer, Ask, Changes, StoreDown
 
 TAKE = """
 local now, replica, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local expires = string.format('%.17g', now + ttl)
 local bucket = math.floor(now)
 local oldest = bucket - 60
 local looks, fits = {}, true
@@ -44,7 +47,7 @@ for i = 1, #KEYS do
         if entries[j] == replica then own = tonumber(held) end
       end
     end
-    if used + need > limit then fits, frees = false, tostring(now + 1) end
+    if used + need > limit then fits, frees = false, 'later' end
   else
     local buckets, counts, newest = {}, {}, nil
     for j = 1, #entries, 2 do
@@ -84,7 +87,7 @@ for i = 1, #KEYS do
     if room > 0 then extra = math.max(0, math.min(cap, math.floor(room * fraction))) end
     granted = l[3] + extra
     if l[1] == 'inflight' then
-      redis.call('HSET', KEYS[i], replica, tostring(l[7] + granted) .. ' ' .. tostring(now + ttl))
+      redis.call('HSET', KEYS[i], replica, tostring(l[7] + granted) .. ' ' .. expires)
       redis.call('PEXPIRE', KEYS[i], math.ceil(ttl * 2000))
     else
       redis.call('HINCRBY', KEYS[i], tostring(bucket), granted)
@@ -101,12 +104,13 @@ return out
 
 PUSH = """
 local now, replica, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local expires = string.format('%.17g', now + ttl)
 local oldest = math.floor(now) - 60
 for i = 1, #KEYS do
   local what, value = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
   if what == 'held' then
     if value > 0 then
-      redis.call('HSET', KEYS[i], replica, tostring(value) .. ' ' .. tostring(now + ttl))
+      redis.call('HSET', KEYS[i], replica, tostring(value) .. ' ' .. expires)
       redis.call('PEXPIRE', KEYS[i], math.ceil(ttl * 2000))
     else
       redis.call('HDEL', KEYS[i], replica)
@@ -127,6 +131,10 @@ class RedisStore:
     def __init__(
         self, client: redis.Redis, prefix: str, replica: str, ttl: float, timeout: float
     ) -> None:
+        # The store owns its client. One immediate retry (a pooled connection that died with
+        # the server), no backoff: a call the store does not answer means the local shares
+        # now, not a wait in the request path.
+        client.set_retry(Retry(NoBackoff(), 1))
         self.client, self.prefix, self.replica = client, prefix, replica
         self.ttl, self.timeout = ttl, timeout
         self._take = client.register_script(TAKE)
@@ -189,6 +197,9 @@ class RedisStore:
 
 
 def _time(value: str, now: float) -> float:
-    """A time from a script's reply; the script echoes `now` as the caller sent it (repr), so
-    float() gives back exactly the same number."""
+    """A time from a script's reply: `now` echoed as the caller sent it (repr), "later" for
+    in-flight slots (a second from now, as a guess: a release may come any time), "inf", or a
+    bucket's end (whole seconds)."""
+    if value == "later":
+        return now + 1.0
     return now if value == repr(now) else float(value)
