@@ -14,9 +14,11 @@ def duration(seconds: float) -> str:
     if seconds < 1.0:
         millis = round(seconds * 1000)
         return f"{millis}ms" if millis else "0s"
+    if seconds < 60.0:
+        return f"{round(seconds, 3):g}s"
     hours, rest = divmod(seconds, 3600.0)
     minutes, secs = divmod(rest, 60.0)
-    text = f"{secs:.3f}".rstrip("0").rstrip(".") + "s"
+    text = f"{round(secs, 3):g}s"
     if hours:
         return f"{int(hours)}h{int(minutes)}m{text}"
     if minutes:

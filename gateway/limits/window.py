@@ -61,10 +61,12 @@ def empty_at(counts: Mapping[int, int], now: float) -> float:
 
 
 def add(counts: dict[int, int], bucket: int, delta: int, now_bucket: int) -> None:
-    """Add `delta` (a refund when negative, never below 0) to `bucket`, and drop the buckets
-    that no longer count. A bucket that already left the window is not touched."""
-    for old in [b for b in counts if b < now_bucket - SPAN_S]:
-        del counts[old]
+    """Add `delta` (a refund when negative, never below 0) to `bucket`; the buckets that no
+    longer count are dropped whenever a new one starts. A bucket that already left the window
+    is not touched."""
+    if bucket not in counts:
+        for old in [b for b in counts if b < now_bucket - SPAN_S]:
+            del counts[old]
     if not counted(bucket, now_bucket) and bucket <= now_bucket:
         return
     value = counts.get(bucket, 0) + delta

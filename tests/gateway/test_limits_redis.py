@@ -5,13 +5,15 @@ minute, and Redis killed and brought back mid-minute."""
 from __future__ import annotations
 
 import random
+import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.limits.decisions import KeyLimits
+from gateway.limits.decisions import Grant, KeyLimits
 from gateway.limits.memory import Counts, MemoryStore
 from gateway.limits.redis_store import RedisStore
 from gateway.limits.store import Ask, Changes, Dim
@@ -143,3 +145,49 @@ async def test_a_dead_replicas_slots_are_let_go_after_their_expiry(
     assert await fleet.admit(0, "k", limits, 0) is None
     await fleet.advance(T0 + 3.5)
     assert await fleet.admit(0, "k", limits, 0) is not None
+
+
+async def test_a_hung_redis_costs_one_timeout_then_the_shares_apply(server: RedisServer) -> None:
+    client = aioredis.Redis(
+        unix_socket_path=str(server.socket), socket_timeout=0.3, socket_connect_timeout=0.3
+    )
+    store = RedisStore(client, "test", "r0", ttl=3.0, timeout=0.3)
+    fleet = Fleet.of([store])
+    limits = KeyLimits(rpm=2)
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert await fleet.admit(0, "k", limits, 0) is not None  # the share: 2 // 1
+        assert time.monotonic() - started < 1.0
+        assert fleet.limiters[0].degraded
+        started = time.monotonic()
+        assert await fleet.admit(0, "k", limits, 0) is not None
+        assert await fleet.admit(0, "k", limits, 0) is None  # never unlimited
+        assert time.monotonic() - started < 0.05  # no store call while it is away
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    await fleet.advance(T0 + 0.5)
+    assert not fleet.limiters[0].degraded
+    await store.close()
+
+
+async def test_a_busy_key_costs_a_few_store_calls_per_second(stores: list[RedisStore]) -> None:
+    fleet = Fleet.of(stores)
+    limits = KeyLimits(rpm=100_000, tpm=10_000_000, max_inflight=1000)
+    rng = random.Random(3)
+    live: list[tuple[int, Grant]] = []
+    requests = 6000
+    for i in range(requests):  # 100 requests/s for a minute, 20 in flight
+        await fleet.advance(T0 + i * 0.01)
+        replica = rng.randrange(3)
+        grant = await fleet.admit(replica, "k", limits, 300)
+        assert grant is not None
+        live.append((replica, grant))
+        if len(live) > 20:
+            done_replica, done = live.pop(0)
+            fleet.settle(done_replica, done, rng.randint(100, 500))
+    ops = sum(store.ops for store in stores)
+    takes = sum(limiter.takes for limiter in fleet.limiters)
+    print(f"\n100 requests/s over 3 replicas: {ops} store calls ({takes} takes) for {requests}")
+    assert ops / requests < 0.2

@@ -39,7 +39,9 @@ def test_add_prunes_and_a_refund_never_goes_below_zero() -> None:
     assert counts == {}
     counts = {int(T0): 5, int(T0) + 30: 1}
     window.add(counts, int(T0), 2, int(T0) + 61)  # the bucket left: nothing happens to it
-    assert counts == {int(T0) + 30: 1}
+    assert counts[int(T0)] == 5 and window.used(counts, int(T0) + 61) == 1
+    window.add(counts, int(T0) + 61, 1, int(T0) + 61)  # a new bucket: the old ones go
+    assert counts == {int(T0) + 30: 1, int(T0) + 61: 1}
 
 
 @given(
