@@ -61,7 +61,12 @@ class Limiter:
     async def admit(
         self, key_id: str, limits: KeyLimits, tokens: int, now: float
     ) -> Grant | Refusal:
+        """Admit one request of `key_id` asking `tokens` (the estimate of prompt + completion)
+        at `now`, wall-clock seconds (time.time(): the buckets are shared by every replica).
+        Awaits the store only when this process's leases do not cover the request."""
         wanted = needs(limits, tokens)
+        if not wanted:
+            return Grant(key_id, limits, window.bucket_of(now), tokens, now)
         account = self.accounts.get(key_id)
         if account is None:
             account = self.accounts[key_id] = Account(key_id)
@@ -91,6 +96,11 @@ class Limiter:
         if account is None:
             account = self.accounts[grant.key_id] = Account(grant.key_id)
         account.settle(grant, tokens_used, self.clock(), self.pending)
+
+    @staticmethod
+    def headers(answer: Grant | Refusal) -> dict[str, str]:
+        """The x-ratelimit-* headers of an answer (a refusal's with its Retry-After)."""
+        return answer.headers()
 
     async def _take(
         self,
@@ -168,7 +178,10 @@ class Limiter:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.config.flush_interval)
-            await self.flush(self.clock())
+            try:
+                await self.flush(self.clock())
+            except Exception:  # a bug must not stop the returns and settles for good
+                log.exception("limits: a flush failed; what it was sending is lost")
 
     def _degrade(self, exc: StoreDown) -> None:
         if not self.degraded:

@@ -4,6 +4,7 @@ trips leases save, and the local shares while the store is away."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from gateway.config.limits import LimitsConfig
 from gateway.limits.decisions import Grant, KeyLimits, Refusal
@@ -186,3 +187,18 @@ async def test_close_hands_back_the_leases() -> None:
     await limiter.close()
     assert sum(counts.windows[("k", "requests")].values()) == 1
     assert counts.slots["k"]["local"][0] == 1  # the request still in flight keeps its slot
+
+
+async def test_the_store_is_chosen_by_the_state_backend(tmp_path: Path) -> None:
+    from gateway.config.state import StateConfig
+    from gateway.limits.build import build_limiter
+    from gateway.limits.redis_store import RedisStore
+
+    alone = build_limiter(LimitsConfig(), StateConfig(), live_replicas=lambda: 5)
+    assert isinstance(alone.store, MemoryStore)
+    answer = await alone.admit("k", KeyLimits(rpm=10), 0, T0)
+    assert isinstance(answer, Grant)
+    assert Limiter.headers(answer)["x-ratelimit-remaining-requests"] == "9"  # no share of 5
+    shared = build_limiter(LimitsConfig(), StateConfig(backend="redis", url=f"unix://{tmp_path}/r"))
+    assert isinstance(shared.store, RedisStore)
+    await shared.close()  # nothing to hand back: no call made
