@@ -219,15 +219,16 @@ class Account:
             pending.add(self.key_id, "tokens", grant.bucket, delta)
 
     def flush(self, now: float, changes: Changes, refresh: bool, final: bool = False) -> None:
-        """Return the leases of past buckets and the slots idle a whole interval (`final`:
-        every lease and idle slot); report the slots held when they changed (or on `refresh`,
-        so their expiry moves on)."""
+        """Return the leases of past buckets; on `refresh`, the slots that stayed idle since
+        the last one, and report the slots held (so their expiry moves on); `final`: every
+        lease and idle slot goes back."""
         bucket = window.bucket_of(now)
         for dim, lease in list(self.leases.items()):
             if lease.bucket != bucket or final:
                 changes.add(self.key_id, dim, lease.bucket, -lease.unspent)
                 del self.leases[dim]
-        self.slots.shed()
+        if refresh or final:  # idle for a whole refresh interval: let go
+            self.slots.shed()
         if final:
             self.slots.held = self.slots.used
         held = self.slots.held
