@@ -119,21 +119,27 @@ class Account:
     def record(self, wanted: list[Need], bucket: int) -> None:
         for dim, _, units in wanted:
             if dim != "inflight":
-                window.add(self.own[dim], bucket, units, bucket)
+                own = self.own[dim]
+                if bucket in own:  # the common case: this bucket has admissions already
+                    own[bucket] += units
+                else:
+                    window.add(own, bucket, units, bucket)
 
     def grant(self, limits: KeyLimits, tokens: int, now: float) -> Grant:
-        grant = Grant(self.key_id, limits, window.bucket_of(now), tokens, now)
+        bucket = window.bucket_of(now)
+        grant = Grant(self.key_id, limits, bucket, tokens, now)
         if limits.rpm is not None:
-            grant.requests_standing = self.standing("requests", limits.rpm, now)
+            grant.requests_standing = self.standing("requests", limits.rpm, now, bucket)
         if limits.tpm is not None:
-            grant.tokens_standing = self.standing("tokens", limits.tpm, now)
+            grant.tokens_standing = self.standing("tokens", limits.tpm, now, bucket)
         return grant
 
-    def standing(self, dim: Dim, limit: int, now: float) -> Standing:
+    def standing(self, dim: Dim, limit: int, now: float, bucket: int) -> Standing:
+        """The fleet's figures as this process knows them: at its last take, less what its
+        lease has spent since (without a lease of this bucket: its own window)."""
         lease = self.leases.get(dim)
-        if lease is None or lease.bucket != window.bucket_of(now):
-            own = self.own[dim]
-            return Standing(limit, limit - window.used(own, window.bucket_of(now)), now)
+        if lease is None or lease.bucket != bucket:
+            return Standing(limit, limit - window.used(self.own[dim], bucket), now)
         return Standing(limit, limit - lease.shared_used + lease.unspent, lease.empty_at)
 
     def refused(

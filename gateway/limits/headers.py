@@ -1,7 +1,8 @@
 """The x-ratelimit-* headers (OpenAI's names and duration format) and Retry-After.
 
-`reset` is a duration in Go's notation, as OpenAI writes it: "20ms", "1s", "1.5s", "6m0s",
-"1h2m3s". Retry-After is whole seconds, at least 1.
+`reset` is a duration in Go's notation, as OpenAI writes it: "20ms" below a second, else whole
+seconds rounded up ("1s", "59s", "6m0s", "1h2m3s"; read from a table: the headers go on every
+answer). Retry-After is whole seconds, at least 1.
 """
 
 from __future__ import annotations
@@ -9,21 +10,23 @@ from __future__ import annotations
 import math
 
 
+def _go(seconds: int) -> str:
+    minutes, secs = divmod(seconds, 60)
+    if minutes == 0:
+        return f"{secs}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes}m{secs}s" if hours else f"{minutes}m{secs}s"
+
+
+_TABLE = tuple(_go(s) for s in range(2 * 3600))
+
+
 def duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
     if seconds < 1.0:
-        millis = round(seconds * 1000)
+        millis = math.ceil(seconds * 1000) if seconds > 0 else 0
         return f"{millis}ms" if millis else "0s"
-    if seconds < 60.0:
-        return f"{round(seconds, 3):g}s"
-    hours, rest = divmod(seconds, 3600.0)
-    minutes, secs = divmod(rest, 60.0)
-    text = f"{round(secs, 3):g}s"
-    if hours:
-        return f"{int(hours)}h{int(minutes)}m{text}"
-    if minutes:
-        return f"{int(minutes)}m{text}"
-    return text
+    whole = math.ceil(seconds - 1e-9)
+    return _TABLE[whole] if whole < len(_TABLE) else _go(whole)
 
 
 def retry_after(seconds: float) -> int:
@@ -35,10 +38,14 @@ def rate_headers(
 ) -> dict[str, str]:
     """The six headers from (limit, remaining, reset in seconds) of each limit that is set."""
     headers: dict[str, str] = {}
-    for name, values in (("requests", requests), ("tokens", tokens)):
-        if values is not None:
-            limit, remaining, reset = values
-            headers[f"x-ratelimit-limit-{name}"] = str(limit)
-            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, remaining))
-            headers[f"x-ratelimit-reset-{name}"] = duration(reset)
+    if requests is not None:
+        limit, remaining, reset = requests
+        headers["x-ratelimit-limit-requests"] = str(limit)
+        headers["x-ratelimit-remaining-requests"] = str(remaining if remaining > 0 else 0)
+        headers["x-ratelimit-reset-requests"] = duration(reset)
+    if tokens is not None:
+        limit, remaining, reset = tokens
+        headers["x-ratelimit-limit-tokens"] = str(limit)
+        headers["x-ratelimit-remaining-tokens"] = str(remaining if remaining > 0 else 0)
+        headers["x-ratelimit-reset-tokens"] = duration(reset)
     return headers

@@ -86,12 +86,14 @@ def test_slots_keep_what_churned_and_shed_what_stayed_idle() -> None:
 
 def test_durations_are_written_the_way_openai_writes_them() -> None:
     assert duration(0.02) == "20ms"
+    assert duration(0.0201) == "21ms"  # rounded up: never earlier than the window frees
     assert duration(0) == "0s"
     assert duration(-1) == "0s"
     assert duration(1) == "1s"
-    assert duration(1.5) == "1.5s"
+    assert duration(1.5) == "2s"
     assert duration(360) == "6m0s"
     assert duration(3723) == "1h2m3s"
+    assert duration(90_000) == "25h0m0s"
     assert retry_after(0.2) == 1
     assert retry_after(1.0) == 1
     assert retry_after(1.01) == 2
