@@ -64,6 +64,7 @@ class Limiter:
         """Admit one request of `key_id` asking `tokens` (the estimate of prompt + completion)
         at `now`, wall-clock seconds (time.time(): the buckets are shared by every replica).
         Awaits the store only when this process's leases do not cover the request."""
+        tokens = max(0, tokens)
         wanted = needs(limits, tokens)
         if not wanted:
             return Grant(key_id, limits, window.bucket_of(now), tokens, now)
@@ -95,7 +96,7 @@ class Limiter:
         account = self.accounts.get(grant.key_id)
         if account is None:
             account = self.accounts[grant.key_id] = Account(grant.key_id)
-        account.settle(grant, tokens_used, self.clock(), self.pending)
+        account.settle(grant, max(0, tokens_used), self.clock(), self.pending)
 
     @staticmethod
     def headers(answer: Grant | Refusal) -> dict[str, str]:

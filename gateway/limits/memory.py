@@ -41,6 +41,7 @@ class MemoryStore:
         self.counts.ops += 1
         answers = [self._look(key, ask, now) for ask in asks]
         if any(a.frees_at != now for a in answers):
+            self._tidy(key)
             return answers
         granted = []
         for ask, answer in zip(asks, answers, strict=True):
@@ -58,6 +59,16 @@ class MemoryStore:
             window.add(counts, bucket, delta, now_bucket)
         for key, held in changes.held.items():
             self._hold(key, held, now)
+        for key in {key for key, _, _ in changes.deltas} | changes.held.keys():
+            self._tidy(key)
+
+    def _tidy(self, key: str) -> None:
+        """Forget a key's empty windows and slots (a key seen once does not stay forever)."""
+        for dim in ("requests", "tokens"):
+            if not self.counts.windows.get((key, dim), True):
+                del self.counts.windows[(key, dim)]
+        if not self.counts.slots.get(key, True):
+            del self.counts.slots[key]
 
     def _look(self, key: str, ask: Ask, now: float) -> Answer:
         if ask.dim == "inflight":
