@@ -20,6 +20,18 @@ Policy, in one place:
   succeeds replays what was admitted meanwhile into the shared window (so the fleet does not
   admit the minute twice) and the limiter is back on the store. Never unlimited, never an
   exception to the request path.
+
+What the policy does not promise:
+
+- A replica cut off from a store the others still reach admits its share on top of what the
+  store admits; the replay then holds the others back until it leaves the window.
+- A Redis that lost its data (no persistence) restarts the window from what was replayed.
+- A replica that dies strands its unspent lease (at most `lease_max_*`, and a share of the room
+  far from the limit; one unit near it) until the bucket leaves the window: the fleet admits
+  that much less for a minute, never more.
+- The buckets are wall-clock seconds of each replica: their clocks must agree to well within
+  a second (NTP does). `live_replicas` should keep answering the last count it knew while the
+  store is away (the replicas report through it).
 """
 
 from __future__ import annotations
@@ -155,13 +167,20 @@ class Limiter:
             self.pushes += 1
             await self.store.push(changes, now)
         except StoreDown as exc:
-            changes.merge_under(self.pending)
-            self.pending = changes
+            self._keep(changes)
             self._degrade(exc)
             return
+        except asyncio.CancelledError:  # `close` stopped the loop mid-push: its flush sends it
+            self._keep(changes)
+            raise
         if self.degraded:
             self.degraded = False
             log.warning("limits: the store answers again; back on the shared limits")
+
+    def _keep(self, changes: Changes) -> None:
+        """Changes a push did not deliver go out with the next one (newer ones on top)."""
+        changes.merge_under(self.pending)
+        self.pending = changes
 
     def start(self) -> None:
         """Flush every `flush_interval` in the background, until `close`."""

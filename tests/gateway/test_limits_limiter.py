@@ -3,6 +3,7 @@ trips leases save, and the local shares while the store is away."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from gateway.config.limits import LimitsConfig
 from gateway.limits.decisions import Grant, KeyLimits, Refusal
 from gateway.limits.limiter import Limiter
 from gateway.limits.memory import Counts, MemoryStore
+from gateway.limits.store import Changes
 from tests.gateway.limits_support import T0, FlakyStore, Fleet
 
 RPM = KeyLimits(rpm=120)
@@ -202,3 +204,25 @@ async def test_the_store_is_chosen_by_the_state_backend(tmp_path: Path) -> None:
     shared = build_limiter(LimitsConfig(), StateConfig(backend="redis", url=f"unix://{tmp_path}/r"))
     assert isinstance(shared.store, RedisStore)
     await shared.close()  # nothing to hand back: no call made
+
+
+async def test_close_during_a_push_loses_nothing() -> None:
+    counts = Counts()
+
+    class SlowStore(MemoryStore):
+        async def push(self, changes: Changes, now: float) -> None:
+            await asyncio.sleep(10)
+
+    slow = SlowStore(counts=counts)
+    clock = [T0]
+    limiter = Limiter(
+        slow, LimitsConfig(flush_interval=0.01, slots_ttl=1.0), clock=lambda: clock[0]
+    )
+    grant = await limiter.admit("k", KeyLimits(tpm=1000), 100, T0)
+    assert isinstance(grant, Grant)
+    limiter.settle(grant, 40)
+    limiter.start()
+    await asyncio.sleep(0.05)  # the loop is inside its push now
+    slow.push = MemoryStore.push.__get__(slow)  # type: ignore[method-assign]
+    await limiter.close()
+    assert sum(counts.windows[("k", "tokens")].values()) == 40  # the refund and the lease back
