@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.limits.decisions import Grant, KeyLimits
 from gateway.limits.memory import Counts, MemoryStore
 from gateway.limits.store import Answer, Ask, Changes
-from tests.gateway.limits_support import T0, Fleet
+from tests.gateway.limits_support import T0, FlakyStore, Fleet
 
 steps = st.lists(
     st.tuples(
@@ -124,3 +124,40 @@ async def test_concurrent_admissions_around_a_slow_store_stay_within_the_limits(
     times = [t for t, _, _ in fleet.grants]
     for start in times:
         assert sum(1 for t in times if start <= t <= start + 60) <= rpm
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=3),
+    st.integers(min_value=1, max_value=40),
+    st.lists(
+        st.tuples(st.floats(min_value=0, max_value=3, allow_nan=False), st.integers(0, 2)),
+        min_size=1,
+        max_size=150,
+    ),
+    st.randoms(use_true_random=False),
+)
+async def test_with_the_store_coming_and_going_a_replica_on_its_own_keeps_its_share(
+    replicas: int, rpm: int, plan: list[tuple[float, int]], rng: random.Random
+) -> None:
+    counts = Counts()
+    flaky = [FlakyStore(MemoryStore(f"r{i}", counts=counts)) for i in range(replicas)]
+    fleet = Fleet.of(flaky)
+    limits = KeyLimits(rpm=rpm, max_inflight=rpm)
+    share = max(1, rpm // replicas)
+    alone: list[tuple[float, int]] = []  # admissions made while the replica was on its own
+    for gap, replica in plan:
+        await fleet.advance(fleet.now + gap)
+        if rng.random() < 0.1:  # the store goes away, or comes back, for one or for all
+            down = not flaky[0].down
+            for store in flaky if rng.random() < 0.5 else [flaky[replica % replicas]]:
+                store.down = down
+        r = replica % replicas
+        grant = await fleet.admit(r, "k", limits, 0)  # never raises
+        if grant is not None:
+            if fleet.limiters[r].degraded:
+                alone.append((fleet.now, r))
+            fleet.settle(r, grant, 0)
+    for t, r in alone:
+        own = sum(1 for s, q, _ in fleet.grants if q == r and t - 60 <= s <= t)
+        assert own <= share
