@@ -69,6 +69,7 @@ class Limiter:
         self.takes = self.pushes = 0  # store round trips made, for metrics and the benchmark
         self._refreshed = -float("inf")
         self._task: asyncio.Task[None] | None = None
+        self._landing: dict[str, asyncio.Future[None]] = {}  # a take in progress, by key
 
     async def admit(
         self, key_id: str, limits: KeyLimits, tokens: int, now: float
@@ -87,6 +88,15 @@ class Limiter:
             return account.fallback(limits, tokens, now, self._replicas(), self.pending)
         bucket = window.bucket_of(now)
         reserved, missing = account.reserve(wanted, bucket)
+        while missing and (landing := self._landing.get(key_id)) is not None:
+            # Another request of this key is taking a lease now: a burst waits for it rather
+            # than sending a take each (one round trip, then the lease covers the rest).
+            account.undo(reserved, bucket, self.pending)
+            await asyncio.shield(landing)
+            account = self.accounts.setdefault(key_id, account)
+            if self.degraded:
+                return account.fallback(limits, tokens, now, self._replicas(), self.pending)
+            reserved, missing = account.reserve(wanted, bucket)
         if missing and account.blocked:
             blocked, answers = account.still_blocked(missing, now)
             if blocked:
@@ -131,6 +141,8 @@ class Limiter:
             for dim, limit, units in missing
         ]
         account.taking += 1
+        landing = asyncio.get_running_loop().create_future()
+        self._landing.setdefault(account.key_id, landing)
         try:
             self.takes += 1
             answers = await self.store.take(account.key_id, asks, now)
@@ -140,6 +152,9 @@ class Limiter:
             return account.fallback(limits, tokens, now, self._replicas(), self.pending)
         finally:
             account.taking -= 1
+            if self._landing.get(account.key_id) is landing:
+                del self._landing[account.key_id]
+            landing.set_result(None)
         if any(a.granted == 0 for a in answers):
             account.undo(reserved, bucket, self.pending)
             account.remember(missing, answers, now, self.config.flush_interval)

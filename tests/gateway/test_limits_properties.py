@@ -161,3 +161,16 @@ async def test_with_the_store_coming_and_going_a_replica_on_its_own_keeps_its_sh
     for t, r in alone:
         own = sum(1 for s, q, _ in fleet.grants if q == r and t - 60 <= s <= t)
         assert own <= share
+
+
+async def test_a_burst_on_a_fresh_key_sends_one_take_not_one_per_request() -> None:
+    class SlowStore(MemoryStore):  # every take is a round trip: it suspends
+        async def take(self, key: str, asks: Sequence[Ask], now: float) -> list[Answer]:
+            await asyncio.sleep(0.001)
+            return self.take_now(key, asks, now)
+
+    fleet = Fleet.of([SlowStore()])
+    limits = KeyLimits(rpm=1000, tpm=1_000_000, max_inflight=500)
+    answers = await asyncio.gather(*(fleet.admit(0, "k", limits, 100) for _ in range(200)))
+    assert all(answers)
+    assert fleet.limiters[0].takes <= 3, fleet.limiters[0].takes
