@@ -84,19 +84,19 @@ class Limiter:
         account = self.accounts.get(key_id)
         if account is None:
             account = self.accounts[key_id] = Account(key_id)
-        if self.degraded:
-            return account.fallback(limits, tokens, now, self._replicas(), self.pending)
         bucket = window.bucket_of(now)
-        reserved, missing = account.reserve(wanted, bucket)
-        while missing and (landing := self._landing.get(key_id)) is not None:
+        while True:
+            if self.degraded:
+                return account.fallback(limits, tokens, now, self._replicas(), self.pending)
+            reserved, missing = account.reserve(wanted, bucket)
+            landing = self._landing.get(key_id)
+            if not missing or landing is None:
+                break
             # Another request of this key is taking a lease now: a burst waits for it rather
             # than sending a take each (one round trip, then the lease covers the rest).
             account.undo(reserved, bucket, self.pending)
             await asyncio.shield(landing)
             account = self.accounts.setdefault(key_id, account)
-            if self.degraded:
-                return account.fallback(limits, tokens, now, self._replicas(), self.pending)
-            reserved, missing = account.reserve(wanted, bucket)
         if missing and account.blocked:
             blocked, answers = account.still_blocked(missing, now)
             if blocked:

@@ -168,7 +168,7 @@ async def test_a_hung_redis_costs_one_timeout_then_the_shares_apply(server: Redi
         started = time.monotonic()
         assert await fleet.admit(0, "k", limits, 0) is not None
         assert await fleet.admit(0, "k", limits, 0) is None  # never unlimited
-        assert time.monotonic() - started < 0.05  # no store call while it is away
+        assert time.monotonic() - started < 0.25  # no store call (a 0.3 s timeout) meanwhile
     finally:
         server.proc.send_signal(signal.SIGCONT)
     await fleet.advance(T0 + 0.5)
