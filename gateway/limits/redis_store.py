@@ -192,7 +192,9 @@ class RedisStore:
         self.ops += 1
         try:
             return await asyncio.wait_for(script(keys=keys, args=args), self.timeout)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except TimeoutError:
+            raise StoreDown(f"redis gave no answer within {self.timeout:g} s") from None
+        except (RedisError, OSError) as exc:
             raise StoreDown(f"redis: {type(exc).__name__}: {exc}") from None
 
 

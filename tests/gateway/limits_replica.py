@@ -31,8 +31,10 @@ async def run(
     def clock() -> float:
         return T0 + (time.time() - start) * speed
 
-    client = aioredis.Redis(unix_socket_path=socket, socket_timeout=0.5, socket_connect_timeout=0.5)
-    store = RedisStore(client, "test", name, ttl=3.0, timeout=0.5)
+    # 2 s: a loaded CI machine (and a Redis that fsyncs every write) can stall a call for
+    # half a second, and a timeout is a (correct) switch to the local shares.
+    client = aioredis.Redis(unix_socket_path=socket, socket_timeout=2.0, socket_connect_timeout=2.0)
+    store = RedisStore(client, "test", name, ttl=3.0, timeout=2.0)
     config = LimitsConfig(flush_interval=0.25 / speed, slots_ttl=3.0)
     limiter = Limiter(store, config, live_replicas=lambda: stride, clock=clock)
     limiter.start()

@@ -46,9 +46,11 @@ def test_three_processes_at_120_rpm_admit_120_of_300(tmp_path: Path) -> None:
         found = results(start_replicas(server, time.time() + 2.0))
     admitted = sum(int(str(r["admitted"])) for r in found)
     calls = sum(int(str(r["store_calls"])) for r in found)
+    degraded = [r["degraded"] for r in found]
     print(f"\n3 processes, 300 requests at 120 rpm: {admitted} admitted, {calls} store calls")
-    assert 119 <= admitted <= 120
-    assert not any(r["degraded"] for r in found)
+    # 120 exactly unless a call timed out on a loaded machine: then that replica admitted its
+    # share on its own for a moment (the documented policy), which the issue allows as +-1
+    assert 119 <= admitted <= (121 if any(degraded) else 120), degraded
 
 
 @pytest.mark.slow
