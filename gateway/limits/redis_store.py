@@ -15,6 +15,7 @@ window.py (`used`, `frees_at`, `empty_at`) and lease.lease_extra; the times are 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -152,7 +153,9 @@ class RedisStore:
         if config.tls_ca_file:
             options["ssl_ca_certs"] = config.tls_ca_file
         client = redis.Redis.from_url(config.url, **options)
-        return cls(client, config.key_prefix, config.replica_name(), slots_ttl, config.timeout)
+        # One entry of in-flight slots per process: the workers of a replica share its name.
+        process = f"{config.replica_name()}/{os.getpid()}"
+        return cls(client, config.key_prefix, process, slots_ttl, config.timeout)
 
     def key(self, key_id: str, dim: str) -> str:
         return f"{self.prefix}:limits:{key_id}:{dim}"

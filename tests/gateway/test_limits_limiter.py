@@ -4,6 +4,7 @@ trips leases save, and the local shares while the store is away."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from pathlib import Path
 
@@ -203,6 +204,7 @@ async def test_the_store_is_chosen_by_the_state_backend(tmp_path: Path) -> None:
     assert Limiter.headers(answer)["x-ratelimit-remaining-requests"] == "9"  # no share of 5
     shared = build_limiter(LimitsConfig(), StateConfig(backend="redis", url=f"unix://{tmp_path}/r"))
     assert isinstance(shared.store, RedisStore)
+    assert shared.store.replica.endswith(f"/{os.getpid()}")  # a worker's entry is its own
     await shared.close()  # nothing to hand back: no call made
 
 
