@@ -5,15 +5,18 @@ Policy, in one place:
 - Window: at most `rpm` admissions, and `tpm` tokens, in any 60 s span (window.py: 1 s
   buckets, 61 counted). A refusal names the limit, `Retry-After` is the whole seconds until
   enough of the window frees up (at least 1), and `x-ratelimit-reset-*` is when the window
-  would be empty (OpenAI's "resets to its initial state"); on a refusal, the refused limit's
-  reset is no earlier than the retry.
+  would be empty (OpenAI's "resets to its initial state"; whole seconds rounded up, "6m0s",
+  or milliseconds below one); on a refusal, the refused limit's reset is no earlier than the
+  retry. `remaining` is the fleet's count at this process's last take, less what its lease
+  spent since.
 - Tokens: the caller's estimate is reserved at admission and settled with the real count when
   the answer ends (a client that left is charged what was generated): the difference goes to
   the bucket the estimate went into (a refund never below 0), batched to the store.
 - In flight: at most `max_inflight` admitted and not yet settled, across the fleet: each
   process holds slots under its name with an expiry, so a dead one's slots are let go.
 - Round trips: `admit` awaits the store only when the key's leases do not cover the request
-  (lease.py); returns, settles and held slots go in one `push` per flush interval.
+  (lease.py), and a burst waits for the one take in progress; a refusal is remembered until
+  the bucket ends; returns, settles and held slots go in one `push` per flush interval.
 - Store away (`StoreDown` from a take or a push): from then on each replica admits against its
   share, limit // live replicas (at least 1), counting what it admitted itself in the last
   minute; logged once, `degraded` is True. Every flush probes the store; the first push that
