@@ -30,6 +30,8 @@ from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
 from gateway.health.prober import live_count
 from gateway.health.supervisor import HealthSupervisor
+from gateway.limits.build import build_limiter
+from gateway.limits.limiter import Limiter
 from gateway.net import LISTEN_BACKLOG
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
@@ -53,6 +55,7 @@ from gateway.tls import scheme, server_context
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate")
+LIMITER_CLOSE_S = 5.0  # at stop: the limiter's last flush (leases back, last settles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,7 @@ class Gateway:
         self._runners: list[web.AppRunner] = []
         self._upstream: UpstreamClient | None = None
         self.proxy: ProxyHandler | None = None  # the request path, once started
+        self.limiter: Limiter | None = None  # the keys' limits, with the request path
 
     def _membership(self, unit: UnitState, added: bool) -> None:
         if not added:
@@ -185,7 +189,12 @@ class Gateway:
                     self.config, self.units, self.admission, self._upstream, self.signals
                 )
                 gate = Gatekeeper(self.config.auth, self.keys)
-                self.proxy = proxy = ProxyHandler(self.config, dispatcher, self.live, gate)
+                workers = self.config.gateway.worker_count if self.role.reuse_port else 1
+                self.limiter = build_limiter(self.config.limits, self.config.state, workers)
+                self.limiter.start()
+                self.proxy = proxy = ProxyHandler(
+                    self.config, dispatcher, self.live, gate, self.limiter
+                )
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
                 self.public_url = await self._listen(
@@ -230,6 +239,13 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
             self._upstream = None
+        if self.limiter is not None:  # after the drain: the last settles go with its flush
+            limiter, self.limiter = self.limiter, None
+            try:
+                async with asyncio.timeout(LIMITER_CLOSE_S):
+                    await limiter.close()
+            except TimeoutError:
+                log.warning("limits: the last flush did not finish in %g s", LIMITER_CLOSE_S)
         await self.health.stop()
         self.breakers.stop()
         self.lag.stop()

@@ -21,6 +21,7 @@ from gateway.config.builder import build as _build
 from gateway.config.checks import ConfigError
 from gateway.config.checks import check as _check
 from gateway.config.health import BreakerConfig, HealthConfig
+from gateway.config.limits import LimitsConfig
 from gateway.config.logging import LOG_FORMATS, LoggingConfig
 from gateway.config.metrics import MetricsConfig
 from gateway.config.priority import PriorityClass, PriorityConfig
@@ -51,6 +52,7 @@ __all__ = [
     "ConfigError",
     "GatewayConfig",
     "HealthConfig",
+    "LimitsConfig",
     "ListenerConfig",
     "LoggingConfig",
     "MetricsConfig",
@@ -88,6 +90,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     # Priority classes; None (no [priority] table) = one class, `standard`, as [admission] sizes it.
     priority: PriorityConfig | None = None
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     units: tuple[UnitConfig, ...] = ()
 
     def __post_init__(self) -> None:

@@ -158,11 +158,11 @@ class Account:
             limits, dim, limit, answer.used, units, answer.frees_at, now, standings
         )
 
-    def fallback(
-        self, limits: KeyLimits, tokens: int, now: float, replicas: int, pending: Changes
-    ) -> Grant | Refusal:
-        """Admit against this replica's share of each limit (limit // live replicas, at least
-        1), counting what it admitted itself; what it admits is replayed to the store later."""
+    def over_share(
+        self, limits: KeyLimits, tokens: int, now: float, replicas: int
+    ) -> tuple[list[Need], dict[Dim, Standing], Refusal | None]:
+        """This replica's share of each limit (limit // replicas, at least 1) against what it
+        admitted itself: the needs, the standings, and the refusal if one share is spent."""
         bucket = window.bucket_of(now)
         wanted = [
             (dim, max(1, limit // replicas), units) for dim, limit, units in needs(limits, tokens)
@@ -179,14 +179,27 @@ class Account:
         for dim, share, units in wanted:
             if dim == "inflight":
                 if self.slots.used + units > share:
-                    return self._refusal(
+                    refused = self._refusal(
                         limits, dim, share, self.slots.used, units, now + 1, now, standings
                     )
+                    return wanted, standings, refused
                 continue
             used = window.used(self.own[dim], bucket)
             if used + units > share:
                 frees = window.frees_at(self.own[dim], share, units, now)
-                return self._refusal(limits, dim, share, used, units, frees, now, standings)
+                refused = self._refusal(limits, dim, share, used, units, frees, now, standings)
+                return wanted, standings, refused
+        return wanted, standings, None
+
+    def fallback(
+        self, limits: KeyLimits, tokens: int, now: float, replicas: int, pending: Changes
+    ) -> Grant | Refusal:
+        """Admit against this replica's share of each limit (limit // live replicas, at least
+        1), counting what it admitted itself; what it admits is replayed to the store later."""
+        bucket = window.bucket_of(now)
+        wanted, standings, refused = self.over_share(limits, tokens, now, replicas)
+        if refused is not None:
+            return refused
         for dim, _, units in wanted:
             if dim == "inflight":
                 self.slots.used += units

@@ -4,8 +4,6 @@ module is imported only when chosen."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from gateway.config.limits import LimitsConfig
 from gateway.config.state import StateConfig
 from gateway.limits.limiter import Limiter
@@ -13,20 +11,15 @@ from gateway.limits.memory import MemoryStore
 from gateway.limits.store import Store
 
 
-def build_limiter(
-    limits: LimitsConfig, state: StateConfig, live_replicas: Callable[[], int] = lambda: 1
-) -> Limiter:
-    """Call `start()` on it once the loop runs, and `close()` at shutdown."""
+def build_limiter(limits: LimitsConfig, state: StateConfig, workers: int = 1) -> Limiter:
+    """Call `start()` on it once the loop runs, and `close()` at shutdown. `workers`: the
+    processes serving this replica's port; without a shared store each enforces its part of
+    every limit (limit // workers), since their counts are not shared."""
     store: Store
     if state.backend == "redis":
         from gateway.limits.redis_store import RedisStore
 
         store = RedisStore.from_config(state, limits.slots_ttl)
-    else:
-        store = MemoryStore(state.replica_name(), limits.slots_ttl)
-        live_replicas = _alone
-    return Limiter(store, limits, live_replicas=live_replicas)
-
-
-def _alone() -> int:
-    return 1  # the memory store is this process's: its share is the whole limit
+        return Limiter(store, limits)
+    store = MemoryStore(state.replica_name(), limits.slots_ttl)
+    return Limiter(store, limits, ways=workers)

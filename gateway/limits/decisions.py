@@ -23,6 +23,16 @@ class KeyLimits:
     def any(self) -> bool:
         return self.rpm is not None or self.tpm is not None or self.max_inflight is not None
 
+    def share(self, ways: int) -> KeyLimits:
+        """Each limit split `ways` ways (at least 1 each): one process's part of a key's."""
+        if ways <= 1:
+            return self
+
+        def part(limit: int | None) -> int | None:
+            return None if limit is None else max(1, limit // ways)
+
+        return KeyLimits(part(self.rpm), part(self.tpm), part(self.max_inflight))
+
 
 @dataclass(frozen=True, slots=True)
 class Standing:

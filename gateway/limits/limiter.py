@@ -21,8 +21,10 @@ Policy, in one place:
   share, limit // live replicas (at least 1), counting what it admitted itself in the last
   minute; logged once, `degraded` is True. Every flush probes the store; the first push that
   succeeds replays what was admitted meanwhile into the shared window (so the fleet does not
-  admit the minute twice) and the limiter is back on the store. Never unlimited, never an
-  exception to the request path.
+  admit the minute twice) and the limiter is back on the store. For the minute after, a
+  replica keeps to its own share as well as the shared count: the others' replays reach the
+  store a flush or two later, and until then the shared count is short. Never unlimited,
+  never an exception to the request path.
 
 What the policy does not promise:
 
@@ -53,6 +55,9 @@ from gateway.limits.store import Ask, Changes, Store, StoreDown
 
 log = logging.getLogger("unitgate.limits")
 
+CENSUS_EVERY = 0.5  # seconds between this process's reports to the store's census (a fresh
+# replica is counted by the others within this, so their shares while the store is away are right)
+
 
 class Limiter:
     def __init__(
@@ -60,17 +65,26 @@ class Limiter:
         store: Store,
         config: LimitsConfig | None = None,
         *,
-        live_replicas: Callable[[], int] = lambda: 1,
+        live_replicas: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.time,
+        ways: int = 1,
     ) -> None:
+        """`live_replicas`: the processes sharing the store (None: the store's own census,
+        taken every CENSUS_EVERY seconds, the last count kept while the store is away).
+        `ways`: every key's limits are split this many ways, this process enforcing its part
+        alone (the workers of a replica without a shared store)."""
         self.store = store
         self.config = config or LimitsConfig()
-        self.live_replicas, self.clock = live_replicas, clock
+        self.processes = 1  # the store's last census
+        self.live_replicas = live_replicas or (lambda: self.processes)
+        self.clock = clock
+        self.ways = ways
         self.accounts: dict[str, Account] = {}
         self.pending = Changes()
         self.degraded = False  # the store is away: local shares apply (a metric reads it)
         self.takes = self.pushes = 0  # store round trips made, for metrics and the benchmark
         self._refreshed = -float("inf")
+        self._recovered_at = -float("inf")  # when the store last came back
         self._task: asyncio.Task[None] | None = None
         self._landing: dict[str, asyncio.Future[None]] = {}  # a take in progress, by key
 
@@ -81,6 +95,7 @@ class Limiter:
         at `now`, wall-clock seconds (time.time(): the buckets are shared by every replica).
         Awaits the store only when this process's leases do not cover the request."""
         tokens = max(0, tokens)
+        limits = limits.share(self.ways)
         wanted = needs(limits, tokens)
         if not wanted:
             return Grant(key_id, limits, window.bucket_of(now), tokens, now)
@@ -88,6 +103,12 @@ class Limiter:
         if account is None:
             account = self.accounts[key_id] = Account(key_id)
         bucket = window.bucket_of(now)
+        if now - self._recovered_at <= window.SPAN_S + 1 and not self.degraded:
+            # The minute after an outage: the others' replays may not have reached the store
+            # yet, so this replica also keeps to its own share (the fleet stays within limits).
+            over = account.over_share(limits, tokens, now, self._replicas())[2]
+            if over is not None:
+                return over
         while True:
             if self.degraded:
                 return account.fallback(limits, tokens, now, self._replicas(), self.pending)
@@ -193,6 +214,7 @@ class Limiter:
             raise
         if self.degraded:
             self.degraded = False
+            self._recovered_at = now
             log.warning("limits: the store answers again; back on the shared limits")
 
     def _keep(self, changes: Changes) -> None:
@@ -214,7 +236,13 @@ class Limiter:
         await self.store.close()
 
     async def _run(self) -> None:
+        counted = -float("inf")
         while True:
+            now = self.clock()
+            if now - counted >= CENSUS_EVERY:
+                counted = now
+                with contextlib.suppress(StoreDown):  # the last count stands meanwhile
+                    self.processes = await self.store.census(now)
             await asyncio.sleep(self.config.flush_interval)
             try:
                 await self.flush(self.clock())

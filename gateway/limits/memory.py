@@ -34,6 +34,9 @@ class MemoryStore:
     async def push(self, changes: Changes, now: float) -> None:
         self.push_now(changes, now)
 
+    async def census(self, now: float) -> int:
+        return 1  # this process's own counts: nobody shares them
+
     async def close(self) -> None:
         return None
 

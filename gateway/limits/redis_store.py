@@ -27,6 +27,10 @@ from redis.exceptions import RedisError
 from gateway.config.state import StateConfig
 from gateway.limits.store import Answer, Ask, Changes, StoreDown
 
+# A limiter reports itself every CENSUS_EVERY seconds (limiter.py); one silent for this long
+# no longer counts among the processes sharing the limits.
+CENSUS_KEPT = 3.0
+
 TAKE = """
 local now, replica, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local expires = string.format('%.17g', now + ttl)
@@ -187,6 +191,24 @@ class RedisStore:
             keys.append(self.key(key_id, "inflight"))
             args += ["held", str(held)]
         await self._call(self._push, keys, args)
+
+    async def census(self, now: float) -> int:
+        """One sorted set of processes by when they last reported: add this one, drop those
+        silent for CENSUS_KEPT seconds, count (one transaction, one round trip)."""
+        members = f"{self.prefix}:limits:processes"
+        self.ops += 1
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.zadd(members, {self.replica: now})
+                pipe.zremrangebyscore(members, "-inf", now - CENSUS_KEPT)
+                pipe.zcard(members)
+                pipe.expire(members, int(CENSUS_KEPT) + 1)
+                _, _, count, _ = await asyncio.wait_for(pipe.execute(), self.timeout)
+        except TimeoutError:
+            raise StoreDown(f"redis gave no answer within {self.timeout:g} s") from None
+        except (RedisError, OSError) as exc:
+            raise StoreDown(f"redis: {type(exc).__name__}: {exc}") from None
+        return max(1, int(count))
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -73,4 +73,9 @@ class Store(Protocol):
 
     async def push(self, changes: Changes, now: float) -> None: ...
 
+    async def census(self, now: float) -> int:
+        """Report this process alive; the processes whose limiters share the store (this one
+        included) that reported in the last few seconds."""
+        ...
+
     async def close(self) -> None: ...

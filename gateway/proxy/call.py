@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.auth.caller import ANONYMOUS, Caller
 from gateway.errors import UpstreamError
+from gateway.limits.decisions import Grant
 from gateway.outcomes import End
 from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.lease import Lease
@@ -32,6 +33,7 @@ class Call:
         "end",
         "error",
         "first_byte",
+        "grant",
         "headers",
         "info",
         "key",
@@ -74,6 +76,7 @@ class Call:
         self.deadline = deadline  # loop time by which its answer must be over
         self.lease = lease  # the admission slot of the unit serving it now, if any
         self.caller: Caller = ANONYMOUS  # who it is from (its API key), set before intake
+        self.grant: Grant | None = None  # what its key's limits admitted (proxy/quota.py)
         self.tracker: StreamTracker | None = None  # a resumable stream's token bookkeeping
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.send_path = path

@@ -16,6 +16,7 @@ from aiohttp import web
 from gateway.auth.check import Gatekeeper
 from gateway.config import Config
 from gateway.errors import GatewayError, Overloaded, UpstreamError
+from gateway.limits.limiter import Limiter
 from gateway.outcomes import End
 from gateway.paths import (
     CHAT_PATH,
@@ -24,6 +25,7 @@ from gateway.paths import (
     MESSAGES_PATH,
     RESPONSES_PATH,
 )
+from gateway.proxy import quota
 from gateway.proxy.apis import validate_embeddings, validate_messages, validate_responses
 from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
@@ -40,10 +42,16 @@ from gateway.routing.admission import Admission
 
 class ProxyHandler:
     def __init__(
-        self, config: Config, dispatcher: Dispatcher, live: LiveStreams, gate: Gatekeeper
+        self,
+        config: Config,
+        dispatcher: Dispatcher,
+        live: LiveStreams,
+        gate: Gatekeeper,
+        limiter: Limiter,
     ) -> None:
         self.config = config
         self.gate = gate  # who each request is from: its API key
+        self.limiter = limiter  # its key's limits
         self.live = live  # streams in flight per unit (the gateway's one, shared with probers)
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
@@ -88,6 +96,7 @@ class ProxyHandler:
             call.error = exc
             raise
         finally:
+            quota.settle(self.limiter, call)
             if call.usage is not None:  # the tenant's fair share counts what it really used
                 self.admission.charge(lease.ask, call.usage.prompt + call.usage.completion)
             self.signals.ended(call)
@@ -98,9 +107,12 @@ class ProxyHandler:
         try:
             call.caller = self.gate.caller(request.headers.get("Authorization"))
             await self.intake(call, request, validate)
+            await quota.admit(self.limiter, call)
             self.signals.validated(call)
             unit, answer = await self.dispatcher.open(call)
         except GatewayError as exc:
+            if isinstance(exc, quota.RateLimited):
+                self.signals.rejected(call, exc.refusal.code)
             return self._error(call, exc)
         call.unit, call.status = unit, answer.status
         call.lease.started = True  # its answer begins: no longer preemptible
@@ -116,7 +128,7 @@ class ProxyHandler:
         return web.Response(
             status=answer.status,
             body=body,
-            headers=headers_for(unit, call.rid),
+            headers=headers_for(unit, call),
             content_type=answer.content_type.split(";")[0],
         )
 

@@ -24,8 +24,12 @@ from gateway.proxy.usage import Usage, UsageReader
 from gateway.units import UnitState
 
 
-def headers_for(unit: UnitState, rid: str) -> dict[str, str]:
-    return {"x-unitgate-unit": unit.id, "x-request-id": rid}
+def headers_for(unit: UnitState, call: Call) -> dict[str, str]:
+    """The answer's own headers: who served it, its id, and its key's x-ratelimit-*."""
+    headers = {"x-unitgate-unit": unit.id, "x-request-id": call.rid}
+    if call.grant is not None:
+        headers.update(call.grant.headers())
+    return headers
 
 
 async def relay_stream(
@@ -35,7 +39,7 @@ async def relay_stream(
     assert unit is not None
     relay = StreamRelay(
         request,
-        headers_for(unit, call.rid),
+        headers_for(unit, call),
         call.deadline,
         proxy.config.timeouts.idle,
         call.tracker,

@@ -30,6 +30,11 @@ class FlakyStore:
             raise StoreDown("taken away by the test")
         await self.inner.push(changes, now)
 
+    async def census(self, now: float) -> int:
+        if self.down:
+            raise StoreDown("taken away by the test")
+        return await self.inner.census(now)
+
     async def close(self) -> None:
         await self.inner.close()
 

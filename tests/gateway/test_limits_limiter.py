@@ -197,11 +197,16 @@ async def test_the_store_is_chosen_by_the_state_backend(tmp_path: Path) -> None:
     from gateway.limits.build import build_limiter
     from gateway.limits.redis_store import RedisStore
 
-    alone = build_limiter(LimitsConfig(), StateConfig(), live_replicas=lambda: 5)
+    alone = build_limiter(LimitsConfig(), StateConfig())
     assert isinstance(alone.store, MemoryStore)
     answer = await alone.admit("k", KeyLimits(rpm=10), 0, T0)
     assert isinstance(answer, Grant)
-    assert Limiter.headers(answer)["x-ratelimit-remaining-requests"] == "9"  # no share of 5
+    assert Limiter.headers(answer)["x-ratelimit-remaining-requests"] == "9"  # the whole limit
+    # Two workers without a shared store: each enforces half of every limit.
+    worker = build_limiter(LimitsConfig(), StateConfig(), workers=2)
+    answer = await worker.admit("k", KeyLimits(rpm=10), 0, T0)
+    assert isinstance(answer, Grant)
+    assert Limiter.headers(answer)["x-ratelimit-limit-requests"] == "5"
     shared = build_limiter(LimitsConfig(), StateConfig(backend="redis", url=f"unix://{tmp_path}/r"))
     assert isinstance(shared.store, RedisStore)
     assert shared.store.replica.endswith(f"/{os.getpid()}")  # a worker's entry is its own
@@ -228,3 +233,29 @@ async def test_close_during_a_push_loses_nothing() -> None:
     slow.push = MemoryStore.push.__get__(slow)  # type: ignore[method-assign]
     await limiter.close()
     assert sum(counts.windows[("k", "tokens")].values()) == 40  # the refund and the lease back
+
+
+async def test_a_replica_back_first_keeps_to_its_share_until_the_others_replay() -> None:
+    """Three replicas admit their shares while the store is away; one reaches the store
+    again a flush before the others. The shared count then lacks their replays, yet the
+    fleet still admits no more than the limit in the minute."""
+    counts = Counts()
+    stores = [FlakyStore(MemoryStore(f"r{i}", counts=counts)) for i in range(3)]
+    limiters = [Limiter(s, live_replicas=lambda: 3, clock=lambda: T0) for s in stores]
+    limits = KeyLimits(rpm=90)
+    admitted = 0
+    for i in range(30):  # 10 through each, on the store
+        admitted += isinstance(await limiters[i % 3].admit("k", limits, 0, T0), Grant)
+    for limiter in limiters:
+        await limiter.flush(T0 + 0.3)
+    for store in stores:
+        store.down = True
+    for i in range(150):  # 20 more through each: its share, 90 // 3, less its own 10
+        admitted += isinstance(await limiters[i % 3].admit("k", limits, 0, T0 + 1), Grant)
+    assert admitted == 90
+    stores[0].down = False
+    await limiters[0].flush(T0 + 2)  # r0 is back and has replayed; r1 and r2 have not
+    assert not limiters[0].degraded and limiters[1].degraded
+    late = [await limiters[0].admit("k", limits, 0, T0 + 2.5) for _ in range(30)]
+    assert not any(isinstance(a, Grant) for a in late)  # its share is spent: no more
+    assert all(isinstance(a, Refusal) and a.dim == "requests" for a in late)

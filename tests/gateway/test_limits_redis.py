@@ -195,3 +195,19 @@ async def test_a_busy_key_costs_a_few_store_calls_per_second(stores: list[RedisS
     takes = sum(limiter.takes for limiter in fleet.limiters)
     print(f"\n100 requests/s over 3 replicas: {ops} store calls ({takes} takes) for {requests}")
     assert ops / requests < 0.2
+
+
+async def test_the_census_counts_the_processes_sharing_the_store(server: RedisServer) -> None:
+    """Each limiter reports itself; one silent for CENSUS_KEPT no longer counts, so the
+    share a replica enforces while the store is away follows the live fleet."""
+    from gateway.limits.redis_store import CENSUS_KEPT
+
+    stores = [store_of(server, f"r{i}") for i in range(3)]
+    try:
+        counts = [await s.census(T0) for s in stores]
+        assert counts == [1, 2, 3]
+        assert await stores[0].census(T0 + CENSUS_KEPT - 1) == 3
+        assert await stores[0].census(T0 + CENSUS_KEPT + 1) == 1  # r1 and r2 went silent
+    finally:
+        for s in stores:
+            await s.close()

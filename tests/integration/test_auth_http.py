@@ -259,3 +259,62 @@ async def test_a_keys_classes_clamp_the_header_and_set_the_default(
             before = admitted(ran)
             assert await ask(secret, asked) == 200
             assert admitted(ran) == before + 1, (asked, ran)
+
+
+async def test_a_keys_limits_answer_429_with_openais_headers_and_count_per_tenant(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with keyed(clean_sim, tmp_path) as gw:
+        made = await make_key(http, gw, rpm=3, tpm=100_000)
+        auth = f"Bearer {made['key']}"
+        body = chat_body(stream=False, max_tokens=4)
+        seen: list[tuple[int, Any, dict[str, str]]] = []
+        for _ in range(4):
+            headers = {"Authorization": auth}
+            async with http.post(gw.public_url + CHAT, json=body, headers=headers) as resp:
+                seen.append((resp.status, await resp.json(), dict(resp.headers)))
+        assert [s for s, _, _ in seen] == [200, 200, 200, 429]
+        ok = seen[0][2]
+        assert ok["x-ratelimit-limit-requests"] == "3"
+        assert ok["x-ratelimit-remaining-requests"] == "2"
+        assert ok["x-ratelimit-limit-tokens"] == "100000"
+        assert {"x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"} <= set(ok)
+        _, refused, head = seen[3]
+        assert refused["error"]["code"] == "rate_limit_exceeded"
+        assert refused["error"]["type"] == "requests"
+        assert "requests per minute" in refused["error"]["message"]
+        assert int(head["Retry-After"]) >= 1 and head["x-ratelimit-remaining-requests"] == "0"
+        sample = gw.metrics.registry.get_sample_value
+        labels = {"class": "standard", "reason": "rate_limit_exceeded"}
+        assert sample("unitgate_class_rejections_total", labels) == 1
+        # Another tenant's key is untouched by this one's limit.
+        other = await make_key(http, gw, tenant="globex", rpm=3)
+        assert (await chat(http, gw, f"Bearer {other['key']}"))[0] == 200
+
+
+async def test_max_inflight_holds_while_a_stream_runs_and_frees_when_it_ends(
+    clean_sim: SimProcess, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with keyed(clean_sim, tmp_path) as gw:
+        made = await make_key(http, gw, max_inflight=1)
+        headers = {"Authorization": f"Bearer {made['key']}"}
+        clean_sim.post("/units/u0/settings", {"itl_ms": 200})
+        clean_sim.post("/units/u1/settings", {"itl_ms": 200})
+        clean_sim.post("/units/u2/settings", {"itl_ms": 200})
+        body = chat_body(stream=True, max_tokens=8)
+        async with http.post(gw.public_url + CHAT, json=body, headers=headers) as streaming:
+            assert streaming.status == 200
+            await streaming.content.readany()  # it runs
+            async with http.post(gw.public_url + CHAT, json=body, headers=headers) as second:
+                assert second.status == 429
+                assert (await second.json())["error"]["code"] == "rate_limit_exceeded"
+            await streaming.read()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while True:  # the slot is released when the stream ends (settled at once locally)
+            async with http.post(gw.public_url + CHAT, json=body, headers=headers) as third:
+                await third.read()
+                if third.status == 200:
+                    break
+            assert loop.time() < deadline, "the in-flight slot was never given back"
+            await asyncio.sleep(0.05)
