@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gateway.limits.decisions import KeyLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +16,10 @@ class Caller:
     rpm: int | None = None
     tpm: int | None = None
     max_inflight: int | None = None
+    limits: KeyLimits = field(init=False, compare=False)  # the three, as the limiter reads them
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", KeyLimits(self.rpm, self.tpm, self.max_inflight))
 
 
 ANONYMOUS = Caller("anonymous", None, None, "")

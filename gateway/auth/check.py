@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable
 
 from gateway.auth.caller import ANONYMOUS, Caller
-from gateway.auth.keys import digest
+from gateway.auth.keys import Key, digest
 from gateway.auth.ring import KeyRing
 from gateway.config.auth import AuthConfig
 from gateway.errors import InvalidRequest
 
 HOW = "send `Authorization: Bearer <key>`"
+REMEMBERED = 4096  # headers of known keys remembered at once (Gatekeeper)
 
 
 class Unauthorized(InvalidRequest):
@@ -30,6 +31,12 @@ class Unauthorized(InvalidRequest):
 
 def identify(header: str | None, ring: KeyRing, now: float) -> Caller | str:
     """The caller, or why the header names none (a message for the client)."""
+    key = lookup(header, ring)
+    return key if isinstance(key, str) else checked(key, now)
+
+
+def lookup(header: str | None, ring: KeyRing) -> Key | str:
+    """The key the header names (valid or not), or why it names none."""
     if header is None or not header.strip():
         return f"Missing API key: {HOW}"
     scheme, _, token = header.strip().partition(" ")
@@ -37,8 +44,10 @@ def identify(header: str | None, ring: KeyRing, now: float) -> Caller | str:
     if scheme.lower() != "bearer" or not token or " " in token:
         return f"Malformed Authorization header: {HOW}"
     key = ring.by_hash.get(digest(token))
-    if key is None:
-        return "Incorrect API key provided"
+    return "Incorrect API key provided" if key is None else key
+
+
+def checked(key: Key, now: float) -> Caller | str:
     if key.revoked is not None:
         return f"The API key {key.prefix} has been revoked"
     if not key.valid(now):
@@ -55,12 +64,30 @@ class Gatekeeper:
         self.required = config.required
         self.ring = ring
         self._clock = clock
+        # The headers of known keys seen lately, with their callers: a repeat costs a dict
+        # lookup and the validity check, not a hash and a new Caller. Emptied whenever the
+        # key table changes (a revocation takes effect at once) and when it grows past
+        # REMEMBERED headers (a client sending random keys cannot grow it without bound).
+        self._seen: dict[str, tuple[Key, Caller]] = {}
+        self._version = ring.version
 
     def caller(self, header: str | None) -> Caller:
         if not self.required and not self.ring.by_hash:
             return ANONYMOUS  # no keys at all: nothing to look up
-        found = identify(header, self.ring, self._clock())
+        if self.ring.version != self._version:
+            self._seen.clear()
+            self._version = self.ring.version
+        now = self._clock()
+        seen = self._seen.get(header) if header is not None else None
+        if seen is not None and seen[0].valid(now):
+            return seen[1]
+        key = lookup(header, self.ring)
+        found = key if isinstance(key, str) else checked(key, now)
         if isinstance(found, Caller):
+            if len(self._seen) >= REMEMBERED:
+                self._seen.clear()
+            if header is not None and isinstance(key, Key):
+                self._seen[header] = (key, found)
             return found
         if self.required:
             raise Unauthorized(found)

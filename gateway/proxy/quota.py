@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from gateway.errors import GatewayError
-from gateway.limits.decisions import Grant, KeyLimits, Refusal
+from gateway.limits.decisions import Grant, Refusal
 from gateway.limits.limiter import Limiter
 from gateway.proxy.call import Call
 
@@ -36,10 +36,8 @@ async def admit(limiter: Limiter, call: Call) -> None:
     """Hold the request to its key's limits; RateLimited if over one. A caller without a key,
     or a key without limits, costs nothing here."""
     caller = call.caller
-    if caller.key_id is None:
-        return
-    limits = KeyLimits(caller.rpm, caller.tpm, caller.max_inflight)
-    if not limits.any():
+    limits = caller.limits
+    if caller.key_id is None or not limits.any():
         return
     answer = await limiter.admit(caller.key_id, limits, call.lease.ask.tokens, time.time())
     if isinstance(answer, Refusal):

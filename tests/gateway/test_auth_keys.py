@@ -181,3 +181,22 @@ def test_required_auth_needs_the_admin_api() -> None:
     assert config_from_dict({"auth": {"required": True}}).auth.required
     with pytest.raises(ValueError, match=r"\[auth\] needs the admin API"):
         config_from_dict({"auth": {"required": True}, "admin": {"enabled": False}})
+
+
+def test_the_gatekeeper_remembers_a_key_until_the_table_changes_or_it_expires() -> None:
+    now = [NOW]
+    good = new_secret()
+    made = key(good, expires=NOW + 10)
+    ring = ring_of(made)
+    gate = Gatekeeper(AuthConfig(required=True), ring, lambda: now[0])
+    header = f"Bearer {good}"
+    first = gate.caller(header)
+    assert gate.caller(header) is first  # remembered: the same caller, no new lookup
+    now[0] = NOW + 11  # expired while remembered
+    with pytest.raises(Unauthorized, match="has expired"):
+        gate.caller(header)
+    now[0] = NOW
+    assert gate.caller(header).key_id == made.id
+    ring.put(made.revoke(NOW, "alice"))  # a new table: nothing remembered survives it
+    with pytest.raises(Unauthorized, match="has been revoked"):
+        gate.caller(header)
