@@ -61,15 +61,7 @@ class SharedStore:
         self.replica = config.replica_name()
         self.events_kept = config.events_kept
         self.channel = f"{config.key_prefix}:changes"
-        options: dict[str, Any] = {
-            "socket_timeout": config.timeout,
-            "socket_connect_timeout": config.timeout,
-            "username": config.username or None,
-            "password": config.password(),
-        }
-        if config.tls_ca_file:
-            options["ssl_ca_certs"] = config.tls_ca_file
-        self.client: redis.Redis = redis.Redis.from_url(config.url, **options)
+        self.client: redis.Redis = redis.Redis.from_url(config.url, **config.client_options())
         self._stopping = False
         self._wake = asyncio.Event()  # a notification came, or `stop` was asked
 

@@ -17,6 +17,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config.checks import check, positive
@@ -81,6 +82,18 @@ class StateConfig:
 
     def replica_name(self) -> str:
         return self.replica or f"{socket.gethostname()}:{os.getpid()}"
+
+    def client_options(self) -> dict[str, Any]:
+        """redis-py's options for this store: timeouts, credentials, the CA for rediss://."""
+        options: dict[str, Any] = {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            "username": self.username or None,
+            "password": self.password(),
+        }
+        if self.tls_ca_file:
+            options["ssl_ca_certs"] = self.tls_ca_file
+        return options
 
     def password(self) -> str | None:
         """From the env var, else the file's first line, else None (no AUTH)."""

@@ -100,8 +100,8 @@ class UnitConfig:
     # With [priority] set: send each request's class to the unit as the body's `priority`
     # (the class's unit_priority; lower = scheduled sooner). None = yes for this project's
     # builtin engine and for backend = "vllm" with engine_args.scheduling_policy = "priority",
-    # no otherwise. A stock vLLM refuses the field unless started with `--scheduling-policy
-    # priority`: set true for one that is.
+    # no otherwise. A stock vLLM schedules by it only when started with `--scheduling-policy
+    # priority` (releases before the V1 engine refuse the field otherwise): set true for one.
     priority: bool | None = None
 
     def __post_init__(self) -> None:

@@ -148,15 +148,7 @@ class RedisStore:
 
     @classmethod
     def from_config(cls, config: StateConfig, slots_ttl: float) -> RedisStore:
-        options: dict[str, Any] = {
-            "socket_timeout": config.timeout,
-            "socket_connect_timeout": config.timeout,
-            "username": config.username or None,
-            "password": config.password(),
-        }
-        if config.tls_ca_file:
-            options["ssl_ca_certs"] = config.tls_ca_file
-        client = redis.Redis.from_url(config.url, **options)
+        client = redis.Redis.from_url(config.url, **config.client_options())
         # One entry of in-flight slots per process: the workers of a replica share its name.
         process = f"{config.replica_name()}/{os.getpid()}"
         return cls(client, config.key_prefix, process, slots_ttl, config.timeout)

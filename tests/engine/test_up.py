@@ -40,7 +40,7 @@ def write_config(path: Path, leader: str, nodes: list[str], ports: tuple[int, in
     units = ", ".join(f'"{n}"' for n in nodes)
     path.write_text(
         f"[gateway]\nport = {ports[0]}\nshutdown_timeout = 5.0\n[metrics]\nport = {ports[1]}\n"
-        '[admin]\nstate_file = ""\n'
+        '[admin]\nstate_file = ""\n[priority]\n'
         f'[[units]]\nid = "u0"\nleader = "{leader}"\nnodes = [{units}]\n'
     )
 
@@ -70,6 +70,8 @@ def test_ready_prints_urls_and_a_token_and_serves_through_the_gateway(up: Up) ->
     assert f"API      {up.url}/v1" in text and "/metrics" in text and "/admin/units" in text
     assert "admin token for this run: " in text
     assert stream_chat(up.url)
+    # With [priority], the builtin engine is sent each class's priority and schedules by it.
+    assert stream_chat(up.url, priority="interactive") == stream_chat(up.url, priority="batch")
     assert [health(n)["role"] for n in up.nodes] == ["leader", "follower"]
     assert health(up.leader)["pid"] == health(up.nodes[0])["pid"]  # the API answers it too
 

@@ -69,10 +69,11 @@ def unitgate(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None
     return Proc(proc, out)
 
 
-def stream_chat(base_url: str, model: str = MODEL) -> str:
+def stream_chat(base_url: str, model: str = MODEL, priority: str | None = None) -> str:
     """A streamed chat completion through the official client; the whole text. Seeded: the
     tiny model's weights are random, and an unseeded answer of 8 tokens is all ids without
-    text (its vocabulary's padding) about once in 300 runs; this seed's answer has text."""
+    text (its vocabulary's padding) about once in 300 runs; this seed's answer has text.
+    `priority`: the gateway's class to ask for (x-unitgate-priority)."""
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=30, max_retries=0)
     stream = client.chat.completions.create(
         model=model,
@@ -81,6 +82,7 @@ def stream_chat(base_url: str, model: str = MODEL) -> str:
         max_tokens=8,
         seed=1,
         extra_body={"ignore_eos": True},
+        extra_headers={"x-unitgate-priority": priority} if priority else None,
     )
     chunks = list(stream)
     assert chunks[-1].choices[0].finish_reason == "length", chunks[-1]

@@ -4,27 +4,13 @@ tests/gateway/test_priority_*.py) carried out with real waiters, slots and deadl
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 
 from gateway.config.priority import PriorityClass, PriorityConfig
 from gateway.errors import Overloaded
 from gateway.routing.admission import Admission, Ask
-
-
-@dataclass(eq=False)
-class Slot:
-    cap: int
-    inflight: int = 0
-
-
-def picker(*slots: Slot):  # type: ignore[no-untyped-def]
-    def pick() -> Slot | None:
-        free = [s for s in slots if s.inflight < s.cap]
-        return free[0] if free else None
-
-    return pick
+from tests.gateway.test_admission import Slot, picker
 
 
 def classes(

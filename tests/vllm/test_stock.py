@@ -47,7 +47,8 @@ def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iter
     tmp = tmp_path_factory.mktemp("stock")
     model = export_smollm2(tmp / "smollm2-hf")
     servers = [
-        start_stock(tmp, "s0", model, *TOOL_FLAGS, cpu=0),
+        # s0 schedules by priority (the gateway's classes reach it); s1 does not.
+        start_stock(tmp, "s0", model, *TOOL_FLAGS, "--scheduling-policy", "priority", cpu=0),
         start_stock(tmp, "s1", model, *TOOL_FLAGS, "--api-key", KEY, cpu=1),
     ]
     try:
@@ -248,6 +249,50 @@ async def test_responses_and_messages_stream_through(gateway: Gateway) -> None:
         raw = await resp.read()
     assert raw.startswith(b"event: message_start") and b"event: message_stop" in raw
     assert f'"model":"{PUBLIC}"'.encode() in raw and b'"model":"smol"' not in raw
+
+
+async def test_priority_classes_reach_the_server_that_schedules_by_them_and_only_it(
+    stock: list[Stock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM orders its waiting requests by `priority` only when started with
+    `--scheduling-policy priority` (0.32 ignores the field otherwise; older releases refuse
+    it): the gateway sends its class's priority to s0 (`priority = true`), not to s1."""
+    body = {"model": "smol", "messages": QUESTION, "max_tokens": 4, "priority": -1}
+    url = f"{stock[0].url}/v1/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
+        assert r.status == 200, await r.text()  # the field as the gateway sends it
+    monkeypatch.setenv("S1_KEY", KEY)
+    raw: dict[str, Any] = {
+        "gateway": {"port": 0, "models": [PUBLIC], "shutdown_timeout": 5.0},
+        "metrics": {"port": 0},
+        "routing": {"affinity": "none"},
+        "health": {"interval": 0.25, "timeout": 1.0, "fall": 2, "stall_timeout": 30.0},
+        "timeouts": {"first_byte": 120.0, "idle": 60.0},
+        "breaker": {"enabled": False},
+        "admin": {"enabled": False},
+        "priority": {},
+        "units": [
+            {"id": "s0", "leader": stock[0].url, "kind": "vllm", "served_model": "smol",
+             "priority": True},
+            {"id": "s1", "leader": stock[1].url, "kind": "vllm", "served_model": "smol",
+             "api_key_env": "S1_KEY"},
+        ],
+    }  # fmt: skip
+    async with running(config_from_dict(raw)) as gw, aiohttp.ClientSession() as http:
+        await until_routable(gw, within=60.0)
+        served: set[str] = set()
+        for i in range(40):  # until each unit took some (the picker is random)
+            if served == {"s0", "s1"} and i >= 6:
+                break
+            klass = ("interactive", "batch", "standard")[i % 3]
+            chat = {"model": PUBLIC, "messages": QUESTION, "max_tokens": 2}
+            heads = {"x-unitgate-priority": klass}
+            async with http.post(
+                gw.public_url + "/v1/chat/completions", json=chat, headers=heads
+            ) as r:
+                assert r.status == 200, (klass, r.headers.get("x-unitgate-unit"), await r.text())
+                served.add(r.headers["x-unitgate-unit"])
+        assert served == {"s0", "s1"}  # both took classed requests, each as it could
 
 
 async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_text(
