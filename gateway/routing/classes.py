@@ -25,12 +25,12 @@ by class (`Slots`); it owns the requests, the units and the timers. The rules:
 7. Headroom between tenants: in a class that more than one tenant used in the last
    `ACTIVE_WINDOW` seconds, a tenant that already holds slots, its fair share of the class's
    or more (the slots not held back for more important classes, divided by the active
-   tenants), takes another only if that leaves free a slot for each other active tenant (at
-   most `HEADROOM_SHARE` of the capacity). So a flooding tenant leaves a slot free for the
-   next request of a steady one, which starts at once instead of waiting for a slot to end;
-   alone, a tenant uses every slot. The cost: while others are active, up to that many slots
-   may stand idle. (The headroom is kept from the class's own tenants only: a less important
-   class may take it.)
+   tenants), takes another only if that leaves free, for each other active tenant, as many
+   slots as it holds, at least one (at most `HEADROOM_SHARE` of the capacity in all). So a
+   flooding tenant leaves room for a steady one to double its requests in flight at once:
+   they start without waiting for a slot to end. Alone, a tenant uses every slot. The cost:
+   while others are active, up to that many slots may stand idle. (The headroom is kept from
+   the class's own tenants only: a less important class may take it.)
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ H = TypeVar("H")
 R = TypeVar("R")
 
 ACTIVE_WINDOW = 10.0  # seconds: a tenant seen this recently in a class counts for rule 7
-HEADROOM_SHARE = 0.1  # rule 7 keeps free at most this share of the slots
+HEADROOM_SHARE = 0.25  # rule 7 keeps free at most this share of the slots
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -255,9 +255,20 @@ class ClassQueues(Generic[H]):
         room = slots.capacity - back  # the slots this class may use at all
         if held == 0 or (held + 1) * active <= room:  # none yet, or within its fair share
             return True
-        headroom = min(active - 1, max(1, int(HEADROOM_SHARE * slots.capacity)))
         free_after = slots.capacity - sum(slots.used.values()) - 1 - back
-        return free_after >= headroom
+        return free_after >= self._headroom(klass, tenant, slots)
+
+    def _headroom(self, klass: str, tenant: str, slots: Slots) -> int:
+        """Rule 7's free slots: for each other active tenant as many as it holds, at least one
+        (so a steady tenant's in-flight count may double at once), HEADROOM_SHARE at most."""
+        most = max(1, int(HEADROOM_SHARE * slots.capacity))
+        need = 0
+        for other in self._seen[klass]:
+            if other != tenant:
+                need += max(1, slots.tenants.get((klass, other), 0))
+                if need >= most:
+                    return most
+        return need
 
     def _waiting_at_or_above(self, klass: PriorityClass) -> bool:
         return any(self._lines[c.name] for c in self.ranked if c.rank <= klass.rank)

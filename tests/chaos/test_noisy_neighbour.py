@@ -2,9 +2,10 @@
 same class, past what the units serve; B, sending steadily, keeps its time to first token
 and is never refused. Real processes: a gateway in front of the simulator.
 
-The simulated units take 200 ms to a first token (a prefill) and free a slot every ~20 ms
-across the fleet, as a real fleet does: B's waits for a slot are short next to its TTFT, if
-the queue lets B through rather than behind A's flood.
+The simulated units take 200 ms to a first token (a prefill) and answer 8 tokens, so B has
+one or two requests in flight at a time: its TTFT is the units' own unless the queue holds B
+behind A's flood. 20 s of B at 6 requests a second give 120 samples, so the p99 is the
+second-slowest, not one outlier.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SLOTS_PER_UNIT = 4  # 3 simulated units: 12 slots
 TTFT_MS, ITL_MS = 200.0, 10.0  # 8 tokens: about 0.28 s a request, ~40 requests/s in all
 B_RATE = 6.0  # requests a second, steady
 FLOOD = 10  # A sends FLOOD times B's rate
-DURATION = 15.0
+DURATION = 20.0
 RATIO = 1.25  # B's TTFT p99 with the flood, at most this times B's alone
 
 
