@@ -42,7 +42,6 @@ What the policy does not promise:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from gateway.limits.store import Ask, Changes, Store, StoreDown
 
 log = logging.getLogger("unitgate.limits")
 
+STOP_WITHIN_S = 5.0  # `close` waits this long at most for the flush loop to end
 CENSUS_EVERY = 0.5  # seconds between this process's reports to the store's census (a fresh
 # replica is counted by the others within this, so their shares while the store is away are right)
 
@@ -85,6 +85,7 @@ class Limiter:
         self.takes = self.pushes = 0  # store round trips made, for metrics and the benchmark
         self._refreshed = -float("inf")
         self._recovered_at = -float("inf")  # when the store last came back
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._landing: dict[str, asyncio.Future[None]] = {}  # a take in progress, by key
 
@@ -228,21 +229,30 @@ class Limiter:
 
     async def close(self) -> None:
         """Stop flushing, hand back what this process holds (a last flush), close the store."""
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            task, self._task = self._task, None
+            task.cancel()
+            # A redis-py call may swallow a cancellation: the loop then ends at its next turn
+            # (`_stopping`), and this wait is bounded either way.
+            await asyncio.wait({task}, timeout=STOP_WITHIN_S)
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("limits: the flush loop had failed: %r", task.exception())
         await self.flush(self.clock(), final=True)
         await self.store.close()
 
     async def _run(self) -> None:
         counted = -float("inf")
-        while True:
+        while not self._stopping:
             now = self.clock()
             if now - counted >= CENSUS_EVERY:
                 counted = now
-                with contextlib.suppress(StoreDown):  # the last count stands meanwhile
+                try:
                     self.processes = await self.store.census(now)
+                except StoreDown:
+                    pass  # the last count stands meanwhile
+                except Exception:  # a bug must not stop the flushes
+                    log.exception("limits: the census failed")
             await asyncio.sleep(self.config.flush_interval)
             try:
                 await self.flush(self.clock())

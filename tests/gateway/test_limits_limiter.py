@@ -4,6 +4,7 @@ trips leases save, and the local shares while the store is away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 from pathlib import Path
@@ -259,3 +260,19 @@ async def test_a_replica_back_first_keeps_to_its_share_until_the_others_replay()
     late = [await limiters[0].admit("k", limits, 0, T0 + 2.5) for _ in range(30)]
     assert not any(isinstance(a, Grant) for a in late)  # its share is spent: no more
     assert all(isinstance(a, Refusal) and a.dim == "requests" for a in late)
+
+
+async def test_close_returns_though_a_store_call_swallows_the_cancellation() -> None:
+    """redis-py calls may swallow a cancellation; the flush loop must still end, and `close`
+    return (CI once hung a replica process for a minute here)."""
+
+    class Swallowing(MemoryStore):
+        async def census(self, now: float) -> int:
+            with contextlib.suppress(asyncio.CancelledError):  # as a swallowing call does
+                await asyncio.sleep(10)
+            return 1
+
+    limiter = Limiter(Swallowing(), LimitsConfig(flush_interval=0.01, slots_ttl=1.0))
+    limiter.start()
+    await asyncio.sleep(0.05)  # inside the census
+    await asyncio.wait_for(limiter.close(), 3.0)
