@@ -62,10 +62,9 @@ def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iter
                 server.proc.proc.wait(30)
 
 
-@pytest.fixture
-async def gateway(stock: list[Stock], monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
-    monkeypatch.setenv("S1_KEY", KEY)
-    raw: dict[str, Any] = {
+def stock_config(stock: list[Stock], s0: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    """A gateway over both servers (s1 with its key from S1_KEY); `s0`: more of s0's keys."""
+    return {
         "gateway": {"port": 0, "models": [PUBLIC], "shutdown_timeout": 5.0},
         "metrics": {"port": 0},
         "routing": {"affinity": "none"},
@@ -75,7 +74,7 @@ async def gateway(stock: list[Stock], monkeypatch: pytest.MonkeyPatch) -> AsyncI
         "breaker": {"enabled": False},
         "admin": {"enabled": False},
         "units": [
-            {"id": "s0", "leader": stock[0].url, "kind": "vllm", "served_model": "smol"},
+            {"id": "s0", "leader": stock[0].url, "kind": "vllm", "served_model": "smol", **s0},
             {
                 "id": "s1",
                 "leader": stock[1].url,
@@ -84,8 +83,14 @@ async def gateway(stock: list[Stock], monkeypatch: pytest.MonkeyPatch) -> AsyncI
                 "api_key_env": "S1_KEY",
             },
         ],
+        **sections,
     }
-    async with running(config_from_dict(raw)) as gw:
+
+
+@pytest.fixture
+async def gateway(stock: list[Stock], monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
+    monkeypatch.setenv("S1_KEY", KEY)
+    async with running(config_from_dict(stock_config(stock, {}))) as gw:
         await until_routable(gw, within=60.0)
         yield gw
 
@@ -262,22 +267,7 @@ async def test_priority_classes_reach_the_server_that_schedules_by_them_and_only
     async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
         assert r.status == 200, await r.text()  # the field as the gateway sends it
     monkeypatch.setenv("S1_KEY", KEY)
-    raw: dict[str, Any] = {
-        "gateway": {"port": 0, "models": [PUBLIC], "shutdown_timeout": 5.0},
-        "metrics": {"port": 0},
-        "routing": {"affinity": "none"},
-        "health": {"interval": 0.25, "timeout": 1.0, "fall": 2, "stall_timeout": 30.0},
-        "timeouts": {"first_byte": 120.0, "idle": 60.0},
-        "breaker": {"enabled": False},
-        "admin": {"enabled": False},
-        "priority": {},
-        "units": [
-            {"id": "s0", "leader": stock[0].url, "kind": "vllm", "served_model": "smol",
-             "priority": True},
-            {"id": "s1", "leader": stock[1].url, "kind": "vllm", "served_model": "smol",
-             "api_key_env": "S1_KEY"},
-        ],
-    }  # fmt: skip
+    raw = stock_config(stock, {"priority": True}, priority={})
     async with running(config_from_dict(raw)) as gw, aiohttp.ClientSession() as http:
         await until_routable(gw, within=60.0)
         served: set[str] = set()
