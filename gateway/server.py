@@ -32,6 +32,7 @@ from gateway.health.prober import live_count
 from gateway.health.supervisor import HealthSupervisor
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
+from gateway.native import resolve
 from gateway.net import LISTEN_BACKLOG
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
@@ -184,6 +185,10 @@ class Gateway:
                 tls = server_context(m.tls_cert, m.tls_key)
                 self.metrics_url = await self._listen(ops, m.host, m.port, 5.0, tls=tls)
             if self.role.public:
+                # Built (or found in the cache) off the loop; the client then finds it loaded.
+                _, why = await asyncio.to_thread(resolve, self.config.upstream.relay)
+                if why is not None:
+                    log.warning("%s", why)
                 self._upstream = UpstreamClient(self.config, self.lag)
                 dispatcher = Dispatcher(
                     self.config, self.units, self.admission, self._upstream, self.signals

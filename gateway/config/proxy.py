@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from gateway.config.checks import check as _check
 from gateway.config.checks import positive as _positive
 from gateway.config.tls import check_pair as _check_tls
+from gateway.native import RELAYS
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +105,14 @@ class UpstreamConfig:
     # 0 = unbounded. aiohttp's default of 100 silently queues requests beyond it.
     max_connections: int = 0
     keepalive_timeout: float = 30.0
+    # Which relay streams answers: "native" (compiled, gateway/native), "python" (the
+    # reference), or "auto" (native when it builds). UNITGATE_RELAY overrides it.
+    relay: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.max_connections >= 0, "max_connections", self.max_connections, "must be >= 0")
         _positive("keepalive_timeout", self.keepalive_timeout)
+        _check(self.relay in RELAYS, "relay", self.relay, f"must be one of {', '.join(RELAYS)}")
 
 
 AFFINITY_MODES = ("none", "session", "prefix", "session+prefix")

@@ -67,6 +67,14 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def merge(self, counts: list[int], total: float) -> None:
+        """Add observations already counted per bucket (one more than `bounds`) and their sum."""
+        mine = self.counts
+        for i, n in enumerate(counts):
+            if n:
+                mine[i] += n
+        self.sum += total
+
     @property
     def count(self) -> int:
         return sum(self.counts)

@@ -6,6 +6,10 @@ stream that is most of the gateway's CPU. Here the connection's own `data_receiv
 hands body bytes straight to a sink (the client's transport, see relay.py), with no task
 switch per event, and the request task sleeps until the answer ends or needs attention.
 
+With the native relay (gateway/native), httptools parses only the answer's head: the body's
+bytes go to a compiled `Reader`, one call per read, which de-frames them and, once a relay has
+attached, relays them to the client itself and returns flags only when something happened.
+
 A connection serves one request at a time; `ConnectionPool` keeps idle ones per leader (LIFO,
 so a few warm connections serve a light load and the rest expire).
 """
@@ -15,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from typing import Protocol
+from types import ModuleType
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -24,6 +29,11 @@ from gateway.tls import client_context
 
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
+# The native relay's flags -> None; called from data_received when a read needs Python.
+FlagSink = Callable[[int], None]
+
+# The longest answer head the native path waits for (httptools' own bound is about 80 KB).
+MAX_HEAD = 64 * 1024
 
 
 class ConnectionBroken(ConnectionError):
@@ -31,8 +41,9 @@ class ConnectionBroken(ConnectionError):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, native: ModuleType | None = None) -> None:
         self.loop = loop
+        self.native = native  # the compiled relay (gateway/native); None: all in httptools
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.tls = False
@@ -51,6 +62,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.sink: Sink | None = None
         self.last_data = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        # The native path: the body's Reader once the head is in, the head's bytes until then,
+        # whether the head allows keep-alive, and the attached relay's flag sink.
+        self.reader: Any = None
+        self.events: FlagSink | None = None
+        self._head = b""
+        self._head_keep_alive = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -59,7 +76,16 @@ class UpstreamConnection(asyncio.Protocol):
         self.tls = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
-        self.last_data = self.loop.time()
+        self.last_data = now = self.loop.time()
+        reader = self.reader
+        if reader is not None:
+            flags = reader.feed(data, now)
+            if flags or self.events is None:  # no relay yet: the request task may be waiting
+                self._native_flags(flags)
+            return
+        if self.native is not None:
+            self._native_head(data)
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -78,6 +104,17 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        reader = self.reader
+        if reader is not None:
+            if exc is None and reader.end():  # the close ends a close-delimited body
+                self._native_complete(False)
+                events = self.events
+                if events is not None:
+                    events(reader.relay(b"", True, self.loop.time()))
+            elif not reader.complete:
+                self.fail(ConnectionBroken(self._closed_why(exc)))
+            self._wake()
+            return
         if self.head_done and not self.complete and not self._framed() and exc is None:
             # A close-delimited body ends with an orderly close; a reset (exc) breaks it.
             self.on_message_complete()
@@ -99,6 +136,76 @@ class UpstreamConnection(asyncio.Protocol):
                 " client certificate ([[units]] tls_cert and tls_key)"
             )
         return why
+
+    # -- the native path --------------------------------------------------------------------
+
+    def _native_head(self, data: bytes) -> None:
+        """Gather the head, have httptools parse it (and skip interim 1xx answers), then hand
+        the rest to a native Reader framed as the head says."""
+        buf = self._head + data if self._head else data
+        while True:
+            end = _head_end(buf)
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    self._broken(f"a response head longer than {MAX_HEAD} bytes")
+                else:
+                    self._head = buf
+                return
+            try:
+                self.parser.feed_data(buf[:end])
+            except httptools.HttpParserError as exc:
+                self._broken(str(exc))
+                return
+            buf = buf[end:]
+            if self.head_done:
+                break
+            self.parser = httptools.HttpResponseParser(self)  # after an interim answer
+        self._head = b""
+        assert self.native is not None
+        self._head_keep_alive = self.parser.should_keep_alive()
+        self.reader = reader = self.native.Reader(*self._framing())
+        self.body = reader.body  # the Reader appends to it until a relay attaches
+        self.complete = False  # httptools may have said so of an empty body: the Reader says
+        if buf:
+            flags = reader.feed(buf, self.last_data)
+        else:
+            flags = self.native.COMPLETE if reader.complete else 0
+        self._native_flags(flags)
+
+    def _framing(self) -> tuple[int, int]:
+        """The native Reader's (mode, length): chunked, a length, or until the close."""
+        if b"chunked" in self.headers.get(b"transfer-encoding", b"").lower():
+            return 0, 0
+        length = self.headers.get(b"content-length")
+        if length is not None:
+            return 1, int(length)  # httptools has checked it is a number
+        if self.status in (204, 304):
+            return 1, 0
+        return 2, 0
+
+    def _native_flags(self, flags: int) -> None:
+        native = self.native
+        assert native is not None
+        if flags & native.BROKEN:
+            self._broken(str(self.reader.error))
+            return
+        if flags & native.COMPLETE:
+            self._native_complete(not flags & native.JUNK)
+        events = self.events
+        if events is not None:
+            events(flags)
+        else:
+            self._wake()
+        if flags & native.JUNK:
+            self.abort()  # the answer stands; the connection is never reused
+
+    def _native_complete(self, keep: bool) -> None:
+        self.complete = True
+        self.keep_alive = keep and self._head_keep_alive
+
+    def _broken(self, why: str) -> None:
+        self.fail(ConnectionBroken(f"invalid HTTP from the unit: {why}"))
+        self.abort()
 
     # -- httptools callbacks ----------------------------------------------------------------
 
@@ -167,6 +274,14 @@ class UpstreamConnection(asyncio.Protocol):
         )
 
 
+def _head_end(buf: bytes) -> int:
+    """The index just past an answer head's blank line, or -1 when it has not come yet."""
+    crlf, lf = buf.find(b"\r\n\r\n"), buf.find(b"\n\n")
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf + 4
+    return -1 if lf < 0 else lf + 2
+
+
 class Endpoint:
     """A node's address, parsed once. An https:// one connects with `tls` (the unit's CA and
     client certificate, gateway/tls.py), or by default verifying with the system's trust store."""
@@ -205,11 +320,14 @@ class ConnectionPool:
         keepalive_timeout: float,
         limit: int,
         lag: LagTotal | None = None,
+        native: ModuleType | None = None,
     ) -> None:
-        """With `lag`, a connect timeout is measured in the loop's responsive time: what the
+        """`native` is the compiled relay (gateway/native) its connections read bodies with.
+        With `lag`, a connect timeout is measured in the loop's responsive time: what the
         loop spent behind schedule while the connect was out is added to its deadline (a
         kernel-finished connect must not time out because the loop ran its timers first)."""
         self.lag = lag
+        self.native = native
         self.connect_timeout = connect_timeout
         self.keepalive_timeout = keepalive_timeout
         self._idle: dict[tuple[str, int, ssl.SSLContext | None], list[UpstreamConnection]] = {}
@@ -268,7 +386,7 @@ class ConnectionPool:
             stretch = None if self.lag is None else _Stretch(self.lag, deadline, loop)
             try:
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(loop),
+                    lambda: UpstreamConnection(loop, self.native),
                     endpoint.host,
                     endpoint.port,
                     ssl=endpoint.ssl,

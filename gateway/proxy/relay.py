@@ -7,6 +7,10 @@ whole events only. The request task sleeps until the answer ends, the client's s
 fills (then it waits for the client to drain while upstream reading is paused), or something
 fails; the caller (stream.py) then continues the stream on another unit or ends it with an
 explicit SSE `error` event, never a silent truncation.
+
+With the native relay (gateway/native) the connection's Reader does the pump's work in one
+compiled call per read (`_NativePump` only hears of what needs Python); without it `_Pump`
+does it in Python, the reference the native one is tested against.
 """
 
 from __future__ import annotations
@@ -104,7 +108,9 @@ class _Pump:
                 self.itl.observe(gap)
                 self.gap = next_gap(self.gap, gap)
                 self.last = now
-            if self.tracker is not None and self.tracker.error is not None:
+            if (self.tracker is not None and self.tracker.error is not None) or (
+                self.usage is not None and self.usage.error is not None
+            ):
                 # Settled here, not through conn.fail(): that ignores errors once the answer
                 # is complete, and the error event often comes in the same read as its end.
                 self.failed = True
@@ -122,6 +128,111 @@ class _Pump:
 
     def settled(self) -> bool:
         return self.done or self.gone or self.paused or self.failed
+
+    def finish(self) -> None:
+        """The answer was relayed (its gaps are in the sink already)."""
+
+
+class _NativePump:
+    """The native Reader relays every read itself; this hears only of the reads that need
+    Python (flags: the client left, the stream broke, the answer ended, the client's buffer
+    is full), and reads the Reader's pace. Its gap buckets go to the sink at the end."""
+
+    __slots__ = ("conn", "done", "failed", "gone", "itl", "native", "paused", "reader")
+
+    def __init__(self, conn: UpstreamConnection, itl: GapSink) -> None:
+        self.conn, self.itl = conn, itl
+        self.reader = conn.reader
+        native = conn.native
+        assert native is not None
+        self.native = native
+        self.done = self.gone = self.paused = self.failed = False
+
+    def on_flags(self, flags: int) -> None:
+        native, conn = self.native, self.conn
+        if flags & native.GONE:
+            self.gone = True
+            conn.abort()
+        elif flags & native.FAILED:
+            self.failed = True
+            conn.abort()
+        elif flags & native.COMPLETE:
+            self.done = True
+        elif flags & native.PAUSE:
+            assert conn.transport is not None
+            conn.transport.pause_reading()
+            self.paused = True
+        conn.wake()
+
+    @property
+    def gap(self) -> float | None:
+        gap: float | None = self.reader.gap
+        return gap
+
+    @property
+    def last(self) -> float:
+        last: float = self.reader.last
+        return last
+
+    @property
+    def mid_event(self) -> bool:
+        return bool(self.reader.mid_event)
+
+    def settled(self) -> bool:
+        return self.done or self.gone or self.paused or self.failed
+
+    def finish(self) -> None:
+        counts, total = self.reader.gaps()
+        if total or any(counts):
+            self.itl.merge(counts, total)
+
+
+def attach(
+    conn: UpstreamConnection,
+    client: asyncio.Transport,
+    itl: GapSink,
+    tracker: StreamTracker | None,
+    usage: UsageReader | None,
+    names: Renamer | None,
+    mid_event: bool,
+    pending: list[bytes],
+) -> _Pump | _NativePump:
+    """Start relaying `conn`'s answer to `client` from now on, with what already came
+    (`pending`, then what the connection holds): the native relay when the connection reads
+    with it, else the Python one. `mid_event`: the client's stream so far ends mid-event."""
+    pump: _Pump | _NativePump
+    reader = conn.reader
+    if reader is None:
+        pump = _Pump(conn, client, itl, tracker, names, usage)
+        pump.mid_event = mid_event
+        conn.sink = pump.push
+        if conn.body or conn.complete or pending:  # arrived while the head was being sent
+            pieces, conn.body = pending + conn.body, []
+            pump.push(pieces, conn.complete)
+        return pump
+    # The Python path sent the first bytes: an event they left incomplete goes on here.
+    splitter = tracker.splitter if tracker is not None else usage.splitter if usage else None
+    reader.attach(
+        client,
+        tracker,
+        usage,
+        names,
+        itl.bounds,
+        HIGH_WATER,
+        conn.loop.time(),
+        tracker is not None and tracker.chat,
+        tracker is not None and tracker.client_ids,
+        splitter.take() if splitter is not None else b"",
+    )
+    reader.mid_event = mid_event
+    pump = _NativePump(conn, itl)
+    conn.events = pump.on_flags
+    if conn.body or conn.complete or pending:
+        data, conn.body = b"".join(pending + conn.body), []
+        flags = reader.relay(data, conn.complete, conn.loop.time())
+        if flags:
+            pump.on_flags(flags)
+    return pump
 
 
 class UnitEjected(ConnectionBroken):
@@ -188,13 +299,17 @@ class StreamRelay:
         bytes have not been sent yet; the first answer's went with the head."""
         conn, writer = answer.connection, self._writer
         assert conn is not None and writer is not None and self.request.transport is not None
-        pump = _Pump(conn, self.request.transport, itl, self.tracker, answer.names, self.usage)
-        pump.mid_event = self._mid_event
-        conn.sink = pump.push
         pending = [answer.first] if resumed and answer.first else []
-        if conn.body or conn.complete or pending:  # arrived while the head was being sent
-            pieces, conn.body = pending + conn.body, []
-            pump.push(pieces, conn.complete)
+        pump = attach(
+            conn,
+            self.request.transport,
+            itl,
+            self.tracker,
+            self.usage,
+            answer.names,
+            self._mid_event,
+            pending,
+        )
         self._watchdog = watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet)
         try:
             async with asyncio.timeout_at(self.deadline):
@@ -223,7 +338,9 @@ class StreamRelay:
             self._watchdog = None
             self.gap = pump.gap
             conn.sink = None
+            conn.events = None
             self._mid_event = pump.mid_event
+            pump.finish()
         if pump.gone:
             return End.CLIENT_GONE
         if pump.failed:
@@ -286,7 +403,11 @@ class _IdleWatchdog:
     """One timer per stream, re-armed lazily: no timer churn per token."""
 
     def __init__(
-        self, conn: UpstreamConnection, pump: _Pump, idle: float, quiet: tuple[float, float]
+        self,
+        conn: UpstreamConnection,
+        pump: _Pump | _NativePump,
+        idle: float,
+        quiet: tuple[float, float],
     ) -> None:
         self.conn, self.pump, self.idle, self.quiet = conn, pump, idle, quiet
         self.ejected: str | None = None  # why the unit was ejected, once it was

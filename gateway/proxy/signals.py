@@ -20,15 +20,26 @@ from gateway.units import UnitState
 
 
 class GapSink(Protocol):
-    """Takes the seconds between two relayed chunks (a lock-free histogram, in practice)."""
+    """Takes the seconds between two relayed chunks (a lock-free histogram, in practice):
+    one by one (the Python relay), or as counts per bucket of `bounds` and their sum at the
+    end of an answer (the native relay counts them as it goes)."""
+
+    @property
+    def bounds(self) -> tuple[float, ...]: ...
 
     def observe(self, value: float) -> None: ...
+
+    def merge(self, counts: list[int], total: float) -> None: ...
 
 
 class _Discard:
     __slots__ = ()
+    bounds: tuple[float, ...] = ()
 
     def observe(self, value: float) -> None:
+        pass
+
+    def merge(self, counts: list[int], total: float) -> None:
         pass
 
 

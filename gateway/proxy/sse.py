@@ -11,6 +11,10 @@ import re
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 
+# An event still incomplete after this many bytes breaks its stream (it would only grow).
+MAX_EVENT = 8 * 1024 * 1024
+TOO_LONG = "the unit sent an SSE event longer than 8 MiB"
+
 
 class EventSplitter:
     __slots__ = ("_tail",)
@@ -31,6 +35,11 @@ class EventSplitter:
             start = end.end()
         self._tail = buf[start:]
         return events
+
+    def take(self) -> bytes:
+        """The partial event, handed over (to the native relay) and forgotten here."""
+        tail, self._tail = self._tail, b""
+        return tail
 
     def discard(self) -> None:
         """Drop a partial event: its stream broke, another unit will send the rest."""

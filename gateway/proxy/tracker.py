@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from gateway.proxy.sse import EventSplitter, data_of
+from gateway.proxy.sse import MAX_EVENT, TOO_LONG, EventSplitter, data_of
 
 _TEMPLATE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 _IDS = b',"token_ids":['
@@ -102,15 +102,29 @@ class StreamTracker:
     # -- the stream --------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> bytes:
-        """The bytes to send the client for `data` read from the unit (whole events only)."""
-        # The common read: one whole token chunk (whose exact ending excludes CRLF framing).
-        plain = self.capable and not self.continuing and not self.splitter.pending
-        if plain and data.count(b"\n\n") == 1 and data.endswith(b"\n\n"):
+        """The bytes to send the client for `data` read from the unit (whole events only).
+
+        gateway/native/relay.c does the same (the splitting and `_token_chunk`) in C and
+        calls `_event` for the rest: the two must stay alike, byte for byte."""
+        # The common read: one whole token chunk, taken as `_event` would take it.
+        if (
+            self.capable
+            and not self.continuing
+            and not self.splitter.pending
+            and not self.done
+            and self.error is None
+            and data.startswith(b"data: {")
+            and data.find(b"\n\n") == len(data) - 2
+            and b"\n\r\n" not in data
+        ):
             fast = self._token_chunk(data)
             if fast is not None:
                 return fast
-        out = [self._event(event) for event in self.splitter.feed(data)]
-        return b"".join(out)
+        out = b"".join([self._event(event) for event in self.splitter.feed(data)])
+        if self.splitter.pending > MAX_EVENT:
+            self.splitter.discard()
+            self.error = TOO_LONG
+        return out
 
     def _event(self, event: bytes) -> bytes:
         if self.done or self.error is not None:

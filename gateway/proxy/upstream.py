@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gateway.config import Config, UnitConfig
 from gateway.errors import UpstreamError
+from gateway.native import resolve
 from gateway.outcomes import Failure
 from gateway.proxy.connection import (
     ConnectionBroken,
@@ -48,9 +49,14 @@ class Answer:
 
 class UpstreamClient:
     def __init__(self, config: Config, lag: LagTotal | None = None) -> None:
+        """Answers' bodies are read by the relay `[upstream] relay` (or UNITGATE_RELAY) picks:
+        the compiled one (gateway/native; built on first use unless the caller has had it
+        built off the loop, as the server does) or the Python one."""
         u = config.upstream
+        self.native, _ = resolve(u.relay)
+        native = self.native
         self.pool = ConnectionPool(
-            config.timeouts.connect, u.keepalive_timeout, u.max_connections, lag
+            config.timeouts.connect, u.keepalive_timeout, u.max_connections, lag, native
         )
         self.max_connections = u.max_connections
         self._endpoints: dict[str | tuple[str, str, str, str], Endpoint] = {}

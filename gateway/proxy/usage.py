@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.proxy.sse import EventSplitter, data_of
+from gateway.proxy.sse import MAX_EVENT, TOO_LONG, EventSplitter, data_of
 
 _USAGE = b'"usage"'
 
@@ -40,10 +40,11 @@ def of_body(body: bytes) -> Usage | None:
 class UsageReader:
     """One streamed answer's usage, from the events that carry it (the last one wins)."""
 
-    __slots__ = ("completion", "prompt", "splitter")
+    __slots__ = ("completion", "error", "prompt", "splitter")
 
     def __init__(self) -> None:
         self.splitter = EventSplitter()
+        self.error: str | None = None  # set when an event grows past MAX_EVENT
         self.prompt: int | None = None
         self.completion: int | None = None
 
@@ -59,6 +60,9 @@ class UsageReader:
         for event in self.splitter.feed(data):
             if _USAGE in event:
                 self._event(event)
+        if self.splitter.pending > MAX_EVENT:
+            self.splitter.discard()
+            self.error = TOO_LONG
 
     def _event(self, event: bytes) -> None:
         payload = data_of(event)

@@ -39,6 +39,7 @@ unit_max_inflight = {cap}
 queue_size = {queue}
 [upstream]
 max_connections = 0
+relay = "{relay}"
 [resume]
 enabled = {resume}
 """
@@ -54,12 +55,19 @@ def gateway_toml(
     admin: str = NO_ADMIN,
     workers: int = 1,
     state: str = "",
+    relay: str = "auto",
 ) -> str:
     """A benchmark gateway's config: simulated units by their ready-file entries, affinity
     off, an unbounded upstream pool, per-unit caps past what the load needs (`cap`),
-    `workers` processes on its port; `admin` and `state` are those tables as TOML."""
+    `workers` processes on its port; `admin` and `state` are those tables as TOML; `relay`
+    is `[upstream] relay` (the native one unless it cannot be built)."""
     head = GATEWAY_TOML.format(
-        model=MODEL, cap=cap, queue=queue, resume=str(resume).lower(), workers=workers
+        model=MODEL,
+        cap=cap,
+        queue=queue,
+        resume=str(resume).lower(),
+        workers=workers,
+        relay=relay,
     )
     tables = "".join(
         f'[[units]]\nid = "{u["id"]}"\nleader = "{u["leader"]}"\nnodes = {json.dumps(u["nodes"])}\n'

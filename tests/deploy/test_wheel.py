@@ -62,6 +62,7 @@ def test_every_command_and_data_file_ships(wheel: list[str]) -> None:
         assert f"{path}.py" in names or f"{path}/__init__.py" in names, module
     static = [p.relative_to(ROOT).as_posix() for p in (ROOT / "gateway/status/static").iterdir()]
     assert static and set(static) <= names  # the status page
-    kernels = [p.relative_to(ROOT).as_posix() for p in (ROOT / "engine/model/kernels").glob("*.c")]
-    assert kernels and set(kernels) <= names  # compiled on first use
+    for folder in ("engine/model/kernels", "gateway/native"):
+        sources = [p.relative_to(ROOT).as_posix() for p in (ROOT / folder).glob("*.c")]
+        assert sources and set(sources) <= names, folder  # compiled at set-up or first use
     assert any(n.endswith(".dist-info/entry_points.txt") for n in names)

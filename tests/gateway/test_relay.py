@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import orjson
 import pytest
 
@@ -20,6 +21,8 @@ from tests.gateway.relay_support import (
     FIRST,
     LAST_CHUNK,
     OPENING,
+    PATH,
+    SSE_HEAD,
     Relayed,
     chat_event,
     chunk,
@@ -30,7 +33,7 @@ from tests.gateway.relay_support import (
     stream_of,
     tracked,
 )
-from tests.gateway.servers import RawServer, until
+from tests.gateway.servers import RawServer, serve_app, until
 
 
 async def test_bytes_are_relayed_unchanged_in_order_as_http_chunks(
@@ -60,8 +63,8 @@ async def test_bytes_are_relayed_unchanged_in_order_as_http_chunks(
             assert await relayed.end() is End.COMPLETE
             assert await asyncio.wait_for(resp.read(), 2.0) == b""  # a clean end of the body
         # One gap observed per relayed chunk (the first bytes went with the head).
-        assert len(relayed.gaps.values) == len(pieces)
-        assert all(gap >= 0 for gap in relayed.gaps.values)
+        assert relayed.gaps.count == len(pieces)
+        assert relayed.gaps.sum >= 0
         assert relayed.relay is not None and relayed.relay.gap is not None
         assert not relayed.unit_closed  # the answer ended cleanly: its connection is kept
         assert len(unit.peers[0].requests) == 1 and not unit.peers[0].closed.is_set()
@@ -225,7 +228,7 @@ async def test_a_tracked_stream_is_complete_only_with_done(
         assert "prompt_token_ids" not in shown[0]
         assert "".join(c["choices"][0]["delta"].get("content", "") for c in shown) == "Hello"
         # Gaps: one per chunk written to the client, none for the chunk the tracker dropped.
-        assert len(relayed.gaps.values) == len(got) - 1
+        assert relayed.gaps.count == len(got) - 1
         if done:
             assert got[-1] == DONE and rest == b""
         else:
@@ -253,3 +256,24 @@ async def test_an_error_event_from_the_unit_is_a_unit_error(
         assert b"engine died" not in rest  # the unit's own error event is not relayed
         ours, done = events(rest)
         assert error_event(ours)["code"] == "unit_error" and done + b"\n\n" == DONE
+
+
+async def test_first_bytes_after_a_head_sent_alone_reach_the_client_at_once(
+    upstream: UpstreamClient,
+) -> None:
+    """A unit that sends its head, then its first event later: the request task hears of the
+    first bytes when they come, not when the answer ends (the native relay once woke it only
+    at the end)."""
+    async with RawServer(lambda peer, _: peer.write(SSE_HEAD)) as unit:
+        relayed = Relayed(upstream, unit.url)
+        async with serve_app(relayed.app) as url, aiohttp.ClientSession() as http:
+            request = asyncio.ensure_future(http.post(url + PATH, data=b"{}"))
+            await until(lambda: bool(unit.peers), 2.0, "the gateway connecting to the unit")
+            await asyncio.sleep(0.05)  # the head alone has been read by now
+            unit.peers[0].write(chunk(FIRST))
+            resp = await asyncio.wait_for(request, 2.0)
+            async with resp:
+                assert await next_chunk(resp) == FIRST
+                assert not relayed.ended.done()  # the unit has not finished its answer
+                unit.peers[0].write(chunk(DONE) + LAST_CHUNK)
+                assert await relayed.end() is End.COMPLETE

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     summary = report.rows(runs)
     report.print_table(summary)
+    report.print_relays(summary)
     if args.out is not None:
         report.write_json(args.out, machine, counts, args.lockstep, summary, runs)
     failures = sum(r.failures for r in runs)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.bench.overhead import peers
-from loadtest.bench.overhead.params import MODES, PEERS, TOKENS
+from loadtest.bench.overhead.params import MODES, PEERS, PYTHON_MODES, TOKENS
 from loadtest.bench.processes import Pins, child, gateway_toml
 
 
@@ -29,19 +29,21 @@ class Cluster:
     control: str
     unit_ids: tuple[str, ...]
     leaders: tuple[str, ...]
-    relays: dict[str, Relay]  # by mode: "floor", "gateway-plain", "gateway", and peers
+    relays: dict[str, Relay]  # by mode: MODES and PYTHON_MODES but direct, and peers
     versions: dict[str, str | None]  # the peers', None where not installed
 
     @property
     def modes(self) -> tuple[str, ...]:
-        """What a row measures, in order: direct, the installed peers, then ours."""
-        return (MODES[0], *(p for p in PEERS if p in self.relays), *MODES[1:])
+        """What a row measures, in order: direct, the installed peers, then ours (the Python
+        relay's gateways before the native ones)."""
+        return (MODES[0], *(p for p in PEERS if p in self.relays), *PYTHON_MODES, *MODES[1:])
 
 
 @contextlib.contextmanager
 def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
     """The relays run for the whole benchmark and idle while another is measured."""
     toml, plain_toml = tmp / "gw.toml", tmp / "gw-plain.toml"
+    py_toml, py_plain_toml = tmp / "gw-py.toml", tmp / "gw-plain-py.toml"
     sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
     sim_argv += ["--itl-ms", "0", "--tokens", str(TOKENS), "--ready-file", str(tmp / "sim.json")]
     floor_argv = ["loadtest.bench.overhead.floor_relay", "--config", str(toml)]
@@ -50,6 +52,8 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
     with child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
         toml.write_text(gateway_toml(sim["units"]))
         plain_toml.write_text(gateway_toml(sim["units"], resume=False))
+        py_toml.write_text(gateway_toml(sim["units"], relay="python"))
+        py_plain_toml.write_text(gateway_toml(sim["units"], resume=False, relay="python"))
         with (
             child(
                 _gateway_argv(toml, tmp / "gw.json"), tmp / "gw.json", relay_cpu, "gateway", True
@@ -61,6 +65,20 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
                 "gateway (resume off)",
                 True,
             ) as plain,
+            child(
+                _gateway_argv(py_toml, tmp / "py.json"),
+                tmp / "py.json",
+                relay_cpu,
+                "gateway (Python relay)",
+                True,
+            ) as py,
+            child(
+                _gateway_argv(py_plain_toml, tmp / "py-plain.json"),
+                tmp / "py-plain.json",
+                relay_cpu,
+                "gateway (Python relay, resume off)",
+                True,
+            ) as py_plain,
             child(floor_argv, tmp / "floor.json", relay_cpu, "floor relay") as floor,
             contextlib.ExitStack() as stack,
         ):
@@ -81,6 +99,8 @@ def cluster(tmp: Path, pins: Pins | None) -> Iterator[Cluster]:
                 "floor": Relay(floor["public"], int(floor["pid"])),
                 "gateway-plain": Relay(plain["public"], int(plain["pid"])),
                 "gateway": Relay(gw["public"], int(gw["pid"])),
+                "gateway-py": Relay(py["public"], int(py["pid"])),
+                "gateway-plain-py": Relay(py_plain["public"], int(py_plain["pid"])),
             }
             yield Cluster(
                 control=sim["control"],

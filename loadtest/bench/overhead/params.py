@@ -10,3 +10,6 @@ ITLS_MS = (0.0, 20.0)
 MODES = ("direct", "floor", "gateway-plain", "gateway")
 # Other relays over the same leaders, measured in the same row when installed (peers.py).
 PEERS = ("nginx", "vllm-router")
+# The gateway again with its Python relay ([upstream] relay = "python"), resume on and off:
+# the native relay's before and after, in the same row.
+PYTHON_MODES = ("gateway-py", "gateway-plain-py")

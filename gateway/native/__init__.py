@@ -1,0 +1,140 @@
+"""The relay's compiled per-read call (relay.c), built with the host's C compiler and cached.
+
+Built at set-up (`make run`, `make test` and the Dockerfile run `python -m gateway.native`) and
+otherwise on first use, like the engine's GGUF kernels: the cache is keyed by the source, the
+flags, the compiler and the Python it is built for, so a source change never runs a stale
+binary and each version compiles once per machine (about 2 s). Each build goes to a temporary
+name renamed into place, so processes starting together share it.
+
+Which relay a gateway uses is `[upstream] relay` ("auto", "native" or "python"), overridden
+by the environment variable UNITGATE_RELAY (the test suite runs once with each). "auto" takes
+the native one when it builds and says so in the log when it does not; "native" refuses to
+start without it. The Python relay (gateway/proxy/relay.py with httptools and tracker.py) is
+the reference the native one is tested against.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).with_name("relay.c")
+FLAGS = (
+    "-O2",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-unused-parameter",
+    "-Wno-missing-field-initializers",
+    "-fno-strict-aliasing",
+)
+COMPILE_TIMEOUT_S = 120.0
+RELAYS = ("auto", "native", "python")
+ENV = "UNITGATE_RELAY"
+
+
+class NativeUnavailable(RuntimeError):
+    """No C compiler or no Python headers, or the build failed: the message says which."""
+
+
+def cache_dir() -> Path:
+    """$UNITGATE_NATIVE_CACHE, else $XDG_CACHE_HOME/unitgate/native, else ~/.cache/..."""
+    if explicit := os.environ.get("UNITGATE_NATIVE_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "unitgate" / "native"
+
+
+def _compiler() -> str:
+    if explicit := os.environ.get("CC"):
+        if path := shutil.which(explicit):
+            return path
+        raise NativeUnavailable(f"CC={explicit!r} is not found on PATH")
+    for name in ("cc", "gcc", "clang"):
+        if path := shutil.which(name):
+            return path
+    raise NativeUnavailable("no C compiler found (install gcc or set CC)")
+
+
+def build() -> Path:
+    """The compiled module's path, compiling it if this machine has not yet."""
+    cc = _compiler()
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        raise NativeUnavailable(f"no Python headers in {include} (install python3-dev)")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), *map(str.encode, FLAGS)]))
+    key.update(f"{cc}\0{include}\0{suffix}\0{platform.machine()}".encode())
+    target = cache_dir() / f"_relay-{key.hexdigest()[:16]}{suffix}"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [cc, *FLAGS, f"-I{include}", "-o", partial, str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise NativeUnavailable(
+                f"compiling {SOURCE.name} with {cc} failed (exit {result.returncode}):\n"
+                f"{result.stderr.strip()}"
+            )
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+@functools.cache
+def module() -> ModuleType:
+    """The loaded extension, built on the first call in this process."""
+    path = build()
+    loader = importlib.machinery.ExtensionFileLoader("gateway.native._relay", str(path))
+    spec = importlib.util.spec_from_file_location("gateway.native._relay", path, loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def choice(configured: str) -> str:
+    """The relay asked for: $UNITGATE_RELAY when set, else `configured`."""
+    chosen = os.environ.get(ENV, "").strip() or configured
+    if chosen not in RELAYS:
+        source = ENV if os.environ.get(ENV, "").strip() else "[upstream] relay"
+        raise ValueError(f"{source} = {chosen!r}: must be one of {', '.join(RELAYS)}")
+    return chosen
+
+
+def resolve(configured: str) -> tuple[ModuleType | None, str | None]:
+    """The native module to use (None: the Python relay) and, for "auto" without it, why.
+
+    Raises NativeUnavailable when "native" was asked for and cannot be had."""
+    chosen = choice(configured)
+    if chosen == "python":
+        return None, None
+    try:
+        return module(), None
+    except (NativeUnavailable, OSError, ImportError, subprocess.TimeoutExpired) as exc:
+        if chosen == "native":
+            raise NativeUnavailable(f"the native relay is unavailable: {exc}") from exc
+        return None, f"the native relay is unavailable, relaying in Python: {exc}"

@@ -1,0 +1,1050 @@
+/* The relay's per-read work in one compiled call: gateway/native/__init__.py builds and loads it.
+ *
+ * A `Reader` is one upstream answer's body. `feed(data)` takes the bytes of one read as they
+ * came off the socket and de-frames them (HTTP/1.1 chunked, a Content-Length, or until the
+ * close). Until a relay attaches, the body bytes are appended to a list (`body`); once one
+ * has (`attach`), the same call also cuts SSE events, tracks and strips a resumable stream's
+ * token ids (the common token chunk; every other event goes to the Python tracker), finds
+ * the events that report usage (handed to the Python usage reader), writes what goes to the
+ * client framed as one HTTP chunk, and keeps the gap and pace bookkeeping and the bucket
+ * counts of the gaps between writes. Python runs only when something happens: the call
+ * returns 0 on an ordinary read, else flags saying what.
+ *
+ * gateway/proxy/tracker.py and relay.py are the reference: what this writes to the client,
+ * and what it leaves in the tracker, must be byte for byte what they do (tests/gateway/
+ * test_native_relay*.py hold both to it over recorded and generated streams).
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* feed / relay flags: what the caller must look at (0: nothing). */
+#define F_GONE 1       /* the client's transport is closing: abort the unit's connection */
+#define F_FAILED 2     /* the stream must break: the tracker's error, or `failure` */
+#define F_COMPLETE 4   /* the answer ended (its last bytes are relayed or collected) */
+#define F_PAUSE 8      /* the client's send buffer is above the high-water mark */
+#define F_BROKEN 16    /* the body's framing is not HTTP: `error` says why; nothing relayed */
+#define F_JUNK 32      /* bytes after the end of the answer: it stands, the connection goes */
+
+enum { M_CHUNKED = 0, M_LENGTH = 1, M_CLOSE = 2 };
+enum {
+    C_SIZE,      /* reading hex digits of a chunk size */
+    C_EXT,       /* after the size: extensions up to CR LF */
+    C_SIZE_LF,   /* CR seen after the size line */
+    C_DATA,      /* inside a chunk's data */
+    C_DATA_CR,   /* the CR after a chunk's data */
+    C_DATA_LF,   /* the LF after it */
+    C_TRAILER,   /* at the start of a trailer line (after the last chunk) */
+    C_TRAILER_LINE,
+    C_TRAILER_LF,
+    C_END_LF,    /* CR of the empty line ending the trailers seen */
+};
+
+#define MAX_SIZE_LINE 4096          /* a chunk-size line (digits and extensions) */
+#define MAX_HEX_DIGITS 15           /* 2^60 bytes: more is a lie, not a chunk */
+#define MAX_EVENT (8 * 1024 * 1024) /* one SSE event still incomplete */
+#define HEAD_ROOM 18                /* "%zx\r\n" of the largest chunk */
+
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+} Span;
+
+typedef struct {
+    PyObject_HEAD
+    /* framing */
+    int mode, cstate, complete, junk;
+    uint64_t remaining;
+    Py_ssize_t line;
+    PyObject *error;   /* str: why the framing is broken */
+    PyObject *failure; /* str: why the stream was broken here (no tracker to hold it) */
+    PyObject *body;    /* list of bytes: the body collected until a relay attaches */
+    /* the relay */
+    int attached, chat, client_ids, mid_event;
+    PyObject *client, *tracker, *usage, *names;
+    Py_ssize_t high_water;
+    /* the SSE event still incomplete */
+    char *tail;
+    Py_ssize_t tail_len, tail_cap;
+    /* the client's next chunk, with room in front for its size line */
+    char *out;
+    Py_ssize_t out_len, out_cap;
+    /* pace: the time of the last write, the running gap estimate, the gaps' buckets */
+    double now, last, gap, sum; /* `now`: the loop's time the caller passed with the read */
+    int has_gap;
+    double *bounds;
+    unsigned long long *counts;
+    Py_ssize_t nbounds;
+    /* the de-framed spans of the current read */
+    Span *spans;
+    Py_ssize_t nspans, spans_cap;
+} Reader;
+
+static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_committed,
+    *s_unparsed, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
+
+static const char IDS[] = ",\"token_ids\":[";
+static const char NULL_FINISH[] = "\"finish_reason\":null";
+static const char END_A[] = "}]}\n\n";
+static const char END_B[] = "}],\"usage\":null}\n\n";
+static const char TEXT_CHAT[] = "\"delta\":{\"content\":\"";
+static const char TEXT_PLAIN[] = "\"text\":\"";
+static const char USAGE[] = "\"usage\"";
+static const char DATA_OBJ[] = "data: {";
+#define LIT(s) (s), ((Py_ssize_t)sizeof(s) - 1)
+
+static Py_ssize_t find(const char *h, Py_ssize_t hn, const char *n, Py_ssize_t nn)
+{
+    if (nn > hn)
+        return -1;
+    const char *at = memmem(h, (size_t)hn, n, (size_t)nn);
+    return at == NULL ? -1 : at - h;
+}
+
+static Py_ssize_t rfind(const char *h, Py_ssize_t hn, const char *n, Py_ssize_t nn)
+{
+    for (Py_ssize_t i = hn - nn; i >= 0; i--) {
+        if (h[i] == n[0] && memcmp(h + i, n, (size_t)nn) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static int grow(char **buf, Py_ssize_t *cap, Py_ssize_t need)
+{
+    if (need <= *cap)
+        return 0;
+    Py_ssize_t cap2 = *cap ? *cap : 256;
+    while (cap2 < need)
+        cap2 *= 2;
+    char *p = PyMem_Realloc(*buf, (size_t)cap2);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buf = p;
+    *cap = cap2;
+    return 0;
+}
+
+static int out_add(Reader *r, const char *p, Py_ssize_t n)
+{
+    if (n <= 0)
+        return 0;
+    if (grow(&r->out, &r->out_cap, HEAD_ROOM + r->out_len + n + 2) < 0)
+        return -1;
+    memcpy(r->out + HEAD_ROOM + r->out_len, p, (size_t)n);
+    r->out_len += n;
+    return 0;
+}
+
+static int out_add_bytes(Reader *r, PyObject *b)
+{
+    if (!PyBytes_Check(b)) {
+        PyErr_SetString(PyExc_TypeError, "the tracker returned something other than bytes");
+        return -1;
+    }
+    return out_add(r, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+}
+
+static int add_span(Reader *r, const char *p, Py_ssize_t n)
+{
+    if (n <= 0)
+        return 0;
+    if (r->nspans > 0) { /* adjacent to the last one: one span */
+        Span *last = &r->spans[r->nspans - 1];
+        if (last->p + last->n == p) {
+            last->n += n;
+            return 0;
+        }
+    }
+    if (r->nspans == r->spans_cap) {
+        Py_ssize_t cap = r->spans_cap ? r->spans_cap * 2 : 8;
+        Span *s = PyMem_Realloc(r->spans, (size_t)cap * sizeof(Span));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->spans = s;
+        r->spans_cap = cap;
+    }
+    r->spans[r->nspans].p = p;
+    r->spans[r->nspans].n = n;
+    r->nspans++;
+    return 0;
+}
+
+static void broken(Reader *r, const char *why)
+{
+    Py_XSETREF(r->error, PyUnicode_FromString(why));
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* De-frame one read into r->spans. Returns 0, or -1 with a Python error; a framing error sets
+ * r->error (and stops). Bytes after the end of the answer set r->junk. */
+static int deframe(Reader *r, const char *p, Py_ssize_t n)
+{
+    r->nspans = 0;
+    Py_ssize_t i = 0;
+    if (r->complete) {
+        r->junk = n > 0;
+        return 0;
+    }
+    if (r->mode == M_CLOSE)
+        return add_span(r, p, n);
+    if (r->mode == M_LENGTH) {
+        Py_ssize_t take = (uint64_t)n < r->remaining ? n : (Py_ssize_t)r->remaining;
+        r->remaining -= (uint64_t)take;
+        if (add_span(r, p, take) < 0)
+            return -1;
+        if (r->remaining == 0) {
+            r->complete = 1;
+            r->junk = take < n;
+        }
+        return 0;
+    }
+    while (i < n) {
+        char c = p[i];
+        switch (r->cstate) {
+        case C_SIZE: {
+            int v = hexval(c);
+            if (v >= 0) {
+                if (++r->line > MAX_HEX_DIGITS) {
+                    broken(r, "a chunk size with too many digits");
+                    return 0;
+                }
+                r->remaining = r->remaining * 16 + (uint64_t)v;
+                i++;
+            } else if (r->line == 0) {
+                broken(r, "a chunk size that is not hexadecimal");
+                return 0;
+            } else if (c == ';' || c == ' ' || c == '\t') {
+                r->cstate = C_EXT;
+            } else if (c == '\r') {
+                r->cstate = C_SIZE_LF;
+                i++;
+            } else {
+                broken(r, "a chunk size that is not hexadecimal");
+                return 0;
+            }
+            break;
+        }
+        case C_EXT:
+            if (c == '\r') {
+                r->cstate = C_SIZE_LF;
+            } else if (c == '\n' || c == '\0') {
+                broken(r, "a chunk extension with a bare LF or a NUL byte");
+                return 0;
+            } else if (++r->line > MAX_SIZE_LINE) {
+                broken(r, "a chunk-size line longer than 4096 bytes");
+                return 0;
+            }
+            i++;
+            break;
+        case C_SIZE_LF:
+            if (c != '\n') {
+                broken(r, "a chunk-size line not ended by CR LF");
+                return 0;
+            }
+            i++;
+            r->line = 0;
+            r->cstate = r->remaining == 0 ? C_TRAILER : C_DATA;
+            break;
+        case C_DATA: {
+            Py_ssize_t avail = n - i;
+            Py_ssize_t take = (uint64_t)avail < r->remaining ? avail : (Py_ssize_t)r->remaining;
+            if (add_span(r, p + i, take) < 0)
+                return -1;
+            i += take;
+            r->remaining -= (uint64_t)take;
+            if (r->remaining == 0)
+                r->cstate = C_DATA_CR;
+            break;
+        }
+        case C_DATA_CR:
+            if (c != '\r') {
+                broken(r, "a chunk longer than its size");
+                return 0;
+            }
+            i++;
+            r->cstate = C_DATA_LF;
+            break;
+        case C_DATA_LF:
+            if (c != '\n') {
+                broken(r, "a chunk not ended by CR LF");
+                return 0;
+            }
+            i++;
+            r->cstate = C_SIZE;
+            break;
+        case C_TRAILER:
+            if (c == '\r') {
+                r->cstate = C_END_LF;
+            } else {
+                r->cstate = C_TRAILER_LINE;
+                r->line = 1;
+            }
+            i++;
+            break;
+        case C_TRAILER_LINE:
+            if (c == '\r') {
+                r->cstate = C_TRAILER_LF;
+            } else if (++r->line > MAX_SIZE_LINE) {
+                broken(r, "a trailer line longer than 4096 bytes");
+                return 0;
+            }
+            i++;
+            break;
+        case C_TRAILER_LF:
+            if (c != '\n') {
+                broken(r, "a trailer line not ended by CR LF");
+                return 0;
+            }
+            i++;
+            r->cstate = C_TRAILER;
+            break;
+        case C_END_LF:
+            if (c != '\n') {
+                broken(r, "the last chunk not ended by CR LF");
+                return 0;
+            }
+            i++;
+            r->complete = 1;
+            r->junk = i < n;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* -- the tracker's common event, in C (tracker.py's _token_chunk) ----------------------- */
+
+/* 1: handled (out has what goes to the client); 0: not this shape; -1: a Python error. */
+static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
+{
+    Py_ssize_t ids_len = (Py_ssize_t)sizeof(IDS) - 1, nf_len = (Py_ssize_t)sizeof(NULL_FINISH) - 1;
+    Py_ssize_t start = rfind(e, n, LIT(IDS));
+    if (start < nf_len || memcmp(e + start - nf_len, NULL_FINISH, (size_t)nf_len) != 0)
+        return 0;
+    Py_ssize_t from = start + ids_len;
+    const char *close = memchr(e + from, ']', (size_t)(n - from));
+    if (close == NULL)
+        return 0;
+    Py_ssize_t end = close - e, rest = n - end - 1;
+    int ending_a = rest == (Py_ssize_t)sizeof(END_A) - 1 && memcmp(close + 1, LIT(END_A)) == 0;
+    int ending_b = rest == (Py_ssize_t)sizeof(END_B) - 1 && memcmp(close + 1, LIT(END_B)) == 0;
+    if (!ending_a && !ending_b)
+        return 0;
+    if (find(e, start, LIT(IDS)) >= 0) /* another token_ids before: not the one shape */
+        return 0;
+    const char *text = r->chat ? TEXT_CHAT : TEXT_PLAIN;
+    Py_ssize_t text_len = r->chat ? (Py_ssize_t)sizeof(TEXT_CHAT) - 1
+                                  : (Py_ssize_t)sizeof(TEXT_PLAIN) - 1;
+    Py_ssize_t text_at = find(e, n, text, text_len);
+    if (text_at < 0)
+        return 0;
+    int has_text = e[text_at + text_len] != '"';
+    Py_ssize_t listed = end - from;
+    if (listed > 0) {
+        Py_ssize_t commas = 0;
+        for (Py_ssize_t k = from; k < end; k++)
+            commas += e[k] == ',';
+        PyObject *slice = PyBytes_FromStringAndSize(e + from, listed);
+        if (slice == NULL)
+            return -1;
+        PyObject *unparsed = PyObject_GetAttr(r->tracker, s_unparsed);
+        int bad = unparsed == NULL || PyList_Append(unparsed, slice) < 0;
+        Py_XDECREF(unparsed);
+        Py_DECREF(slice);
+        if (bad)
+            return -1;
+        PyObject *produced = PyObject_GetAttr(r->tracker, s_produced);
+        if (produced == NULL)
+            return -1;
+        PyObject *more = PyLong_FromSsize_t(commas + 1);
+        PyObject *sum = more == NULL ? NULL : PyNumber_Add(produced, more);
+        Py_DECREF(produced);
+        Py_XDECREF(more);
+        if (sum == NULL)
+            return -1;
+        bad = PyObject_SetAttr(r->tracker, s_produced, sum) < 0;
+        Py_DECREF(sum);
+        if (bad)
+            return -1;
+    }
+    if (has_text) {
+        PyObject *produced = PyObject_GetAttr(r->tracker, s_produced);
+        if (produced == NULL)
+            return -1;
+        int bad = PyObject_SetAttr(r->tracker, s_committed, produced) < 0;
+        Py_DECREF(produced);
+        if (bad)
+            return -1;
+    }
+    if (r->client_ids)
+        return out_add(r, e, n) < 0 ? -1 : 1;
+    if (!has_text)
+        return 1; /* a chunk that only carried token ids the client did not ask for */
+    if (out_add(r, e, start) < 0 || out_add(r, e + end + 1, n - end - 1) < 0)
+        return -1;
+    return 1;
+}
+
+/* 1 when the attribute is truthy, 0 when not, -1 on an error. */
+static int attr_true(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* One whole event of a resumable stream: the C path when it is the common token chunk, else
+ * the Python tracker's `_event`. */
+static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
+{
+    PyObject *v = PyObject_GetAttr(r->tracker, s_error);
+    if (v == NULL)
+        return -1;
+    int errored = v != Py_None;
+    Py_DECREF(v);
+    int done = attr_true(r->tracker, s_done);
+    if (done < 0)
+        return -1;
+    if (done || errored)
+        return 0; /* nothing follows the end, or an error the gateway will handle */
+    v = PyObject_GetAttr(r->tracker, s_capable);
+    if (v == NULL)
+        return -1;
+    int capable = v == Py_True;
+    Py_DECREF(v);
+    int continuing = attr_true(r->tracker, s_continuing);
+    if (continuing < 0)
+        return -1;
+    if (capable && !continuing && n >= (Py_ssize_t)sizeof(DATA_OBJ) - 1 &&
+        memcmp(e, LIT(DATA_OBJ)) == 0) {
+        int handled = token_chunk(r, e, n);
+        if (handled != 0)
+            return handled < 0 ? -1 : 0;
+    }
+    PyObject *event = PyBytes_FromStringAndSize(e, n);
+    if (event == NULL)
+        return -1;
+    PyObject *out = PyObject_CallMethodOneArg(r->tracker, s_event, event);
+    Py_DECREF(event);
+    if (out == NULL)
+        return -1;
+    int bad = out_add_bytes(r, out);
+    Py_DECREF(out);
+    return bad;
+}
+
+static int usage_event(Reader *r, const char *e, Py_ssize_t n)
+{
+    if (find(e, n, LIT(USAGE)) < 0)
+        return 0;
+    PyObject *event = PyBytes_FromStringAndSize(e, n);
+    if (event == NULL)
+        return -1;
+    PyObject *res = PyObject_CallMethodOneArg(r->usage, s_event, event);
+    Py_DECREF(event);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+static int on_event(Reader *r, const char *e, Py_ssize_t n)
+{
+    return r->tracker != Py_None ? tracked_event(r, e, n) : usage_event(r, e, n);
+}
+
+/* The end of the first event in p[0:n]: just past `\r?\n\r?\n`, or -1 (sse.py's rule). */
+static Py_ssize_t event_end(const char *p, Py_ssize_t n)
+{
+    const char *at = p, *stop = p + n;
+    while ((at = memchr(at, '\n', (size_t)(stop - at))) != NULL) {
+        Py_ssize_t i = at - p;
+        if (i + 1 < n && p[i + 1] == '\n')
+            return i + 2;
+        if (i + 2 < n && p[i + 1] == '\r' && p[i + 2] == '\n')
+            return i + 3;
+        at++;
+    }
+    return -1;
+}
+
+static int set_failure(Reader *r, const char *why)
+{
+    if (r->tracker != Py_None) {
+        PyObject *msg = PyUnicode_FromString(why);
+        if (msg == NULL)
+            return -1;
+        int bad = PyObject_SetAttr(r->tracker, s_error, msg);
+        Py_DECREF(msg);
+        return bad;
+    }
+    Py_XSETREF(r->failure, PyUnicode_FromString(why));
+    if (r->failure == NULL)
+        return -1;
+    return r->usage == Py_None ? 0 : PyObject_SetAttr(r->usage, s_error, r->failure);
+}
+
+/* Cut the events of one body piece (after what the tail holds) and handle each. The tail may
+ * outgrow MAX_EVENT by one read: relay() breaks the stream after the read (as the Python
+ * path does after splitting all of it), which bounds it. */
+static int split(Reader *r, const char *p, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    if (r->tail_len > 0) {
+        /* Look for the end of the pending event across the tail and this piece: the tail
+         * holds no end of its own, but its last bytes may begin one. */
+        Py_ssize_t keep = r->tail_len < 2 ? r->tail_len : 2;
+        Py_ssize_t look = n < 3 ? n : 3;
+        char probe[5];
+        memcpy(probe, r->tail + r->tail_len - keep, (size_t)keep);
+        memcpy(probe + keep, p, (size_t)look);
+        Py_ssize_t end = event_end(probe, keep + look);
+        if (end > keep) {
+            end -= keep; /* bytes of p in the event */
+        } else {
+            end = event_end(p, n);
+            if (end < 0) {
+                if (grow(&r->tail, &r->tail_cap, r->tail_len + n) < 0)
+                    return -1;
+                memcpy(r->tail + r->tail_len, p, (size_t)n);
+                r->tail_len += n;
+                return 0;
+            }
+        }
+        if (grow(&r->tail, &r->tail_cap, r->tail_len + end) < 0)
+            return -1;
+        memcpy(r->tail + r->tail_len, p, (size_t)end);
+        Py_ssize_t len = r->tail_len + end;
+        r->tail_len = 0;
+        if (on_event(r, r->tail, len) < 0)
+            return -1;
+        i = end;
+    }
+    while (i < n) {
+        Py_ssize_t end = event_end(p + i, n - i);
+        if (end < 0) {
+            if (grow(&r->tail, &r->tail_cap, n - i) < 0)
+                return -1;
+            memcpy(r->tail, p + i, (size_t)(n - i));
+            r->tail_len = n - i;
+            break;
+        }
+        if (on_event(r, p + i, end) < 0)
+            return -1;
+        i += end;
+    }
+    return 0;
+}
+
+static int body_piece(Reader *r, const char *p, Py_ssize_t n)
+{
+    if (r->tracker == Py_None) { /* a plain stream: relayed verbatim, read for usage */
+        if (out_add(r, p, n) < 0)
+            return -1;
+        if (r->usage == Py_None)
+            return 0;
+    }
+    return split(r, p, n);
+}
+
+static void observe(Reader *r, double t)
+{
+    double g = t - r->last;
+    Py_ssize_t b = 0;
+    while (b < r->nbounds && r->bounds[b] < g) /* bisect_left over a few bounds */
+        b++;
+    r->counts[b]++;
+    r->sum += g;
+    r->gap = r->has_gap ? r->gap + 0.25 * (g - r->gap) : g; /* health/pace.py's next_gap */
+    r->has_gap = 1;
+    r->last = t;
+}
+
+/* Send out[] to the client as one chunk. */
+static int flush_out(Reader *r)
+{
+    if (r->out_len == 0)
+        return 0;
+    char head[HEAD_ROOM + 1];
+    int hn = snprintf(head, sizeof head, "%zx\r\n", (size_t)r->out_len);
+    char *start = r->out + HEAD_ROOM - hn;
+    memcpy(start, head, (size_t)hn);
+    memcpy(r->out + HEAD_ROOM + r->out_len, "\r\n", 2);
+    const char *content = r->out + HEAD_ROOM;
+    r->mid_event = !(r->out_len >= 2 && content[r->out_len - 2] == '\n' &&
+                     content[r->out_len - 1] == '\n');
+    PyObject *chunk = PyBytes_FromStringAndSize(start, hn + r->out_len + 2);
+    r->out_len = 0;
+    if (chunk == NULL)
+        return -1;
+    PyObject *res = PyObject_CallMethodOneArg(r->client, s_write, chunk);
+    Py_DECREF(chunk);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    observe(r, r->now);
+    return 0;
+}
+
+static int truthy_call(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_CallMethodNoArgs(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* relay.py's _Pump.push, for the body spans of one read (`complete`: the answer ended). */
+static PyObject *relay(Reader *r, int complete)
+{
+    int closing = truthy_call(r->client, s_is_closing);
+    if (closing < 0)
+        return NULL;
+    if (closing)
+        return PyLong_FromLong(F_GONE);
+    int failed = 0;
+    int names = r->names != Py_None;
+    if (r->nspans > 0 || (complete && names)) {
+        r->out_len = 0;
+        if (names) {
+            PyObject *joined = PyBytes_FromStringAndSize(NULL, 0);
+            for (Py_ssize_t k = 0; joined != NULL && k < r->nspans; k++) {
+                PyObject *more = PyBytes_FromStringAndSize(r->spans[k].p, r->spans[k].n);
+                if (more == NULL)
+                    Py_CLEAR(joined);
+                else
+                    PyBytes_ConcatAndDel(&joined, more);
+            }
+            if (joined == NULL)
+                return NULL;
+            PyObject *renamed = PyObject_CallMethodOneArg(r->names, s_feed, joined);
+            Py_DECREF(joined);
+            if (renamed == NULL)
+                return NULL;
+            if (!PyBytes_Check(renamed)) {
+                Py_DECREF(renamed);
+                PyErr_SetString(PyExc_TypeError, "the renamer returned something other than bytes");
+                return NULL;
+            }
+            if (complete) {
+                PyObject *rest = PyObject_CallMethodNoArgs(r->names, s_flush);
+                if (rest == NULL) {
+                    Py_DECREF(renamed);
+                    return NULL;
+                }
+                PyBytes_ConcatAndDel(&renamed, rest);
+                if (renamed == NULL)
+                    return NULL;
+            }
+            int res = body_piece(r, PyBytes_AS_STRING(renamed), PyBytes_GET_SIZE(renamed));
+            Py_DECREF(renamed);
+            if (res < 0)
+                return NULL;
+            failed |= res > 0;
+        } else {
+            for (Py_ssize_t k = 0; k < r->nspans && !failed; k++) {
+                int res = body_piece(r, r->spans[k].p, r->spans[k].n);
+                if (res < 0)
+                    return NULL;
+                failed |= res > 0;
+            }
+        }
+        r->nspans = 0;
+        if (r->tail_len > MAX_EVENT) {
+            r->tail_len = 0;
+            if (set_failure(r, "the unit sent an SSE event longer than 8 MiB") < 0)
+                return NULL;
+            failed = 1;
+        }
+        if (flush_out(r) < 0)
+            return NULL;
+        if (r->tracker != Py_None) {
+            PyObject *v = PyObject_GetAttr(r->tracker, s_error);
+            if (v == NULL)
+                return NULL;
+            failed |= v != Py_None;
+            Py_DECREF(v);
+        }
+        if (failed)
+            return PyLong_FromLong(F_FAILED);
+    }
+    if (complete)
+        return PyLong_FromLong(F_COMPLETE);
+    PyObject *size = PyObject_CallMethodNoArgs(r->client, s_buffer_size);
+    if (size == NULL)
+        return NULL;
+    Py_ssize_t buffered = PyLong_AsSsize_t(size);
+    Py_DECREF(size);
+    if (buffered == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(buffered > r->high_water ? F_PAUSE : 0);
+}
+
+/* -- the type ------------------------------------------------------------------------------ */
+
+static int Reader_init(Reader *r, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"mode", "length", NULL};
+    int mode;
+    unsigned long long length = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|K", kwlist, &mode, &length))
+        return -1;
+    if (mode < M_CHUNKED || mode > M_CLOSE) {
+        PyErr_SetString(PyExc_ValueError, "mode must be 0 (chunked), 1 (length) or 2 (close)");
+        return -1;
+    }
+    r->mode = mode;
+    r->cstate = C_SIZE;
+    r->remaining = mode == M_LENGTH ? length : 0;
+    r->complete = mode == M_LENGTH && length == 0;
+    Py_XSETREF(r->body, PyList_New(0));
+    if (r->body == NULL)
+        return -1;
+    Py_XSETREF(r->client, Py_NewRef(Py_None));
+    Py_XSETREF(r->tracker, Py_NewRef(Py_None));
+    Py_XSETREF(r->usage, Py_NewRef(Py_None));
+    Py_XSETREF(r->names, Py_NewRef(Py_None));
+    return 0;
+}
+
+static void Reader_dealloc(Reader *r)
+{
+    PyObject_GC_UnTrack(r);
+    Py_CLEAR(r->error);
+    Py_CLEAR(r->failure);
+    Py_CLEAR(r->body);
+    Py_CLEAR(r->client);
+    Py_CLEAR(r->tracker);
+    Py_CLEAR(r->usage);
+    Py_CLEAR(r->names);
+    PyMem_Free(r->tail);
+    PyMem_Free(r->out);
+    PyMem_Free(r->bounds);
+    PyMem_Free(r->counts);
+    PyMem_Free(r->spans);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static int Reader_traverse(Reader *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->body);
+    Py_VISIT(r->client);
+    Py_VISIT(r->tracker);
+    Py_VISIT(r->usage);
+    Py_VISIT(r->names);
+    return 0;
+}
+
+static int Reader_clear(Reader *r)
+{
+    Py_CLEAR(r->body);
+    Py_CLEAR(r->client);
+    Py_CLEAR(r->tracker);
+    Py_CLEAR(r->usage);
+    Py_CLEAR(r->names);
+    return 0;
+}
+
+static PyObject *Reader_feed(Reader *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "feed(data, now) takes 2 arguments");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    r->now = now;
+    int was_complete = r->complete;
+    PyObject *res = NULL;
+    if (r->error != NULL) { /* broken already: nothing more is read */
+        res = PyLong_FromLong(F_BROKEN);
+        goto done;
+    }
+    if (deframe(r, view.buf, view.len) < 0)
+        goto done;
+    if (r->error != NULL) {
+        r->nspans = 0;
+        res = PyLong_FromLong(F_BROKEN);
+        goto done;
+    }
+    long extra = r->junk ? F_JUNK : 0;
+    if (was_complete) { /* nothing more belongs to this answer */
+        r->nspans = 0;
+        res = PyLong_FromLong(extra);
+        goto done;
+    }
+    if (!r->attached) {
+        for (Py_ssize_t k = 0; k < r->nspans; k++) {
+            PyObject *piece = PyBytes_FromStringAndSize(r->spans[k].p, r->spans[k].n);
+            if (piece == NULL || PyList_Append(r->body, piece) < 0) {
+                Py_XDECREF(piece);
+                goto done;
+            }
+            Py_DECREF(piece);
+        }
+        r->nspans = 0;
+        res = PyLong_FromLong((r->complete ? F_COMPLETE : 0) | extra);
+        goto done;
+    }
+    res = relay(r, r->complete);
+    if (res != NULL && extra) {
+        long flags = PyLong_AsLong(res) | extra;
+        Py_SETREF(res, PyLong_FromLong(flags));
+    }
+done:
+    PyBuffer_Release(&view);
+    return res;
+}
+
+static PyObject *Reader_relay(Reader *r, PyObject *args)
+{
+    Py_buffer view;
+    int complete;
+    double now;
+    if (!PyArg_ParseTuple(args, "y*pd", &view, &complete, &now))
+        return NULL;
+    r->now = now;
+    r->nspans = 0;
+    PyObject *res = NULL;
+    if (add_span(r, view.buf, view.len) == 0)
+        res = relay(r, complete);
+    PyBuffer_Release(&view);
+    return res;
+}
+
+static PyObject *Reader_end(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    if (r->mode != M_CLOSE || r->complete)
+        return PyBool_FromLong(0);
+    r->complete = 1;
+    return PyBool_FromLong(1);
+}
+
+static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"client", "tracker", "usage", "names", "bounds", "high_water",
+                             "now", "chat", "client_ids", "tail", NULL};
+    PyObject *client, *tracker, *usage, *names, *bounds;
+    Py_ssize_t high_water;
+    double now;
+    int chat = 0, client_ids = 0;
+    Py_buffer tail = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnd|ppy*", kwlist, &client, &tracker,
+                                     &usage, &names, &bounds, &high_water, &now, &chat,
+                                     &client_ids, &tail))
+        return NULL;
+    PyObject *seq = PySequence_Fast(bounds, "bounds must be a sequence of floats");
+    if (seq == NULL) {
+        PyBuffer_Release(&tail);
+        return NULL;
+    }
+    Py_ssize_t nb = PySequence_Fast_GET_SIZE(seq);
+    double *b = PyMem_Calloc((size_t)nb + 1, sizeof(double));
+    unsigned long long *c = PyMem_Calloc((size_t)nb + 1, sizeof(unsigned long long));
+    if (b == NULL || c == NULL) {
+        PyMem_Free(b);
+        PyMem_Free(c);
+        Py_DECREF(seq);
+        PyBuffer_Release(&tail);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < nb; k++) {
+        b[k] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, k));
+        if (b[k] == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(b);
+            PyMem_Free(c);
+            Py_DECREF(seq);
+            PyBuffer_Release(&tail);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    r->tail_len = 0;
+    if (tail.buf != NULL && tail.len > 0) {
+        if (grow(&r->tail, &r->tail_cap, tail.len) < 0) {
+            PyMem_Free(b);
+            PyMem_Free(c);
+            PyBuffer_Release(&tail);
+            return NULL;
+        }
+        memcpy(r->tail, tail.buf, (size_t)tail.len);
+        r->tail_len = tail.len;
+    }
+    PyBuffer_Release(&tail);
+    PyMem_Free(r->bounds);
+    PyMem_Free(r->counts);
+    r->bounds = b;
+    r->counts = c;
+    r->nbounds = nb;
+    r->sum = 0.0;
+    r->has_gap = 0;
+    r->last = r->now = now;
+    Py_SETREF(r->client, Py_NewRef(client));
+    Py_SETREF(r->tracker, Py_NewRef(tracker));
+    Py_SETREF(r->usage, Py_NewRef(usage));
+    Py_SETREF(r->names, Py_NewRef(names));
+    r->high_water = high_water;
+    r->chat = chat;
+    r->client_ids = client_ids;
+    r->attached = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_gaps(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *counts = PyList_New(r->counts == NULL ? 0 : r->nbounds + 1);
+    if (counts == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; r->counts != NULL && k <= r->nbounds; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(r->counts[k]);
+        if (v == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyList_SET_ITEM(counts, k, v);
+    }
+    return Py_BuildValue("(Nd)", counts, r->sum);
+}
+
+static PyObject *Reader_get_error(Reader *r, void *c)
+{
+    return Py_NewRef(r->error ? r->error : Py_None);
+}
+static PyObject *Reader_get_failure(Reader *r, void *c)
+{
+    return Py_NewRef(r->failure ? r->failure : Py_None);
+}
+static PyObject *Reader_get_body(Reader *r, void *c) { return Py_NewRef(r->body); }
+static PyObject *Reader_get_complete(Reader *r, void *c) { return PyBool_FromLong(r->complete); }
+static PyObject *Reader_get_mid_event(Reader *r, void *c) { return PyBool_FromLong(r->mid_event); }
+static PyObject *Reader_get_last(Reader *r, void *c) { return PyFloat_FromDouble(r->last); }
+static PyObject *Reader_get_gap(Reader *r, void *c)
+{
+    if (!r->has_gap)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(r->gap);
+}
+static PyObject *Reader_get_pending(Reader *r, void *c) { return PyLong_FromSsize_t(r->tail_len); }
+
+static int Reader_set_mid_event(Reader *r, PyObject *v, void *c)
+{
+    int t = v == NULL ? 0 : PyObject_IsTrue(v);
+    if (t < 0)
+        return -1;
+    r->mid_event = t;
+    return 0;
+}
+
+static PyGetSetDef Reader_getset[] = {
+    {"error", (getter)Reader_get_error, NULL, "why the body's framing is broken", NULL},
+    {"failure", (getter)Reader_get_failure, NULL, "why a plain stream was broken here", NULL},
+    {"body", (getter)Reader_get_body, NULL, "body pieces read before a relay attached", NULL},
+    {"complete", (getter)Reader_get_complete, NULL, "the answer's body ended", NULL},
+    {"mid_event", (getter)Reader_get_mid_event, (setter)Reader_set_mid_event,
+     "the last bytes written end inside an SSE event", NULL},
+    {"last", (getter)Reader_get_last, NULL, "monotonic time of the last write", NULL},
+    {"gap", (getter)Reader_get_gap, NULL, "running estimate of the gap between writes", NULL},
+    {"pending", (getter)Reader_get_pending, NULL, "bytes of an SSE event still incomplete", NULL},
+    {NULL},
+};
+
+static PyMethodDef Reader_methods[] = {
+    {"feed", (PyCFunction)(void (*)(void))Reader_feed, METH_FASTCALL,
+     "feed(data, now) -> flags: one read of the unit's bytes at the loop's time `now`,\n"
+     "de-framed (and relayed once attached)"},
+    {"relay", (PyCFunction)Reader_relay, METH_VARARGS,
+     "relay(body, complete, now) -> flags: bytes already de-framed, relayed"},
+    {"end", (PyCFunction)Reader_end, METH_NOARGS,
+     "end() -> bool: the connection closed; True when that ends a close-delimited body"},
+    {"attach", (PyCFunction)(void (*)(void))Reader_attach, METH_VARARGS | METH_KEYWORDS,
+     "attach(client, tracker, usage, names, bounds, high_water, now, chat, client_ids, tail)"},
+    {"gaps", (PyCFunction)Reader_gaps, METH_NOARGS,
+     "gaps() -> (bucket counts, sum): the gaps between writes since attach"},
+    {NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.native._relay.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One upstream answer's body: de-framed, and relayed once a relay attaches.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_traverse = (traverseproc)Reader_traverse,
+    .tp_clear = (inquiry)Reader_clear,
+    .tp_methods = Reader_methods,
+    .tp_getset = Reader_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "gateway.native._relay",
+    .m_doc = "The relay's per-read work in one compiled call.",
+    .m_size = -1,
+};
+
+#define INTERN(var, text)                                                                    \
+    if ((var = PyUnicode_InternFromString(text)) == NULL)                                    \
+        return NULL;
+
+PyMODINIT_FUNC PyInit__relay(void)
+{
+    INTERN(s_done, "done");
+    INTERN(s_error, "error");
+    INTERN(s_capable, "capable");
+    INTERN(s_continuing, "continuing");
+    INTERN(s_produced, "produced");
+    INTERN(s_committed, "committed");
+    INTERN(s_unparsed, "unparsed");
+    INTERN(s_event, "_event");
+    INTERN(s_feed, "feed");
+    INTERN(s_flush, "flush");
+    INTERN(s_write, "write");
+    INTERN(s_is_closing, "is_closing");
+    INTERN(s_buffer_size, "get_write_buffer_size");
+    if (PyType_Ready(&ReaderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Reader", (PyObject *)&ReaderType) < 0 ||
+        PyModule_AddIntConstant(m, "GONE", F_GONE) < 0 ||
+        PyModule_AddIntConstant(m, "FAILED", F_FAILED) < 0 ||
+        PyModule_AddIntConstant(m, "COMPLETE", F_COMPLETE) < 0 ||
+        PyModule_AddIntConstant(m, "PAUSE", F_PAUSE) < 0 ||
+        PyModule_AddIntConstant(m, "BROKEN", F_BROKEN) < 0 ||
+        PyModule_AddIntConstant(m, "JUNK", F_JUNK) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_EVENT", MAX_EVENT) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

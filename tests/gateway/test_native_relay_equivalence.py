@@ -1,0 +1,207 @@
+"""The native relay against the Python one: the same upstream bytes, split at any byte, must
+give the client the same bytes (write for write), leave the tracker and the usage reader in
+the same state, and end the same way.
+
+The streams are the recorded answers of stock vLLM, the builtin engine and the simulated units
+(tests/data), and generated ones: every token-chunk shape those servers send, multi-byte
+UTF-8, comments, CRLF events, error events, usage chunks, a missing [DONE], events after the
+end; framed as chunks of any size, by a Content-Length or until the close.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.gateway.native_support import (
+    SSE_HEAD,
+    ClientSide,
+    Outcome,
+    chunked,
+    native,
+    relay_reads,
+    split,
+    unframe,
+)
+
+DATA = Path(__file__).parent.parent / "data"
+CHUNKED = SSE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+
+
+def _recorded() -> list[tuple[str, bytes, dict[str, Any]]]:
+    out = []
+    for entry in orjson.loads((DATA / "streams" / "index.json").read_bytes()):
+        body = (DATA / "streams" / entry["file"]).read_bytes()
+        opts = {"chat": entry["chat"], "client_ids": entry["client_ids"]}
+        out.append((entry["file"], body, {**opts, "include_usage": entry["include_usage"]}))
+    for path in sorted((DATA / "vllm").glob("*.sse")):
+        chat = not path.name.startswith(("completions", "responses", "messages"))
+        out.append((path.name, path.read_bytes(), {"chat": chat, "client_ids": False}))
+    return out
+
+
+RECORDED = _recorded()
+
+
+def both(reads: list[bytes], **kwargs: Any) -> tuple[Outcome, Outcome]:
+    py = relay_reads(None, reads, **kwargs)
+    nat = relay_reads(native(), reads, **kwargs)
+    return py, nat
+
+
+def assert_same(py: Outcome, nat: Outcome) -> None:
+    assert (py.pump, nat.pump) in {("_Pump", "_NativePump"), ("", "")}  # "": no answer
+    assert nat.first == py.first
+    assert [unframe(w) for w in nat.writes] == [unframe(w) for w in py.writes]
+    assert nat.writes == py.writes
+    assert (nat.end, nat.tracker, nat.usage) == (py.end, py.tracker, py.usage)
+    assert (nat.gaps, nat.reusable, nat.unit_aborted) == (py.gaps, py.reusable, py.unit_aborted)
+
+
+def test_the_recorded_corpus_covers_all_three_servers() -> None:
+    names = [name for name, _, _ in RECORDED]
+    assert any(n.startswith("builtin_") for n in names)
+    assert any(n.startswith("sim_") for n in names)
+    assert sum(1 for n in names if "stream" in n and not n.startswith(("sim_", "builtin_"))) >= 5
+
+
+@pytest.mark.parametrize(("name", "body", "opts"), RECORDED, ids=[r[0] for r in RECORDED])
+def test_recorded_stream_event_per_read(name: str, body: bytes, opts: dict[str, Any]) -> None:
+    """Each event its own chunk and read, as a unit streaming in real time sends them."""
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+    reads = [CHUNKED + chunked(events[0], [len(events[0])])[:-5]]
+    reads += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
+    for tracked in (True, False):
+        py, nat = both(reads, tracked=tracked, **opts)
+        assert_same(py, nat)
+        assert py.end == "complete" or "drop" in name or "error" in name, py.end
+        assert py.writes  # the relay wrote, not only the first bytes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(RECORDED) - 1),
+    sizes=st.lists(st.integers(1, 700), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(0, 40_000), max_size=40),
+    tracked=st.booleans(),
+    client_ids=st.booleans(),
+)
+def test_recorded_stream_split_anywhere(
+    which: int, sizes: list[int], cuts: list[int], tracked: bool, client_ids: bool
+) -> None:
+    _, body, opts = RECORDED[which]
+    opts = {**opts, "client_ids": client_ids}
+    reads = split(CHUNKED + chunked(body, sizes), cuts)
+    py, nat = both(reads, tracked=tracked, **opts)
+    assert_same(py, nat)
+
+
+# -- generated streams ----------------------------------------------------------------------
+
+TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=6
+)
+IDS = st.lists(st.integers(0, 60_000), min_size=0, max_size=3)
+
+
+def _chunk(shape: str, chat: bool, text: str, ids: list[int], finish: str | None) -> bytes:
+    """One token chunk in the key order of the server `shape` names."""
+    head = '{"id":"c1","object":"chat.completion.chunk","created":1,"model":"served",'
+    if chat:
+        choice = '"index":0,"delta":{"content":' + orjson.dumps(text).decode() + "}"
+    else:
+        choice = '"index":0,"text":' + orjson.dumps(text).decode()
+    fin = orjson.dumps(finish).decode()
+    listed = orjson.dumps(ids).decode()
+    if shape == "builtin":
+        body = f'{choice},"logprobs":null,"finish_reason":{fin},"token_ids":{listed}}}]}}'
+    elif shape == "builtin_usage":
+        body = (
+            f'{choice},"logprobs":null,"finish_reason":{fin},"token_ids":{listed}}}],"usage":null}}'
+        )
+    else:  # vLLM's completions order
+        body = (
+            f'{choice},"logprobs":null,"finish_reason":{fin},"stop_reason":null,'
+            f'"prompt_token_ids":null,"token_ids":{listed}}}]}}'
+        )
+    return ("data: " + head + '"choices":[{' + body + "\n\n").encode()
+
+
+@st.composite
+def events(draw: st.DrawFn, chat: bool) -> list[bytes]:
+    prompt = orjson.dumps(draw(st.lists(st.integers(0, 99), min_size=1, max_size=4))).decode()
+    role = '"delta":{"role":"assistant","content":""}' if chat else '"text":""'
+    opening = (
+        'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"served",'
+        f'"choices":[{{"index":0,{role},"logprobs":null,"finish_reason":null}}],'
+        f'"prompt_token_ids":{prompt}}}\n\n'
+    ).encode()
+    out = [opening]
+    shapes = st.sampled_from(["builtin", "builtin_usage", "vllm"])
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(st.integers(0, 20))
+        if kind <= 14:
+            finish = draw(st.sampled_from([None, None, None, "stop", "length"]))
+            out.append(_chunk(draw(shapes), chat, draw(TEXT), draw(IDS), finish))
+        elif kind == 15:
+            out.append(b": keep-alive\n\n")
+        elif kind == 16:
+            event = _chunk("builtin", chat, draw(TEXT), draw(IDS), None)
+            out.append(event[:-2] + b"\r\n\r\n")
+        elif kind == 17:
+            out.append(b'data: {"error":{"message":"boom","code":"engine_error"}}\n\n')
+        elif kind == 18:
+            usage = '{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'
+            out.append(f'data: {{"id":"c1","choices":[],"usage":{usage}}}\n\n'.encode())
+        elif kind == 19:
+            out.append(b"data: not json\n\n")
+        else:
+            out.append(b"data: [DONE]\n\n")
+    if draw(st.booleans()):
+        out.append(b"data: [DONE]\n\n")
+    return out
+
+
+@st.composite
+def framed(draw: st.DrawFn, body: bytes) -> bytes:
+    how = draw(st.sampled_from(["chunked", "chunked", "length", "close"]))
+    if how == "chunked":
+        sizes = draw(st.lists(st.integers(1, 300), min_size=1, max_size=6))
+        trailer = draw(st.sampled_from([b"", b"x-trailer: 1\r\n"]))
+        whole = chunked(body, sizes)
+        return CHUNKED + whole[:-2] + trailer + b"\r\n"
+    if how == "length":
+        return SSE_HEAD + b"content-length: %d\r\n\r\n%b" % (len(body), body)
+    return SSE_HEAD + b"connection: close\r\n\r\n" + body
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chat=st.booleans(), client_ids=st.booleans(), usage=st.booleans())
+def test_generated_streams(data: st.DataObject, chat: bool, client_ids: bool, usage: bool) -> None:
+    body = b"".join(data.draw(events(chat)))
+    raw = data.draw(framed(body))
+    reads = split(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=30)))
+    tracked = data.draw(st.booleans())
+    served = data.draw(st.sampled_from([None, None, "served"]))
+    opts = {"chat": chat, "client_ids": client_ids, "include_usage": usage}
+    py, nat = both(reads, tracked=tracked, served=served, **opts)
+    assert_same(py, nat)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), after=st.integers(0, 6), buffered=st.sampled_from([0, 10**6]))
+def test_a_client_that_leaves_or_reads_slowly(
+    data: st.DataObject, after: int, buffered: int
+) -> None:
+    """The client closing after some writes, or a full send buffer: both relays stop alike."""
+    body = b"".join(data.draw(events(True)))
+    raw = CHUNKED + chunked(body, [40])
+    reads = split(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=20)))
+    py = relay_reads(None, reads, client=ClientSide(after, buffered))
+    nat = relay_reads(native(), reads, client=ClientSide(after, buffered))
+    assert_same(py, nat)
