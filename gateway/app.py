@@ -31,7 +31,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def public_app(
     config: Config, proxy: ProxyHandler, units: UnitRegistry, draining: Callable[[], bool]
 ) -> web.Application:
-    app = web.Application(client_max_size=config.gateway.max_body_bytes, middlewares=[_json_errors])
+    # No middleware of its own (see _json_fallbacks); CORS, when on, adds one.
+    app = web.Application(client_max_size=config.gateway.max_body_bytes)
     cors.install(app, config.gateway.cors_origins)
     created = int(time.time())
     models_body = orjson.dumps(
@@ -92,7 +93,33 @@ def public_app(
     app.router.add_get("/v1/models/{model:.+}", keyed(model))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    _json_fallbacks(app)
     return app
+
+
+def _json_fallbacks(app: web.Application) -> None:
+    """The JSON 405 and 404 answers `_json_errors` gives, as routes rather than a middleware:
+    aiohttp wraps every request of an app with middlewares in two more coroutines (its own and
+    the middleware), the streamed ones included, which costs CPU and memory per open stream."""
+    for resource in list(app.router.resources()):
+        assert isinstance(resource, web.Resource)  # plain and dynamic paths, no static files
+        allowed = ", ".join(sorted({route.method for route in resource}))
+
+        async def not_allowed(request: web.Request, allowed: str = allowed) -> web.Response:
+            response = _error(request, "Method Not Allowed", 405)
+            response.headers["Allow"] = allowed
+            return response
+
+        resource.add_route("*", not_allowed)
+
+    async def not_found(request: web.Request) -> web.Response:
+        return _error(request, "Not Found", 404)
+
+    app.router.add_route("*", "/{tail:.*}", not_found)
+
+
+def _error(request: web.Request, reason: str, status: int) -> web.Response:
+    return InvalidRequest(f"{request.method} {request.path}: {reason}", status=status).response()
 
 
 def ops_app(
@@ -127,8 +154,7 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        err = InvalidRequest(f"{request.method} {request.path}: {exc.reason}", status=exc.status)
-        response = err.response()
+        response = _error(request, exc.reason, exc.status)
         if isinstance(exc, web.HTTPMethodNotAllowed):
             response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return response

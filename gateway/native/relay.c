@@ -65,6 +65,13 @@ typedef struct {
     /* the relay */
     int attached, chat, client_ids, mid_event;
     PyObject *client, *tracker, *usage, *names;
+    /* The tracker's state, read once per read and after each call into it (only its Python
+     * side and this change it): whether events are skipped (done, or an error), whether the
+     * token-chunk path applies (capable, not continuing), its counts, and its buffer of
+     * raw ids. `dirty`: the counts changed here and are written back before Python runs. */
+    int t_skip, t_fast, t_dirty;
+    Py_ssize_t t_produced, t_committed;
+    PyObject *t_unparsed;
     Py_ssize_t high_water;
     /* the SSE event still incomplete */
     char *tail;
@@ -81,7 +88,63 @@ typedef struct {
     /* the de-framed spans of the current read */
     Span *spans;
     Py_ssize_t nspans, spans_cap;
+    int borrowed; /* out and spans are the module's scratch buffers during this call */
 } Reader;
+
+/* `out` and `spans` live only for one call: every Reader borrows these (the GIL serialises
+ * calls; one made while another is running, which no callback does today, gets its own). An
+ * open stream then holds no output buffer between reads. */
+static char *g_out;
+static Py_ssize_t g_out_cap;
+static Span *g_spans;
+static Py_ssize_t g_spans_cap;
+static int g_busy;
+#define SCRATCH_KEPT (1024 * 1024) /* a bigger buffer is freed after its call */
+
+static void borrow(Reader *r)
+{
+    r->borrowed = !g_busy;
+    if (r->borrowed) {
+        g_busy = 1;
+        r->out = g_out;
+        r->out_cap = g_out_cap;
+        r->spans = g_spans;
+        r->spans_cap = g_spans_cap;
+    } else {
+        r->out = NULL;
+        r->out_cap = 0;
+        r->spans = NULL;
+        r->spans_cap = 0;
+    }
+}
+
+static void give_back(Reader *r)
+{
+    if (r->borrowed && r->out_cap <= SCRATCH_KEPT) {
+        g_out = r->out;
+        g_out_cap = r->out_cap;
+    } else {
+        PyMem_Free(r->out);
+        if (r->borrowed) {
+            g_out = NULL;
+            g_out_cap = 0;
+        }
+    }
+    if (r->borrowed) {
+        g_spans = r->spans;
+        g_spans_cap = r->spans_cap;
+        g_busy = 0;
+    } else {
+        PyMem_Free(r->spans);
+    }
+    r->borrowed = 0;
+    r->out = NULL;
+    r->out_cap = 0;
+    r->out_len = 0;
+    r->spans = NULL;
+    r->spans_cap = 0;
+    r->nspans = 0;
+}
 
 static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_committed,
     *s_unparsed, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
@@ -362,37 +425,18 @@ static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
         Py_ssize_t commas = 0;
         for (Py_ssize_t k = from; k < end; k++)
             commas += e[k] == ',';
-        PyObject *slice = PyBytes_FromStringAndSize(e + from, listed);
-        if (slice == NULL)
+        PyObject *buf = r->t_unparsed;
+        Py_ssize_t had = PyByteArray_GET_SIZE(buf);
+        if (PyByteArray_Resize(buf, had + listed + 1) < 0)
             return -1;
-        PyObject *unparsed = PyObject_GetAttr(r->tracker, s_unparsed);
-        int bad = unparsed == NULL || PyList_Append(unparsed, slice) < 0;
-        Py_XDECREF(unparsed);
-        Py_DECREF(slice);
-        if (bad)
-            return -1;
-        PyObject *produced = PyObject_GetAttr(r->tracker, s_produced);
-        if (produced == NULL)
-            return -1;
-        PyObject *more = PyLong_FromSsize_t(commas + 1);
-        PyObject *sum = more == NULL ? NULL : PyNumber_Add(produced, more);
-        Py_DECREF(produced);
-        Py_XDECREF(more);
-        if (sum == NULL)
-            return -1;
-        bad = PyObject_SetAttr(r->tracker, s_produced, sum) < 0;
-        Py_DECREF(sum);
-        if (bad)
-            return -1;
+        memcpy(PyByteArray_AS_STRING(buf) + had, e + from, (size_t)listed);
+        PyByteArray_AS_STRING(buf)[had + listed] = ',';
+        r->t_produced += commas + 1;
+        r->t_dirty = 1;
     }
     if (has_text) {
-        PyObject *produced = PyObject_GetAttr(r->tracker, s_produced);
-        if (produced == NULL)
-            return -1;
-        int bad = PyObject_SetAttr(r->tracker, s_committed, produced) < 0;
-        Py_DECREF(produced);
-        if (bad)
-            return -1;
+        r->t_committed = r->t_produced;
+        r->t_dirty = 1;
     }
     if (r->client_ids)
         return out_add(r, e, n) < 0 ? -1 : 1;
@@ -414,9 +458,18 @@ static int attr_true(PyObject *o, PyObject *name)
     return t;
 }
 
-/* One whole event of a resumable stream: the C path when it is the common token chunk, else
- * the Python tracker's `_event`. */
-static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
+static int attr_ssize(PyObject *o, PyObject *name, Py_ssize_t *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Read the tracker's state (see Reader). */
+static int sync_in(Reader *r)
 {
     PyObject *v = PyObject_GetAttr(r->tracker, s_error);
     if (v == NULL)
@@ -426,8 +479,6 @@ static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
     int done = attr_true(r->tracker, s_done);
     if (done < 0)
         return -1;
-    if (done || errored)
-        return 0; /* nothing follows the end, or an error the gateway will handle */
     v = PyObject_GetAttr(r->tracker, s_capable);
     if (v == NULL)
         return -1;
@@ -436,12 +487,55 @@ static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
     int continuing = attr_true(r->tracker, s_continuing);
     if (continuing < 0)
         return -1;
-    if (capable && !continuing && n >= (Py_ssize_t)sizeof(DATA_OBJ) - 1 &&
-        memcmp(e, LIT(DATA_OBJ)) == 0) {
+    if (attr_ssize(r->tracker, s_produced, &r->t_produced) < 0 ||
+        attr_ssize(r->tracker, s_committed, &r->t_committed) < 0)
+        return -1;
+    v = PyObject_GetAttr(r->tracker, s_unparsed);
+    if (v == NULL)
+        return -1;
+    if (!PyByteArray_Check(v)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_TypeError, "the tracker's `unparsed` is not a bytearray");
+        return -1;
+    }
+    Py_XSETREF(r->t_unparsed, v);
+    r->t_skip = done || errored;
+    r->t_fast = capable && !continuing;
+    r->t_dirty = 0;
+    return 0;
+}
+
+/* Write the counts back to the tracker if they changed here. */
+static int sync_out(Reader *r)
+{
+    if (!r->t_dirty)
+        return 0;
+    PyObject *produced = PyLong_FromSsize_t(r->t_produced);
+    PyObject *committed = PyLong_FromSsize_t(r->t_committed);
+    int bad = produced == NULL || committed == NULL ||
+              PyObject_SetAttr(r->tracker, s_produced, produced) < 0 ||
+              PyObject_SetAttr(r->tracker, s_committed, committed) < 0;
+    Py_XDECREF(produced);
+    Py_XDECREF(committed);
+    if (bad)
+        return -1;
+    r->t_dirty = 0;
+    return 0;
+}
+
+/* One whole event of a resumable stream: the C path when it is the common token chunk, else
+ * the Python tracker's `_event`. */
+static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
+{
+    if (r->t_skip)
+        return 0; /* nothing follows the end, or an error the gateway will handle */
+    if (r->t_fast && n >= (Py_ssize_t)sizeof(DATA_OBJ) - 1 && memcmp(e, LIT(DATA_OBJ)) == 0) {
         int handled = token_chunk(r, e, n);
         if (handled != 0)
             return handled < 0 ? -1 : 0;
     }
+    if (sync_out(r) < 0)
+        return -1;
     PyObject *event = PyBytes_FromStringAndSize(e, n);
     if (event == NULL)
         return -1;
@@ -451,7 +545,9 @@ static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
         return -1;
     int bad = out_add_bytes(r, out);
     Py_DECREF(out);
-    return bad;
+    if (bad)
+        return -1;
+    return sync_in(r);
 }
 
 static int usage_event(Reader *r, const char *e, Py_ssize_t n)
@@ -497,6 +593,7 @@ static int set_failure(Reader *r, const char *why)
             return -1;
         int bad = PyObject_SetAttr(r->tracker, s_error, msg);
         Py_DECREF(msg);
+        r->t_skip = 1;
         return bad;
     }
     Py_XSETREF(r->failure, PyUnicode_FromString(why));
@@ -629,6 +726,8 @@ static PyObject *relay(Reader *r, int complete)
     int names = r->names != Py_None;
     if (r->nspans > 0 || (complete && names)) {
         r->out_len = 0;
+        if (r->tracker != Py_None && sync_in(r) < 0)
+            return NULL;
         if (names) {
             PyObject *joined = PyBytes_FromStringAndSize(NULL, 0);
             for (Py_ssize_t k = 0; joined != NULL && k < r->nspans; k++) {
@@ -673,6 +772,8 @@ static PyObject *relay(Reader *r, int complete)
             }
         }
         r->nspans = 0;
+        if (r->tracker != Py_None && sync_out(r) < 0)
+            return NULL;
         if (r->tail_len > MAX_EVENT) {
             r->tail_len = 0;
             if (set_failure(r, "the unit sent an SSE event longer than 8 MiB") < 0)
@@ -740,6 +841,7 @@ static void Reader_dealloc(Reader *r)
     Py_CLEAR(r->tracker);
     Py_CLEAR(r->usage);
     Py_CLEAR(r->names);
+    Py_CLEAR(r->t_unparsed);
     PyMem_Free(r->tail);
     PyMem_Free(r->out);
     PyMem_Free(r->bounds);
@@ -755,6 +857,7 @@ static int Reader_traverse(Reader *r, visitproc visit, void *arg)
     Py_VISIT(r->tracker);
     Py_VISIT(r->usage);
     Py_VISIT(r->names);
+    Py_VISIT(r->t_unparsed);
     return 0;
 }
 
@@ -765,6 +868,7 @@ static int Reader_clear(Reader *r)
     Py_CLEAR(r->tracker);
     Py_CLEAR(r->usage);
     Py_CLEAR(r->names);
+    Py_CLEAR(r->t_unparsed);
     return 0;
 }
 
@@ -781,6 +885,7 @@ static PyObject *Reader_feed(Reader *r, PyObject *const *args, Py_ssize_t nargs)
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     r->now = now;
+    borrow(r);
     int was_complete = r->complete;
     PyObject *res = NULL;
     if (r->error != NULL) { /* broken already: nothing more is read */
@@ -819,6 +924,7 @@ static PyObject *Reader_feed(Reader *r, PyObject *const *args, Py_ssize_t nargs)
         Py_SETREF(res, PyLong_FromLong(flags));
     }
 done:
+    give_back(r);
     PyBuffer_Release(&view);
     return res;
 }
@@ -831,10 +937,11 @@ static PyObject *Reader_relay(Reader *r, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*pd", &view, &complete, &now))
         return NULL;
     r->now = now;
-    r->nspans = 0;
+    borrow(r);
     PyObject *res = NULL;
     if (add_span(r, view.buf, view.len) == 0)
         res = relay(r, complete);
+    give_back(r);
     PyBuffer_Release(&view);
     return res;
 }

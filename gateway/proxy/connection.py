@@ -32,6 +32,9 @@ Sink = Callable[[list[bytes], bool], None]
 # The native relay's flags -> None; called from data_received when a read needs Python.
 FlagSink = Callable[[int], None]
 
+# The answer headers anything reads (the framing, and the type: SSE or not).
+_HEADERS_READ = frozenset((b"content-type", b"content-length", b"transfer-encoding"))
+
 # The longest answer head the native path waits for (httptools' own bound is about 80 KB).
 MAX_HEAD = 64 * 1024
 
@@ -51,7 +54,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        # None once the native path has the head: the Reader reads the rest.
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
         self.head_done = False
@@ -86,8 +90,10 @@ class UpstreamConnection(asyncio.Protocol):
         if self.native is not None:
             self._native_head(data)
             return
+        parser = self.parser
+        assert parser is not None
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.fail(ConnectionBroken(f"invalid HTTP from the unit: {exc}"))
             self.abort()
@@ -143,6 +149,8 @@ class UpstreamConnection(asyncio.Protocol):
         """Gather the head, have httptools parse it (and skip interim 1xx answers), then hand
         the rest to a native Reader framed as the head says."""
         buf = self._head + data if self._head else data
+        parser = self.parser
+        assert parser is not None
         while True:
             end = _head_end(buf)
             if end < 0:
@@ -152,17 +160,18 @@ class UpstreamConnection(asyncio.Protocol):
                     self._head = buf
                 return
             try:
-                self.parser.feed_data(buf[:end])
+                parser.feed_data(buf[:end])
             except httptools.HttpParserError as exc:
                 self._broken(str(exc))
                 return
             buf = buf[end:]
             if self.head_done:
                 break
-            self.parser = httptools.HttpResponseParser(self)  # after an interim answer
+            self.parser = parser = httptools.HttpResponseParser(self)  # after an interim answer
         self._head = b""
         assert self.native is not None
-        self._head_keep_alive = self.parser.should_keep_alive()
+        self._head_keep_alive = parser.should_keep_alive()
+        self.parser = None  # about 800 bytes an open stream need not hold
         self.reader = reader = self.native.Reader(*self._framing())
         self.body = reader.body  # the Reader appends to it until a relay attaches
         self.complete = False  # httptools may have said so of an empty body: the Reader says
@@ -210,9 +219,12 @@ class UpstreamConnection(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
+        name = name.lower()
+        if name in _HEADERS_READ:  # the others are not kept for the answer's whole life
+            self.headers[name] = value
 
     def on_headers_complete(self) -> None:
+        assert self.parser is not None
         self.status = self.parser.get_status_code()
         self.head_done = True
 
@@ -226,6 +238,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self.complete = True
         # Asked here: httptools answers False once the message is done.
+        assert self.parser is not None
         self.keep_alive = self.parser.should_keep_alive()
 
     # -- used by the request task -----------------------------------------------------------
@@ -236,16 +249,20 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def wait_for(self, ready: Callable[[], bool]) -> None:
         """Sleep until `ready()` holds, re-checked after each read; raise if the answer failed."""
-        while True:
-            if self.error is not None:
-                raise self.error
-            if ready():
-                return
-            self._waiter = self.loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        while not self.ready(ready):
+            await self.next_wake()
+
+    def ready(self, ready: Callable[[], bool]) -> bool:
+        """`ready()`, or raise the answer's failure."""
+        if self.error is not None:
+            raise self.error
+        return ready()
+
+    def next_wake(self) -> asyncio.Future[None]:
+        """A future the next read that matters (or a failure) completes. Awaited directly by a
+        streaming relay, whose task then holds no coroutine frame of `wait_for`'s."""
+        self._waiter = waiter = self.loop.create_future()
+        return waiter
 
     def fail(self, error: BaseException) -> None:
         if self.error is None and not self.complete:
@@ -265,8 +282,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _framed(self) -> bool:
         return b"content-length" in self.headers or b"chunked" in self.headers.get(

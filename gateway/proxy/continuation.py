@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
+from gateway.proxy.jsonbody import dumps
 
 # Fields whose presence (with a truthy value) rules resumption out; see the module docstring.
 _EXCLUDED = (
@@ -77,7 +77,7 @@ def resumable(data: dict[str, Any], chat: bool) -> bool:
 
 def with_token_ids(data: dict[str, Any]) -> bytes:
     """The body to send the first unit: the client's, asking for token ids as well."""
-    return orjson.dumps({**data, "return_token_ids": True})
+    return dumps({**data, "return_token_ids": True})
 
 
 def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:
@@ -105,4 +105,4 @@ def continuation(
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     body["return_token_ids"] = True
-    return orjson.dumps(body)
+    return dumps(body)

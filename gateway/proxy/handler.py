@@ -10,6 +10,9 @@ once, from here. Policies (balance, budget, admission) decide; this module only 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -39,6 +42,8 @@ from gateway.proxy.usage import of_body
 from gateway.proxy.validation import validate_chat, validate_completion
 from gateway.routing.admission import Admission
 
+Route = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
+
 
 class ProxyHandler:
     def __init__(
@@ -59,23 +64,19 @@ class ProxyHandler:
         self.intake = Intake(config)
         self.context = ProxyContext(config, dispatcher, live)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, CHAT_PATH, validate_chat)
+        # The routes' handlers: `_proxy` itself with the path bound (partials, not wrapper
+        # coroutines, so an open stream's task holds one coroutine frame less).
+        self.chat_completions = self._route(CHAT_PATH, validate_chat)
+        self.completions = self._route(COMPLETIONS_PATH, validate_completion)
+        self.responses = self._route(RESPONSES_PATH, validate_responses)
+        self.messages = self._route(MESSAGES_PATH, validate_messages)
+        self.embeddings = self._route(EMBEDDINGS_PATH, validate_embeddings)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, COMPLETIONS_PATH, validate_completion)
-
-    async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, RESPONSES_PATH, validate_responses)
-
-    async def messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, MESSAGES_PATH, validate_messages)
-
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(request, EMBEDDINGS_PATH, validate_embeddings)
+    def _route(self, path: str, validate: Validator) -> Route:
+        return functools.partial(self._proxy, path=path, validate=validate)
 
     async def _proxy(
-        self, request: web.Request, path: str, validate: Validator
+        self, request: web.Request, *, path: str, validate: Validator
     ) -> web.StreamResponse:
         start = asyncio.get_running_loop().time()
         deadline = start + self.config.timeouts.total

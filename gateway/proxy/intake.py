@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from gateway.auth.caller import Caller
 from gateway.config import Config
@@ -28,6 +28,7 @@ from gateway.routing.admission import one_class
 from gateway.routing.affinity import affinity_key
 
 Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
+BODY_READ = 64 * 1024  # bytes asked of the payload stream at a time
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -79,15 +80,21 @@ class Intake:
         return highest, default
 
     async def _read_body(self, request: web.Request) -> bytes:
-        """The whole body; the app's `client_max_size` enforces the limit while reading.
+        """The whole body, at most `[gateway].max_body_bytes` of it (413 past that).
 
         A client trickling its body (a byte a second) would otherwise hold the connection and
-        its buffer forever: reading is bounded by the request's `total` timeout (408).
+        its buffer forever: reading is bounded by the request's `total` timeout (408). Read
+        from the payload stream rather than with `request.read()`, which also keeps a copy on
+        the request (and grows its attributes) for the stream's whole life.
         """
         total = self.config.timeouts.total
+        limit = self.config.gateway.max_body_bytes
+        length = request.content_length
         try:
+            if length is not None and length > limit:
+                raise _too_large(limit)
             async with asyncio.timeout(total):
-                return await request.read()
+                return await _read_at_most(request.content, limit)
         except TimeoutError:
             raise InvalidRequest(
                 f"request body not received within {total:g} s",
@@ -97,11 +104,21 @@ class Intake:
         except web.RequestPayloadError as exc:  # undecodable gzip/deflate/br, broken chunks
             detail = getattr(exc.__cause__, "message", None) or str(exc)
             raise InvalidRequest(f"request body could not be read: {detail}") from None
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.config.gateway.max_body_bytes
-            raise InvalidRequest(
-                f"request body exceeds {limit} bytes", status=413, code="body_too_large"
-            ) from None
+
+
+async def _read_at_most(content: StreamReader, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await content.read(BODY_READ):
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> InvalidRequest:
+    return InvalidRequest(f"request body exceeds {limit} bytes", status=413, code="body_too_large")
 
 
 def _usage(data: dict[str, Any]) -> bool:

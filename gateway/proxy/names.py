@@ -13,6 +13,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.proxy.jsonbody import dumps
 
 
 def for_unit(body: bytes, served: str) -> bytes:
@@ -21,7 +22,7 @@ def for_unit(body: bytes, served: str) -> bytes:
     if not isinstance(data, dict):  # intake only lets JSON objects through
         raise InvalidRequest("request body must be a JSON object")
     data["model"] = served
-    return orjson.dumps(data)
+    return dumps(data)
 
 
 class Renamer:

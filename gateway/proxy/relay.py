@@ -281,6 +281,7 @@ class StreamRelay:
         self.response = out
         self._writer = await out.prepare(self.request)
         first = answer.first if answer.names is None else answer.names.feed(answer.first)
+        answer.first = b""  # sent with the head: not held for the stream's whole life
         if self.usage is not None:
             self.usage.feed(first)
         if self.tracker is not None:
@@ -310,17 +311,20 @@ class StreamRelay:
             self._mid_event,
             pending,
         )
-        self._watchdog = watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet)
+        watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet, self.deadline)
+        self._watchdog = watchdog
         try:
-            async with asyncio.timeout_at(self.deadline):
-                while True:
-                    await conn.wait_for(pump.settled)
-                    if not pump.paused:
-                        break
+            settled = pump.settled
+            while True:  # the watchdog fails the connection at the deadline
+                while not conn.ready(settled):
+                    await conn.next_wake()
+                if not pump.paused:
+                    break
+                async with asyncio.timeout_at(self.deadline):
                     await writer.drain()
-                    pump.paused = False
-                    assert conn.transport is not None
-                    conn.transport.resume_reading()
+                pump.paused = False
+                assert conn.transport is not None
+                conn.transport.resume_reading()
         except UnitEjected:
             return End.UNIT_EJECTED
         except ConnectionBroken:  # also what the pump's own aborts lead to (see push)
@@ -400,7 +404,8 @@ class StreamRelay:
 
 
 class _IdleWatchdog:
-    """One timer per stream, re-armed lazily: no timer churn per token."""
+    """One timer per stream, re-armed lazily: no timer churn per token. It also ends the
+    stream at the request's deadline (one timer where a Timeout would add another)."""
 
     def __init__(
         self,
@@ -408,10 +413,12 @@ class _IdleWatchdog:
         pump: _Pump | _NativePump,
         idle: float,
         quiet: tuple[float, float],
+        deadline: float,
     ) -> None:
         self.conn, self.pump, self.idle, self.quiet = conn, pump, idle, quiet
+        self.deadline = deadline
         self.ejected: str | None = None  # why the unit was ejected, once it was
-        self.handle = conn.loop.call_at(conn.loop.time() + idle, self._check)
+        self.handle = conn.loop.call_at(min(conn.loop.time() + idle, deadline), self._check)
 
     def tighten(self, reason: str) -> None:
         self.ejected = reason
@@ -428,9 +435,14 @@ class _IdleWatchdog:
 
     def _check(self) -> None:
         loop = self.conn.loop
+        now = loop.time()
+        if now >= self.deadline - 0.001:  # the loop's clock may run a timer a hair early
+            self.conn.fail(TimeoutError("the request's total time ran out"))
+            return
         quiet_since, limit = self.pace()[0], self._limit()
-        if self.pump.paused or loop.time() - quiet_since < limit:
-            self.handle = loop.call_at(max(quiet_since + limit, loop.time() + 0.01), self._check)
+        if self.pump.paused or now - quiet_since < limit:
+            when = min(max(quiet_since + limit, now + 0.01), self.deadline)
+            self.handle = loop.call_at(when, self._check)
             return
         if self.ejected is not None:
             self.conn.fail(

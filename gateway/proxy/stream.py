@@ -47,13 +47,26 @@ async def relay_stream(
         # A stream that is never resumed has one answer: its own events say its usage.
         UsageReader() if call.tracker is None else None,
     )
-    end = await _relay(proxy, call, relay, unit, answer, first=True)
-    while end is not End.COMPLETE and end is not End.CLIENT_GONE:
+    first = True
+    while True:  # one answer, then each continuation of it, in this one coroutine (a helper
+        # coroutine per answer would be one more frame held by every open stream)
+        proxy.live.add(unit.id, relay)
+        end = End.CLIENT_GONE
+        try:
+            if not first or await relay.start(answer):
+                gaps = proxy.signals.token_gaps(unit.id)
+                end = await relay.pump(answer, gaps, resumed=not first)
+        finally:
+            proxy.live.discard(unit.id, relay)
+            proxy.upstream.finish(answer)  # closes the connection unless it ended cleanly
+        _ended(proxy, call, relay, unit, end)
+        if end is End.COMPLETE or end is End.CLIENT_GONE:
+            break
         nxt = await resume(proxy, call, relay, end)
         if nxt is None:  # the stream was ended: closed cleanly or with an error event
             break
         unit, answer = nxt
-        end = await _relay(proxy, call, relay, unit, answer, first=False)
+        first = False
     call.usage = _usage(call, relay)
     if end is End.COMPLETE:
         await relay.finish()
@@ -73,25 +86,9 @@ def _usage(call: Call, relay: StreamRelay) -> Usage | None:
     return relay.usage.usage if relay.usage is not None else None
 
 
-async def _relay(
-    proxy: ProxyContext,
-    call: Call,
-    relay: StreamRelay,
-    unit: UnitState,
-    answer: Answer,
-    first: bool,
-) -> End:
-    """Relay one answer to its end and say how it ended (to the signals, and the caller)."""
-    proxy.live.add(unit.id, relay)
-    try:
-        end = End.CLIENT_GONE
-        if not first or await relay.start(answer):
-            end = await relay.pump(answer, proxy.signals.token_gaps(unit.id), resumed=not first)
-    finally:
-        proxy.live.discard(unit.id, relay)
-        proxy.upstream.finish(answer)  # closes the connection unless the answer ended cleanly
+def _ended(proxy: ProxyContext, call: Call, relay: StreamRelay, unit: UnitState, end: End) -> None:
+    """One answer has ended: say how (to the signals, and the call)."""
     call.end = end
     if call.tracker is not None and call.tracker.capable is not None:
         unit.token_ids = call.tracker.capable
     proxy.signals.answer_ended(call, unit, end, relay.gap)
-    return end

@@ -7,9 +7,10 @@ use, and the chunks that exist only to carry them), and, once a stream has been 
 another unit, rewrites that unit's text-completion chunks into the original answer's shape:
 same `id`, `created` and `model`, no second role delta, usage counting the whole answer once.
 
-Token ids are kept as the unit sent them, a byte slice per event, and parsed only when a
-resumption (or a test) asks for them: most streams never break, and turning every event's
-ids into ints cost more than any other line of the per-event path (py-spy, 20 ms ITL).
+Token ids are kept as the unit sent them, its digits appended to one byte buffer, and parsed
+only when a resumption (or a test) asks for them: most streams never break, and turning every
+event's ids into ints cost more than any other line of the per-event path (py-spy, 20 ms ITL);
+a buffer holds a token in about 6 bytes where a list of slices took about 45.
 
 "Committed" tokens are those whose text reached the client. A token whose text an engine
 still holds back (half of a UTF-8 character, a possible stop-string prefix) is not committed:
@@ -68,10 +69,10 @@ class StreamTracker:
         self.include_usage = include_usage
         self.splitter = EventSplitter()
         self.prompt_ids: list[int] | None = None
-        # The generated ids: `ids` parsed, then `unparsed` (raw comma-separated slices, in
-        # order) still to parse; `produced` counts both.
+        # The generated ids: `ids` parsed, then `unparsed` (the units' own digits, each list
+        # followed by a comma, in order) still to parse; `produced` counts both.
         self.ids: list[int] = []
-        self.unparsed: list[bytes] = []
+        self.unparsed = bytearray()
         self.produced = 0
         self.committed = 0
         self.base = 0  # committed tokens the current continuation was given as its prompt
@@ -90,8 +91,7 @@ class StreamTracker:
     def generated(self) -> list[int]:
         """Every generated token id so far, in order (parsed now if not yet)."""
         if self.unparsed:
-            for raw in self.unparsed:
-                self.ids.extend(map(int, raw.split(b",")))
+            self.ids.extend(map(int, self.unparsed[:-1].split(b",")))
             self.unparsed.clear()
         return self.ids
 
@@ -176,7 +176,8 @@ class StreamTracker:
         has_text = event[text_at + len(_TEXT[self.chat])] != _QUOTE
         listed = event[start + _IDS_LEN : end]
         if listed:
-            self.unparsed.append(listed)
+            self.unparsed += listed
+            self.unparsed += b","
             self.produced += listed.count(b",") + 1
         if has_text:
             self.committed = self.produced

@@ -62,6 +62,7 @@ class Shape:
     itl_ms: float
     waves: int
     workers: int = 1  # [gateway].workers
+    relay: str = "auto"  # [upstream] relay
 
     @property
     def duration(self) -> float:
@@ -104,13 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--itl-ms", type=float, default=1000.0, help="gap between tokens")
     p.add_argument("--waves", type=int, default=2, help="full waves per point")
     p.add_argument("--workers", type=int, default=1, help="[gateway].workers")
+    p.add_argument(
+        "--relay", choices=("auto", "native", "python"), default="auto", help="[upstream] relay"
+    )
     p.add_argument("--out", type=Path, help="directory for burst.json")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.streams.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or args.units < 1 or args.tokens < 1 or args.waves < 1:
         p.error("--streams, --units, --tokens and --waves must be positive")
     points = [
-        run_point(Shape(n, args.units, args.tokens, args.itl_ms, args.waves, args.workers))
+        run_point(
+            Shape(n, args.units, args.tokens, args.itl_ms, args.waves, args.workers, args.relay)
+        )
         for n in sizes
     ]
     print(table(points))
@@ -132,7 +138,14 @@ def run_point(shape: Shape) -> Point:
         with _child(sim_argv, tmp / "sim.json", load_cpu) as (sim, _):
             config = tmp / "gw.toml"
             n = shape.streams
-            toml = gateway_toml(sim["units"], cap=n, queue=n, admin=ADMIN, workers=shape.workers)
+            toml = gateway_toml(
+                sim["units"],
+                cap=n,
+                queue=n,
+                admin=ADMIN,
+                workers=shape.workers,
+                relay=shape.relay,
+            )
             config.write_text(toml)
             token = secrets.token_urlsafe(32)
             gw_argv = ["gateway", "gateway", "--config", str(config), "--log-level", "warning"]

@@ -1,0 +1,135 @@
+"""`python -m loadtest.bench.profile`: where a gateway spends its CPU while relaying streams.
+
+Starts the simulator and one gateway (pinned as the overhead benchmark pins them), runs the
+overhead benchmark's closed loop at one point (ITL, concurrency), samples the gateway with
+py-spy (without pausing it: C calls count as the line that makes them) while it does, and prints the functions that hold the most
+samples, by self time and by total time, plus how much of the process the samples cover. Run it
+for `--relay native` and `--relay python` to see the native relay's before and after:
+
+    python -m loadtest.bench.profile --relay python --itl 20 --concurrency 128
+    python -m loadtest.bench.profile --relay native --itl 20 --concurrency 128
+
+`--idle S` profiles an idle gateway for S seconds instead (its background work: probes, the
+loop-lag timer, the breakers). The collapsed stacks are written to `--out` for flame graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from loadtest.bench.overhead.load import closed_loop
+from loadtest.bench.overhead.params import TOKENS
+from loadtest.bench.processes import Pins, child, gateway_toml, pin_cpus
+from loadtest.gen.client import open_session
+
+TOP = 25
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.profile", description=__doc__)
+    p.add_argument("--relay", choices=("native", "python"), default="native")
+    p.add_argument("--resume", choices=("on", "off"), default="on")
+    p.add_argument("--itl", type=float, default=20.0, help="ms between tokens")
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--idle", type=float, default=0.0, help="profile an idle gateway instead")
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    return p.parse_args(argv)
+
+
+def _pyspy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed (pip install py-spy)")
+    return found
+
+
+async def _load(url: str, itl: float, conc: int, n: int) -> float:
+    spread = TOKENS * itl / 1e3
+    async with open_session(conc) as session:
+        await closed_loop(session, (url,), 2 * conc, conc, spread)  # warm-up
+        t0 = time.perf_counter()
+        loop = await closed_loop(session, (url,), n, conc, spread)
+        failed = sum(1 for r in loop.records if not r.ok)
+        if failed:
+            raise SystemExit(f"{failed} requests failed: the profile is not valid")
+        return time.perf_counter() - t0
+
+
+def _report(stacks: Path, label: str) -> None:
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in stacks.read_text().splitlines():
+        trace, _, count = line.rpartition(" ")
+        n = int(count)
+        samples += n
+        frames = trace.split(";")
+        own[frames[-1]] += n
+        for frame in set(frames):
+            total[frame] += n
+    print(f"\n{label}: {samples} samples")
+    for title, table in (("self", own), ("total", total)):
+        print(f"\n  top {TOP} by {title} time (% of samples)")
+        for frame, n in table.most_common(TOP):
+            print(f"  {100 * n / max(samples, 1):6.2f}%  {frame[:150]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    pins: Pins | None = pin_cpus()
+    if pins is not None:
+        os.sched_setaffinity(0, {pins.load})
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = f"{args.relay}-resume-{args.resume}-itl{args.itl:g}-c{args.concurrency}"
+    if args.idle:
+        tag = f"{args.relay}-idle"
+    stacks = args.out / f"profile-{tag}.txt"
+    with tempfile.TemporaryDirectory(prefix="unitgate-profile-") as tmp_name:
+        tmp = Path(tmp_name)
+        sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
+        sim_argv += ["--itl-ms", f"{args.itl:g}", "--tokens", str(TOKENS)]
+        sim_argv += ["--ready-file", str(tmp / "sim.json")]
+        with child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
+            toml = gateway_toml(sim["units"], resume=args.resume == "on", relay=args.relay)
+            (tmp / "gw.toml").write_text(toml)
+            gw_argv = ["gateway", "gateway", "--config", str(tmp / "gw.toml")]
+            gw_argv += ["--log-level", "warning", "--ready-file", str(tmp / "gw.json")]
+            relay_cpu = None if pins is None else pins.relay
+            with child(gw_argv, tmp / "gw.json", relay_cpu, "gateway", True) as gw:
+                spy = subprocess.Popen(
+                    [_pyspy(), "record", "--nonblocking", "--format", "raw"]
+                    + ["--rate", str(args.rate), "--pid", str(gw["pid"]), "-o", str(stacks)],
+                )
+                try:
+                    time.sleep(1.0)  # py-spy attached
+                    if args.idle:
+                        time.sleep(args.idle)
+                        took = args.idle
+                    else:
+                        took = asyncio.run(
+                            _load(gw["public"], args.itl, args.concurrency, args.requests)
+                        )
+                finally:
+                    spy.send_signal(2)  # SIGINT: py-spy writes what it has
+                    spy.wait(30)
+    if not stacks.exists():
+        print(f"py-spy wrote no profile (exit {spy.returncode})", file=sys.stderr)
+        return 1
+    print(f"{tag}: {took:.1f} s; collapsed stacks in {stacks}")
+    _report(stacks, tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
