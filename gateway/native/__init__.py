@@ -16,17 +16,15 @@ the reference the native one is tested against.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import platform
-import shutil
 import subprocess
 import sysconfig
-import tempfile
 from pathlib import Path
 from types import ModuleType
+
+from gateway.native.build import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("relay.c")
 FLAGS = (
@@ -41,7 +39,6 @@ FLAGS = (
     "-Wno-missing-field-initializers",
     "-fno-strict-aliasing",
 )
-COMPILE_TIMEOUT_S = 120.0
 RELAYS = ("auto", "native", "python")
 ENV = "UNITGATE_RELAY"
 
@@ -52,56 +49,21 @@ class NativeUnavailable(RuntimeError):
 
 def cache_dir() -> Path:
     """$UNITGATE_NATIVE_CACHE, else $XDG_CACHE_HOME/unitgate/native, else ~/.cache/..."""
-    if explicit := os.environ.get("UNITGATE_NATIVE_CACHE"):
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "unitgate" / "native"
-
-
-def _compiler() -> str:
-    if explicit := os.environ.get("CC"):
-        if path := shutil.which(explicit):
-            return path
-        raise NativeUnavailable(f"CC={explicit!r} is not found on PATH")
-    for name in ("cc", "gcc", "clang"):
-        if path := shutil.which(name):
-            return path
-    raise NativeUnavailable("no C compiler found (install gcc or set CC)")
+    return cache_root("UNITGATE_NATIVE_CACHE", "native")
 
 
 def build() -> Path:
     """The compiled module's path, compiling it if this machine has not yet."""
-    cc = _compiler()
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
         raise NativeUnavailable(f"no Python headers in {include} (install python3-dev)")
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), *map(str.encode, FLAGS)]))
-    key.update(f"{cc}\0{include}\0{suffix}\0{platform.machine()}".encode())
-    target = cache_dir() / f"_relay-{key.hexdigest()[:16]}{suffix}"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
-    os.close(fd)
+    flags = (*FLAGS, f"-I{include}")
+    missing = "no C compiler found (install gcc or set CC)"
     try:
-        result = subprocess.run(
-            [cc, *FLAGS, f"-I{include}", "-o", partial, str(SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise NativeUnavailable(
-                f"compiling {SOURCE.name} with {cc} failed (exit {result.returncode}):\n"
-                f"{result.stderr.strip()}"
-            )
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target
+        return compile_cached(SOURCE, flags, cache_dir(), "_relay", suffix, missing, suffix)
+    except BuildError as exc:
+        raise NativeUnavailable(str(exc)) from None
 
 
 @functools.cache

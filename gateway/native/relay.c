@@ -256,6 +256,17 @@ static int hexval(char c)
     return -1;
 }
 
+/* In deframe(): the one byte the framing allows here, then on to state `next`; anything else
+ * breaks the body with `why`. */
+#define EXPECT(want, next, why)                                                              \
+    if (c != (want)) {                                                                       \
+        broken(r, why);                                                                      \
+        return 0;                                                                            \
+    }                                                                                        \
+    i++;                                                                                     \
+    r->cstate = (next);                                                                      \
+    break
+
 /* De-frame one read into r->spans. Returns 0, or -1 with a Python error; a framing error sets
  * r->error (and stops). Bytes after the end of the answer set r->junk. */
 static int deframe(Reader *r, const char *p, Py_ssize_t n)
@@ -338,21 +349,9 @@ static int deframe(Reader *r, const char *p, Py_ssize_t n)
             break;
         }
         case C_DATA_CR:
-            if (c != '\r') {
-                broken(r, "a chunk longer than its size");
-                return 0;
-            }
-            i++;
-            r->cstate = C_DATA_LF;
-            break;
+            EXPECT('\r', C_DATA_LF, "a chunk longer than its size");
         case C_DATA_LF:
-            if (c != '\n') {
-                broken(r, "a chunk not ended by CR LF");
-                return 0;
-            }
-            i++;
-            r->cstate = C_SIZE;
-            break;
+            EXPECT('\n', C_SIZE, "a chunk not ended by CR LF");
         case C_TRAILER:
             if (c == '\r') {
                 r->cstate = C_END_LF;
@@ -372,13 +371,7 @@ static int deframe(Reader *r, const char *p, Py_ssize_t n)
             i++;
             break;
         case C_TRAILER_LF:
-            if (c != '\n') {
-                broken(r, "a trailer line not ended by CR LF");
-                return 0;
-            }
-            i++;
-            r->cstate = C_TRAILER;
-            break;
+            EXPECT('\n', C_TRAILER, "a trailer line not ended by CR LF");
         case C_END_LF:
             if (c != '\n') {
                 broken(r, "the last chunk not ended by CR LF");

@@ -2,8 +2,8 @@
 
 Starts the simulator and one gateway (pinned as the overhead benchmark pins them), runs the
 overhead benchmark's closed loop at one point (ITL, concurrency), samples the gateway with
-py-spy (without pausing it: C calls count as the line that makes them) while it does, and prints the functions that hold the most
-samples, by self time and by total time, plus how much of the process the samples cover. Run it
+py-spy while it does (without pausing it: a C call counts as the line that makes it), and
+prints the functions that hold the most samples, by self time and by total time. Run it
 for `--relay native` and `--relay python` to see the native relay's before and after:
 
     python -m loadtest.bench.profile --relay python --itl 20 --concurrency 128
@@ -107,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             gw_argv += ["--log-level", "warning", "--ready-file", str(tmp / "gw.json")]
             relay_cpu = None if pins is None else pins.relay
             with child(gw_argv, tmp / "gw.json", relay_cpu, "gateway", True) as gw:
-                spy = subprocess.Popen(
-                    [_pyspy(), "record", "--nonblocking", "--format", "raw"]
-                    + ["--rate", str(args.rate), "--pid", str(gw["pid"]), "-o", str(stacks)],
-                )
+                argv = [_pyspy(), "record", "--nonblocking", "--format", "raw"]
+                argv += ["--rate", str(args.rate), "--pid", str(gw["pid"]), "-o", str(stacks)]
+                spy = subprocess.Popen(argv)
                 try:
                     time.sleep(1.0)  # py-spy attached
                     if args.idle:

@@ -4,7 +4,8 @@ Why compiled here and not at install: the flags depend on the CPU that runs them
 path is picked at run time, but the compiler must know the target), a source change must never
 run a stale binary, and an editable install builds nothing. The cache is keyed by the source,
 the flags and the compiler, so each version is compiled once per machine (about 1 s) and ranks
-that start together share it: each compiles to a temporary name and renames atomically.
+that start together share it (gateway/native/build.py, which the gateway's native relay
+uses too).
 
 Plain C behind ctypes rather than a torch extension: no torch headers (a torch extension
 takes about a minute to compile), no ABI tie to the torch version, and ctypes releases the GIL
@@ -15,17 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
+
+from gateway.native.build import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("blocks.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
-COMPILE_TIMEOUT_S = 120.0
 
 
 class KernelUnavailable(RuntimeError):
@@ -34,57 +30,19 @@ class KernelUnavailable(RuntimeError):
 
 def cache_dir() -> Path:
     """$UNITGATE_KERNEL_CACHE, else $XDG_CACHE_HOME/unitgate/kernels, else ~/.cache/..."""
-    if explicit := os.environ.get("UNITGATE_KERNEL_CACHE"):
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "unitgate" / "kernels"
-
-
-def compiler() -> str:
-    """$CC (which must then exist), else the first of cc, gcc, clang on PATH."""
-    if explicit := os.environ.get("CC"):
-        if path := shutil.which(explicit):
-            return path
-        raise KernelUnavailable(f"CC={explicit!r} is not found on PATH")
-    for name in ("cc", "gcc", "clang"):
-        if path := shutil.which(name):
-            return path
-    raise KernelUnavailable(
-        "weight_dtype 'gguf' needs a C compiler to build its kernel, and none was found "
-        "(install gcc or set CC; weight_dtype 'float16' or 'float32' need none)"
-    )
+    return cache_root("UNITGATE_KERNEL_CACHE", "kernels")
 
 
 def build() -> Path:
     """The compiled library's path, compiling it if this machine has not yet."""
-    cc = compiler()
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, *map(str.encode, FLAGS), cc.encode()]))
-    key.update(platform.machine().encode())
-    target = cache_dir() / f"blocks-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
-    os.close(fd)
+    missing = (
+        "weight_dtype 'gguf' needs a C compiler to build its kernel, and none was found "
+        "(install gcc or set CC; weight_dtype 'float16' or 'float32' need none)"
+    )
     try:
-        result = subprocess.run(
-            [cc, *FLAGS, "-o", partial, str(SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise KernelUnavailable(
-                f"compiling {SOURCE.name} with {cc} failed (exit {result.returncode}):\n"
-                f"{result.stderr.strip()}"
-            )
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target
+        return compile_cached(SOURCE, FLAGS, cache_dir(), "blocks", ".so", missing)
+    except BuildError as exc:
+        raise KernelUnavailable(str(exc)) from None
 
 
 @functools.cache
