@@ -151,6 +151,9 @@ static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_co
 
 static const char IDS[] = ",\"token_ids\":[";
 static const char NULL_FINISH[] = "\"finish_reason\":null";
+static const char VLLM_PROMPT[] = ",\"prompt_token_ids\":null";
+static const char VLLM_TAIL[] =
+    "\"finish_reason\":null,\"stop_reason\":null,\"prompt_token_ids\":null";
 static const char END_A[] = "}]}\n\n";
 static const char END_B[] = "}],\"usage\":null}\n\n";
 static const char TEXT_CHAT[] = "\"delta\":{\"content\":\"";
@@ -393,8 +396,16 @@ static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
 {
     Py_ssize_t ids_len = (Py_ssize_t)sizeof(IDS) - 1, nf_len = (Py_ssize_t)sizeof(NULL_FINISH) - 1;
     Py_ssize_t start = rfind(e, n, LIT(IDS));
-    if (start < nf_len || memcmp(e + start - nf_len, NULL_FINISH, (size_t)nf_len) != 0)
+    if (start < 0)
         return 0;
+    Py_ssize_t cut = start; /* where what the client does not see begins */
+    if (start < nf_len || memcmp(e + start - nf_len, NULL_FINISH, (size_t)nf_len) != 0) {
+        /* vLLM's completion chunks: a null stop_reason and null prompt ids in between */
+        Py_ssize_t tail_len = (Py_ssize_t)sizeof(VLLM_TAIL) - 1;
+        if (start < tail_len || memcmp(e + start - tail_len, VLLM_TAIL, (size_t)tail_len) != 0)
+            return 0;
+        cut = start - ((Py_ssize_t)sizeof(VLLM_PROMPT) - 1);
+    }
     Py_ssize_t from = start + ids_len;
     const char *close = memchr(e + from, ']', (size_t)(n - from));
     if (close == NULL)
@@ -435,7 +446,7 @@ static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
         return out_add(r, e, n) < 0 ? -1 : 1;
     if (!has_text)
         return 1; /* a chunk that only carried token ids the client did not ask for */
-    if (out_add(r, e, start) < 0 || out_add(r, e + end + 1, n - end - 1) < 0)
+    if (out_add(r, e, cut) < 0 || out_add(r, e + end + 1, n - end - 1) < 0)
         return -1;
     return 1;
 }

@@ -31,6 +31,11 @@ _IDS = b',"token_ids":['
 _IDS_LEN = len(_IDS)
 _NULL_FINISH = b'"finish_reason":null'
 _NULL_FINISH_LEN = len(_NULL_FINISH)
+# vLLM's completion chunks put these between the finish reason and the ids; the null prompt
+# ids go with the ids (the parsing path deletes both keys, and keeps stop_reason).
+_VLLM_PROMPT = b',"prompt_token_ids":null'
+_VLLM_TAIL = _NULL_FINISH + b',"stop_reason":null' + _VLLM_PROMPT
+_VLLM_TAIL_LEN = len(_VLLM_TAIL)
 _ENDINGS = (b"}]}\n\n", b'}],"usage":null}\n\n')
 _TEXT = {True: b'"delta":{"content":"', False: b'"text":"'}
 _QUOTE = ord('"')
@@ -161,12 +166,19 @@ class StreamTracker:
     def _token_chunk(self, event: bytes) -> bytes | None:
         """The common event, one token of the one choice, read and stripped without parsing
         the JSON (a parse and a re-serialisation cost as much as relaying the event). It
-        knows exactly one shape, the builtin engine's and the simulated units': token_ids
-        right after a null finish_reason, closing the only choice. Anything else (a finish,
-        another server's key order) returns None and takes the parsing path."""
+        knows two shapes: token_ids right after a null finish_reason, closing the only choice
+        (the builtin engine's, the simulated units', vLLM's chat chunks), and vLLM's
+        completion chunks, with a null stop_reason and null prompt_token_ids in between.
+        Anything else (a finish, another key order) returns None and takes the parsing path;
+        what this returns is what that path would (byte for byte on vLLM's compact JSON)."""
         start = event.rfind(_IDS)  # near the end: scanning from there is shorter
-        if start < 0 or event[start - _NULL_FINISH_LEN : start] != _NULL_FINISH:
+        if start < 0:
             return None
+        cut = start  # where what the client does not see begins
+        if event[start - _NULL_FINISH_LEN : start] != _NULL_FINISH:
+            if event[start - _VLLM_TAIL_LEN : start] != _VLLM_TAIL:
+                return None
+            cut = start - len(_VLLM_PROMPT)
         end = event.find(b"]", start + _IDS_LEN)
         if end < 0 or event[end + 1 :] not in _ENDINGS or event.count(_IDS) != 1:
             return None
@@ -185,7 +197,7 @@ class StreamTracker:
             return event
         if not has_text:
             return b""  # a chunk that only carried token ids the client did not ask for
-        return event[:start] + event[end + 1 :]
+        return event[:cut] + event[end + 1 :]
 
     def _original(self, obj: dict[str, Any], event: bytes) -> bytes:
         if not self.template:

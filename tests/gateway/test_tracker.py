@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -269,5 +270,35 @@ def test_the_unparsed_fast_path_agrees_with_parsing(
         return out, tracker.generated, tracker.committed
 
     fast = run()
+    monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, event: None)
+    assert run() == fast
+
+
+@pytest.mark.parametrize(
+    "name", ["completions_stream_token_ids.sse", "completions_stream_token_ids_prompt_ids.sse"]
+)
+@pytest.mark.parametrize("client_ids", [False, True])
+def test_vllm_completion_chunks_take_the_fast_path_to_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch, name: str, client_ids: bool
+) -> None:
+    """vLLM's completion chunks (a null stop_reason and null prompt ids between the finish
+    reason and the ids) are read without parsing, to the bytes and state parsing reaches."""
+    stream = (Path(__file__).parent.parent / "data" / "vllm" / name).read_bytes()
+    taken = []
+    original = StreamTracker._token_chunk
+
+    def spy(self: StreamTracker, event: bytes) -> bytes | None:
+        out = original(self, event)
+        taken.append(out is not None)
+        return out
+
+    def run() -> tuple[bytes, list[int], int, int]:
+        tracker = StreamTracker(chat=False, client_ids=client_ids, include_usage=True)
+        out = b"".join(tracker.feed(e + b"\n\n") for e in stream.split(b"\n\n") if e)
+        return out, tracker.generated, tracker.committed, tracker.produced
+
+    monkeypatch.setattr(StreamTracker, "_token_chunk", spy)
+    fast = run()
+    assert sum(taken) >= 10  # the token chunks took the fast path
     monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, event: None)
     assert run() == fast
