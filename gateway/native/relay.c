@@ -451,16 +451,17 @@ static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
     return 1;
 }
 
-/* 1 when the attribute is truthy, 0 when not, -1 on an error. */
-static int attr_true(PyObject *o, PyObject *name)
+/* 1 when `v` (a new reference, consumed) is truthy, 0 when not, -1 on an error (or NULL). */
+static int truthy(PyObject *v)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
     if (v == NULL)
         return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
     return t;
 }
+
+static int attr_true(PyObject *o, PyObject *name) { return truthy(PyObject_GetAttr(o, name)); }
 
 static int attr_ssize(PyObject *o, PyObject *name, Py_ssize_t *out)
 {
@@ -708,20 +709,10 @@ static int flush_out(Reader *r)
     return 0;
 }
 
-static int truthy_call(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_CallMethodNoArgs(o, name);
-    if (v == NULL)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
-}
-
 /* relay.py's _Pump.push, for the body spans of one read (`complete`: the answer ended). */
 static PyObject *relay(Reader *r, int complete)
 {
-    int closing = truthy_call(r->client, s_is_closing);
+    int closing = truthy(PyObject_CallMethodNoArgs(r->client, s_is_closing));
     if (closing < 0)
         return NULL;
     if (closing)
