@@ -36,6 +36,14 @@ class EventSplitter:
         self._tail = buf[start:]
         return events
 
+    def overflowed(self) -> bool:
+        """Whether the partial event has grown past MAX_EVENT; if so it is dropped (its
+        stream must break: it would only grow). Asked after each `feed`."""
+        if len(self._tail) <= MAX_EVENT:
+            return False
+        self._tail = b""
+        return True
+
     def take(self) -> bytes:
         """The partial event, handed over (to the native relay) and forgotten here."""
         tail, self._tail = self._tail, b""

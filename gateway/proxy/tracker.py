@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from gateway.proxy.sse import MAX_EVENT, TOO_LONG, EventSplitter, data_of
+from gateway.proxy.sse import TOO_LONG, EventSplitter, data_of
 
 _TEMPLATE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 _IDS = b',"token_ids":['
@@ -126,8 +126,7 @@ class StreamTracker:
             if fast is not None:
                 return fast
         out = b"".join([self._event(event) for event in self.splitter.feed(data)])
-        if self.splitter.pending > MAX_EVENT:
-            self.splitter.discard()
+        if self.splitter.overflowed():
             self.error = TOO_LONG
         return out
 

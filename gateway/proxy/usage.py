@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.proxy.sse import MAX_EVENT, TOO_LONG, EventSplitter, data_of
+from gateway.proxy.sse import TOO_LONG, EventSplitter, data_of
 
 _USAGE = b'"usage"'
 
@@ -60,8 +60,7 @@ class UsageReader:
         for event in self.splitter.feed(data):
             if _USAGE in event:
                 self._event(event)
-        if self.splitter.pending > MAX_EVENT:
-            self.splitter.discard()
+        if self.splitter.overflowed():
             self.error = TOO_LONG
 
     def _event(self, event: bytes) -> None:
