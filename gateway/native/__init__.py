@@ -9,7 +9,7 @@ name renamed into place, so processes starting together share it.
 Which relay a gateway uses is `[upstream] relay` ("auto", "native" or "python"), overridden
 by the environment variable UNITGATE_RELAY (the test suite runs once with each). "auto" takes
 the native one when it builds and says so in the log when it does not; "native" refuses to
-start without it. The Python relay (gateway/proxy/relay.py with httptools and tracker.py) is
+start without it. The Python relay (gateway/proxy/pump.py with httptools and tracker.py) is
 the reference the native one is tested against.
 """
 

@@ -10,7 +10,7 @@
  * counts of the gaps between writes. Python runs only when something happens: the call
  * returns 0 on an ordinary read, else flags saying what.
  *
- * gateway/proxy/tracker.py and relay.py are the reference: what this writes to the client,
+ * gateway/proxy/tracker.py and pump.py are the reference: what this writes to the client,
  * and what it leaves in the tracker, must be byte for byte what they do (tests/gateway/
  * test_native_relay*.py hold both to it over recorded and generated streams).
  */
@@ -709,7 +709,7 @@ static int flush_out(Reader *r)
     return 0;
 }
 
-/* relay.py's _Pump.push, for the body spans of one read (`complete`: the answer ended). */
+/* pump.py's PythonPump.push, for the body spans of one read (`complete`: the answer ended). */
 static PyObject *relay(Reader *r, int complete)
 {
     int closing = truthy(PyObject_CallMethodNoArgs(r->client, s_is_closing));

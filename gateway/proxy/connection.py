@@ -3,7 +3,7 @@
 Why not aiohttp's client: it parses and de-chunks each upstream read into a StreamReader and
 wakes the handler task once per SSE event; the server side then re-chunks it. On a 64-token
 stream that is most of the gateway's CPU. Here the connection's own `data_received` callback
-hands body bytes straight to a sink (the client's transport, see relay.py), with no task
+hands body bytes straight to a sink (the client's transport, see pump.py), with no task
 switch per event, and the request task sleeps until the answer ends or needs attention.
 
 With the native relay (gateway/native), httptools parses only the answer's head: the body's

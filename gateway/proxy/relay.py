@@ -8,9 +8,8 @@ fills (then it waits for the client to drain while upstream reading is paused), 
 fails; the caller (stream.py) then continues the stream on another unit or ends it with an
 explicit SSE `error` event, never a silent truncation.
 
-With the native relay (gateway/native) the connection's Reader does the pump's work in one
-compiled call per read (`_NativePump` only hears of what needs Python); without it `_Pump`
-does it in Python, the reference the native one is tested against.
+The per-read work is pump.py's: in one compiled call per read with the native relay
+(gateway/native), else in Python, the reference the native one is tested against.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from gateway.errors import error_body, with_request_id
-from gateway.health.pace import next_gap, quiet_after
+from gateway.health.pace import quiet_after
 from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
-from gateway.proxy.names import Renamer
+from gateway.proxy.pump import AnyPump, attach
 from gateway.proxy.signals import GapSink
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
@@ -32,207 +31,9 @@ from gateway.proxy.usage import UsageReader
 
 DONE = b"data: [DONE]\n\n"
 
-# Pause reading from the unit while the client has this much unsent data.
-HIGH_WATER = 256 * 1024
-
 
 class IdleTimeout(Exception):
     pass
-
-
-class _Pump:
-    """Called by the upstream connection for every read; writes to the client at once.
-
-    With a tracker (a resumable stream) the bytes pass through it first: only whole events
-    reach the client, and an error event from the unit breaks the stream like a reset."""
-
-    __slots__ = (
-        "client",
-        "conn",
-        "done",
-        "failed",
-        "gap",
-        "gone",
-        "itl",
-        "last",
-        "loop",
-        "mid_event",
-        "names",
-        "paused",
-        "tracker",
-        "usage",
-    )
-
-    def __init__(
-        self,
-        conn: UpstreamConnection,
-        client: asyncio.Transport,
-        itl: GapSink,
-        tracker: StreamTracker | None,
-        names: Renamer | None = None,
-        usage: UsageReader | None = None,
-    ) -> None:
-        self.conn = conn
-        self.names = names
-        self.usage = usage
-        self.client = client
-        self.itl = itl
-        self.tracker = tracker
-        self.loop = conn.loop
-        self.last = self.loop.time()
-        self.gap: float | None = None  # running estimate of this stream's gap between reads
-        self.done = self.gone = self.paused = self.failed = False
-        self.mid_event = False  # the last bytes written end inside an SSE event
-
-    def push(self, pieces: list[bytes], complete: bool) -> None:
-        if self.client.is_closing():
-            self.gone = True
-            self.conn.abort()
-            self.conn.wake()
-            return
-        if pieces or (complete and self.names is not None):
-            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            if self.names is not None:
-                data = self.names.feed(data)
-                if complete:
-                    data += self.names.flush()
-            if self.usage is not None:
-                self.usage.feed(data)
-            if self.tracker is not None:
-                data = self.tracker.feed(data)
-            if data:
-                self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
-                self.mid_event = not data.endswith(b"\n\n")
-                now = self.loop.time()
-                gap = now - self.last
-                self.itl.observe(gap)
-                self.gap = next_gap(self.gap, gap)
-                self.last = now
-            if (self.tracker is not None and self.tracker.error is not None) or (
-                self.usage is not None and self.usage.error is not None
-            ):
-                # Settled here, not through conn.fail(): that ignores errors once the answer
-                # is complete, and the error event often comes in the same read as its end.
-                self.failed = True
-                self.conn.abort()
-                self.conn.wake()
-                return
-        if complete:
-            self.done = True
-            self.conn.wake()
-        elif self.client.get_write_buffer_size() > HIGH_WATER:
-            assert self.conn.transport is not None
-            self.conn.transport.pause_reading()
-            self.paused = True
-            self.conn.wake()
-
-    def settled(self) -> bool:
-        return self.done or self.gone or self.paused or self.failed
-
-    def finish(self) -> None:
-        """The answer was relayed (its gaps are in the sink already)."""
-
-
-class _NativePump:
-    """The native Reader relays every read itself; this hears only of the reads that need
-    Python (flags: the client left, the stream broke, the answer ended, the client's buffer
-    is full), and reads the Reader's pace. Its gap buckets go to the sink at the end."""
-
-    __slots__ = ("conn", "done", "failed", "gone", "itl", "native", "paused", "reader")
-
-    def __init__(self, conn: UpstreamConnection, itl: GapSink) -> None:
-        self.conn, self.itl = conn, itl
-        self.reader = conn.reader
-        native = conn.native
-        assert native is not None
-        self.native = native
-        self.done = self.gone = self.paused = self.failed = False
-
-    def on_flags(self, flags: int) -> None:
-        native, conn = self.native, self.conn
-        if flags & native.GONE:
-            self.gone = True
-            conn.abort()
-        elif flags & native.FAILED:
-            self.failed = True
-            conn.abort()
-        elif flags & native.COMPLETE:
-            self.done = True
-        elif flags & native.PAUSE:
-            assert conn.transport is not None
-            conn.transport.pause_reading()
-            self.paused = True
-        conn.wake()
-
-    @property
-    def gap(self) -> float | None:
-        gap: float | None = self.reader.gap
-        return gap
-
-    @property
-    def last(self) -> float:
-        last: float = self.reader.last
-        return last
-
-    @property
-    def mid_event(self) -> bool:
-        return bool(self.reader.mid_event)
-
-    def settled(self) -> bool:
-        return self.done or self.gone or self.paused or self.failed
-
-    def finish(self) -> None:
-        counts, total = self.reader.gaps()
-        if total or any(counts):
-            self.itl.merge(counts, total)
-
-
-def attach(
-    conn: UpstreamConnection,
-    client: asyncio.Transport,
-    itl: GapSink,
-    tracker: StreamTracker | None,
-    usage: UsageReader | None,
-    names: Renamer | None,
-    mid_event: bool,
-    pending: list[bytes],
-) -> _Pump | _NativePump:
-    """Start relaying `conn`'s answer to `client` from now on, with what already came
-    (`pending`, then what the connection holds): the native relay when the connection reads
-    with it, else the Python one. `mid_event`: the client's stream so far ends mid-event."""
-    pump: _Pump | _NativePump
-    reader = conn.reader
-    if reader is None:
-        pump = _Pump(conn, client, itl, tracker, names, usage)
-        pump.mid_event = mid_event
-        conn.sink = pump.push
-        if conn.body or conn.complete or pending:  # arrived while the head was being sent
-            pieces, conn.body = pending + conn.body, []
-            pump.push(pieces, conn.complete)
-        return pump
-    # The Python path sent the first bytes: an event they left incomplete goes on here.
-    splitter = tracker.splitter if tracker is not None else usage.splitter if usage else None
-    reader.attach(
-        client,
-        tracker,
-        usage,
-        names,
-        itl.bounds,
-        HIGH_WATER,
-        conn.loop.time(),
-        tracker is not None and tracker.chat,
-        tracker is not None and tracker.client_ids,
-        splitter.take() if splitter is not None else b"",
-    )
-    reader.mid_event = mid_event
-    pump = _NativePump(conn, itl)
-    conn.events = pump.on_flags
-    if conn.body or conn.complete or pending:
-        data, conn.body = b"".join(pending + conn.body), []
-        flags = reader.relay(data, conn.complete, conn.loop.time())
-        if flags:
-            pump.on_flags(flags)
-    return pump
 
 
 class UnitEjected(ConnectionBroken):
@@ -410,7 +211,7 @@ class _IdleWatchdog:
     def __init__(
         self,
         conn: UpstreamConnection,
-        pump: _Pump | _NativePump,
+        pump: AnyPump,
         idle: float,
         quiet: tuple[float, float],
         deadline: float,

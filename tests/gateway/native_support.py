@@ -3,7 +3,7 @@
 `relay_reads` drives a real UpstreamConnection with stand-in transports: its reads are the
 answer's bytes split where a test says (head, chunked framing and all), the first bytes go out
 as the stream phase sends them (`StreamRelay.start`: Python, in both modes), and the rest
-through `relay.attach`, the pump the gateway uses: the Python one, or the native Reader. What
+through `pump.attach`, the pump the gateway uses: the Python one, or the native Reader. What
 reached the client and what the tracker, usage reader and connection were left with is the
 `Outcome` the tests compare.
 """
@@ -19,7 +19,7 @@ from gateway.native import module
 from gateway.observability.histogram import Histogram
 from gateway.proxy.connection import UpstreamConnection
 from gateway.proxy.names import Renamer
-from gateway.proxy.relay import attach
+from gateway.proxy.pump import attach
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import _ready
 from gateway.proxy.usage import UsageReader
@@ -91,7 +91,7 @@ class Outcome:
     gaps: int
     reusable: bool
     unit_aborted: bool
-    pump: str = ""  # which relay ran: _Pump (Python) or _NativePump
+    pump: str = ""  # which relay ran: PythonPump or NativePump
 
 
 def chunked(body: bytes, sizes: list[int]) -> bytes:

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from gateway.outcomes import End
-from gateway.proxy.relay import HIGH_WATER
+from gateway.proxy.pump import HIGH_WATER
 from gateway.proxy.upstream import Answer, UpstreamClient
 from tests.gateway.relay_support import (
     FIRST,

@@ -1,0 +1,224 @@
+"""Moving one answer's bytes from its upstream connection to the client, read by read.
+
+`attach` starts it once the head has gone out: `PythonPump` when the connection parses with
+httptools (each read's body pieces pass through the renamer, the usage reader and the tracker
+in Python), `NativePump` when the connection's native Reader does all of that in one compiled
+call per read and only tells this of what needs Python. Either leaves its ending in the same
+four flags (`Pump`), which the request task (relay.py's StreamRelay) waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.health.pace import next_gap
+from gateway.proxy.connection import UpstreamConnection
+from gateway.proxy.names import Renamer
+from gateway.proxy.signals import GapSink
+from gateway.proxy.tracker import StreamTracker
+from gateway.proxy.usage import UsageReader
+
+# Pause reading from the unit while the client has this much unsent data.
+HIGH_WATER = 256 * 1024
+
+
+class Pump:
+    """How one answer's relaying stands, read by the request task: it is done (complete),
+    the client is gone, the client's buffer is full (paused), or the stream failed."""
+
+    __slots__ = ("done", "failed", "gone", "paused")
+
+    def __init__(self) -> None:
+        self.done = self.gone = self.paused = self.failed = False
+
+    def settled(self) -> bool:
+        return self.done or self.gone or self.paused or self.failed
+
+
+class PythonPump(Pump):
+    """Called by the upstream connection for every read; writes to the client at once.
+
+    With a tracker (a resumable stream) the bytes pass through it first: only whole events
+    reach the client, and an error event from the unit breaks the stream like a reset."""
+
+    __slots__ = (
+        "client",
+        "conn",
+        "gap",
+        "itl",
+        "last",
+        "loop",
+        "mid_event",
+        "names",
+        "tracker",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        itl: GapSink,
+        tracker: StreamTracker | None,
+        names: Renamer | None = None,
+        usage: UsageReader | None = None,
+    ) -> None:
+        self.conn = conn
+        self.names = names
+        self.usage = usage
+        self.client = client
+        self.itl = itl
+        self.tracker = tracker
+        self.loop = conn.loop
+        self.last = self.loop.time()
+        self.gap: float | None = None  # running estimate of this stream's gap between reads
+        super().__init__()
+        self.mid_event = False  # the last bytes written end inside an SSE event
+
+    def push(self, pieces: list[bytes], complete: bool) -> None:
+        if self.client.is_closing():
+            self.gone = True
+            self.conn.abort()
+            self.conn.wake()
+            return
+        if pieces or (complete and self.names is not None):
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self.names is not None:
+                data = self.names.feed(data)
+                if complete:
+                    data += self.names.flush()
+            if self.usage is not None:
+                self.usage.feed(data)
+            if self.tracker is not None:
+                data = self.tracker.feed(data)
+            if data:
+                self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
+                self.mid_event = not data.endswith(b"\n\n")
+                now = self.loop.time()
+                gap = now - self.last
+                self.itl.observe(gap)
+                self.gap = next_gap(self.gap, gap)
+                self.last = now
+            if (self.tracker is not None and self.tracker.error is not None) or (
+                self.usage is not None and self.usage.error is not None
+            ):
+                # Settled here, not through conn.fail(): that ignores errors once the answer
+                # is complete, and the error event often comes in the same read as its end.
+                self.failed = True
+                self.conn.abort()
+                self.conn.wake()
+                return
+        if complete:
+            self.done = True
+            self.conn.wake()
+        elif self.client.get_write_buffer_size() > HIGH_WATER:
+            assert self.conn.transport is not None
+            self.conn.transport.pause_reading()
+            self.paused = True
+            self.conn.wake()
+
+    def finish(self) -> None:
+        """The answer was relayed (its gaps are in the sink already)."""
+
+
+class NativePump(Pump):
+    """The native Reader relays every read itself; this hears only of the reads that need
+    Python (flags: the client left, the stream broke, the answer ended, the client's buffer
+    is full), and reads the Reader's pace. Its gap buckets go to the sink at the end."""
+
+    __slots__ = ("conn", "itl", "native", "reader")
+
+    def __init__(self, conn: UpstreamConnection, itl: GapSink) -> None:
+        self.conn, self.itl = conn, itl
+        self.reader = conn.reader
+        native = conn.native
+        assert native is not None
+        self.native = native
+        super().__init__()
+
+    def on_flags(self, flags: int) -> None:
+        native, conn = self.native, self.conn
+        if flags & native.GONE:
+            self.gone = True
+            conn.abort()
+        elif flags & native.FAILED:
+            self.failed = True
+            conn.abort()
+        elif flags & native.COMPLETE:
+            self.done = True
+        elif flags & native.PAUSE:
+            assert conn.transport is not None
+            conn.transport.pause_reading()
+            self.paused = True
+        conn.wake()
+
+    @property
+    def gap(self) -> float | None:
+        gap: float | None = self.reader.gap
+        return gap
+
+    @property
+    def last(self) -> float:
+        last: float = self.reader.last
+        return last
+
+    @property
+    def mid_event(self) -> bool:
+        return bool(self.reader.mid_event)
+
+    def finish(self) -> None:
+        counts, total = self.reader.gaps()
+        if total or any(counts):
+            self.itl.merge(counts, total)
+
+
+# What `attach` returns: either pump, with its pace (`gap`, `last`, `mid_event`) and `finish`.
+AnyPump = PythonPump | NativePump
+
+
+def attach(
+    conn: UpstreamConnection,
+    client: asyncio.Transport,
+    itl: GapSink,
+    tracker: StreamTracker | None,
+    usage: UsageReader | None,
+    names: Renamer | None,
+    mid_event: bool,
+    pending: list[bytes],
+) -> AnyPump:
+    """Start relaying `conn`'s answer to `client` from now on, with what already came
+    (`pending`, then what the connection holds): the native relay when the connection reads
+    with it, else the Python one. `mid_event`: the client's stream so far ends mid-event."""
+    pump: AnyPump
+    reader = conn.reader
+    if reader is None:
+        pump = PythonPump(conn, client, itl, tracker, names, usage)
+        pump.mid_event = mid_event
+        conn.sink = pump.push
+        if conn.body or conn.complete or pending:  # arrived while the head was being sent
+            pieces, conn.body = pending + conn.body, []
+            pump.push(pieces, conn.complete)
+        return pump
+    # The Python path sent the first bytes: an event they left incomplete goes on here.
+    splitter = tracker.splitter if tracker is not None else usage.splitter if usage else None
+    reader.attach(
+        client,
+        tracker,
+        usage,
+        names,
+        itl.bounds,
+        HIGH_WATER,
+        conn.loop.time(),
+        tracker is not None and tracker.chat,
+        tracker is not None and tracker.client_ids,
+        splitter.take() if splitter is not None else b"",
+    )
+    reader.mid_event = mid_event
+    pump = NativePump(conn, itl)
+    conn.events = pump.on_flags
+    if conn.body or conn.complete or pending:
+        data, conn.body = b"".join(pending + conn.body), []
+        flags = reader.relay(data, conn.complete, conn.loop.time())
+        if flags:
+            pump.on_flags(flags)
+    return pump
