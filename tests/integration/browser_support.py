@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
@@ -50,6 +51,32 @@ def until(check: Callable[[], object], within: float, what: str) -> float:
             pass  # the row is being re-rendered: look again
         assert time.monotonic() - started < within, f"not in time: {what}"
         time.sleep(POLL_S)
+
+
+# One script call reads every matching element at once: the page redraws its tables on each
+# poll, so reading row by row through WebDriver can meet a row that was just replaced.
+_SNAPSHOT_JS = """
+return Array.from(document.querySelectorAll(arguments[0]), el => ({
+  text: (el.innerText ?? el.textContent ?? "").trim(),  // SVG elements have no innerText
+  attrs: Object.fromEntries(Array.from(el.attributes, a => [a.name, a.value])),
+  cells: Array.from(el.querySelectorAll("td"), td => td.innerText.trim()),
+}));
+"""
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What one element showed: its text, its attributes and its cells' texts."""
+
+    text: str
+    attrs: dict[str, str]
+    cells: list[str]
+
+
+def snapshot(browser: WebDriver, selector: str) -> list[Shown]:
+    """Every element matching `selector`, read in one step of the page's own thread."""
+    found = browser.execute_script(_SNAPSHOT_JS, selector)
+    return [Shown(str(e["text"]), dict(e["attrs"]), [str(c) for c in e["cells"]]) for e in found]
 
 
 class Recorder:

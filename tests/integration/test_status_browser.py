@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.chaos.clusters import ROOT, RealCluster, start_real
-from tests.integration.browser_support import chromium, until
+from tests.integration.browser_support import chromium, snapshot, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -61,10 +61,10 @@ def test_the_page_shows_the_fleet_live_and_drains_a_unit(
     browser.find_element(By.ID, "token").send_keys(up.ops.token or "")
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     until(lambda: all(cell(browser, u, "health") == "healthy" for u in up.nodes), 10, "units")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#units tbody tr")
-    assert sorted(str(r.get_attribute("data-unit")) for r in rows) == sorted(up.nodes)
-    nodes = browser.find_elements(By.CSS_SELECTOR, 'tr[data-unit="u0"] .node')
-    assert [n.get_attribute("data-healthy") for n in nodes] == ["true", "true"]
+    rows = snapshot(browser, "#units tbody tr")
+    assert sorted(r.attrs["data-unit"] for r in rows) == sorted(up.nodes)
+    nodes = snapshot(browser, 'tr[data-unit="u0"] .node')
+    assert [n.attrs["data-healthy"] for n in nodes] == ["true", "true"]
     assert "ms" in nodes[1].text  # the follower's probe latency
 
     follower = up.node_pid("u0", 1)

@@ -29,7 +29,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from engine.up.ports import free_ports
 from tests.engine.test_up_support import Proc, pid_gone, unitgate
-from tests.integration.browser_support import Recorder, chromium, until
+from tests.integration.browser_support import Recorder, chromium, snapshot, until
 from tests.integration.test_up_replicas import children_of
 from tests.support import MODEL, ROOT
 
@@ -121,17 +121,14 @@ class Traffic:
 
 
 def rows(browser: WebDriver) -> list[str]:
-    found = browser.find_elements(By.CSS_SELECTOR, "#units tbody tr")
-    return sorted(str(r.get_attribute("data-unit")) for r in found)
+    return sorted(r.attrs["data-unit"] for r in snapshot(browser, "#units tbody tr"))
 
 
 def points(browser: WebDriver, unit: str, series: str) -> int:
     """How many points the unit's line for `series` has (counted in its SVG path)."""
-    path = browser.find_element(
-        By.CSS_SELECTOR, f'.unit-charts[data-unit="{unit}"] path[data-series="{series}"]'
-    )
-    d = str(path.get_attribute("d") or "")
-    assert int(str(path.get_attribute("data-points"))) == d.count("M") + d.count("L")
+    (path,) = snapshot(browser, f'.unit-charts[data-unit="{unit}"] path[data-series="{series}"]')
+    d = path.attrs.get("d", "")
+    assert int(path.attrs["data-points"]) == d.count("M") + d.count("L")
     return d.count("M") + d.count("L")
 
 
@@ -199,7 +196,7 @@ def test_the_charts_fill_with_live_traffic_and_show_in_a_screenshot(up: Up, tmp_
         )
         print(f"every chart had 6 points after {took:.1f} s; {traffic.done} requests so far")
         assert traffic.done > 0 and not traffic.errors, traffic.errors[:3]
-        summary = browser.find_element(By.CSS_SELECTOR, '.unit-charts[data-unit="u0"] .now').text
+        summary = snapshot(browser, '.unit-charts[data-unit="u0"] .now')[0].text
         assert "req/s" in summary and "TTFT p50" in summary and "tok/s" in summary, summary
         height = browser.execute_script("return document.documentElement.scrollHeight")
         browser.set_window_size(1400, int(height) + 100)

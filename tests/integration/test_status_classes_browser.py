@@ -11,13 +11,12 @@ from typing import Any, cast
 
 import pytest
 from aiohttp import web
-from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from gateway.admin.auth import Authenticator
 from gateway.status.feed import StatusFeed
 from gateway.status.page import StatusPage
-from tests.integration.browser_support import chromium, until
+from tests.integration.browser_support import chromium, snapshot, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -88,8 +87,7 @@ def page() -> Iterator[str]:
 
 
 def texts(browser: WebDriver, selector: str) -> list[list[str]]:
-    rows = browser.find_elements(By.CSS_SELECTOR, selector)
-    return [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+    return [row.cells for row in snapshot(browser, selector)]
 
 
 def test_the_page_draws_each_class_and_the_top_tenants() -> None:
@@ -104,7 +102,4 @@ def test_the_page_draws_each_class_and_the_top_tenants() -> None:
             ["acme", "5.0", "250", "1.0", "batch 75% · interactive 25%"],
             ["other", "1.0", "10", "0.0", "batch 100%"],
         ]
-        tenant = browser.find_element(By.CSS_SELECTOR, "#tenants tbody tr").get_attribute(
-            "data-tenant"
-        )
-        assert tenant == "acme"
+        assert snapshot(browser, "#tenants tbody tr")[0].attrs["data-tenant"] == "acme"
