@@ -9,6 +9,11 @@ for `--relay native` and `--relay python` to see the native relay's before and a
     python -m loadtest.bench.profile --relay python --itl 20 --concurrency 128
     python -m loadtest.bench.profile --relay native --itl 20 --concurrency 128
 
+`--relay floor` profiles the overhead benchmark's floor relay (bytes verbatim) at the same
+point, the yardstick beside the gateway; `--perf` samples with Linux perf instead of py-spy,
+which sees C and kernel frames (the event loop, syscalls), and `perf report -i FILE --sort dso`
+splits the time by library. Each run prints the relay's user and system CPU per request.
+
 `--idle S` profiles an idle gateway for S seconds instead (its background work: probes, the
 loop-lag timer, the breakers). The collapsed stacks are written to `--out` for flame graphs.
 """
@@ -25,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from loadtest.bench.overhead.load import closed_loop
 from loadtest.bench.overhead.params import TOKENS
@@ -32,17 +38,28 @@ from loadtest.bench.processes import Pins, child, gateway_toml, pin_cpus
 from loadtest.gen.client import open_session
 
 TOP = 25
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.profile", description=__doc__)
-    p.add_argument("--relay", choices=("native", "python"), default="native")
+    p.add_argument(
+        "--relay",
+        choices=("native", "python", "floor"),
+        default="native",
+        help="the gateway's relay, or the overhead benchmark's floor relay (bytes verbatim)",
+    )
     p.add_argument("--resume", choices=("on", "off"), default="on")
     p.add_argument("--itl", type=float, default=20.0, help="ms between tokens")
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--idle", type=float, default=0.0, help="profile an idle gateway instead")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument(
+        "--perf",
+        action="store_true",
+        help="sample with Linux perf instead (C and kernel frames: the event loop, syscalls, GC)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     return p.parse_args(argv)
 
@@ -54,16 +71,49 @@ def _pyspy() -> str:
     return found
 
 
-async def _load(url: str, itl: float, conc: int, n: int) -> float:
+async def _load(relay: dict[str, Any], itl: float, conc: int, n: int) -> tuple[float, str]:
+    """Seconds the measured loop took, and the relay's CPU per request over it."""
+    url, pid = relay["public"], int(relay["pid"])
     spread = TOKENS * itl / 1e3
     async with open_session(conc) as session:
         await closed_loop(session, (url,), 2 * conc, conc, spread)  # warm-up
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), _times(pid)
         loop = await closed_loop(session, (url,), n, conc, spread)
+        after = _times(pid)
         failed = sum(1 for r in loop.records if not r.ok)
         if failed:
             raise SystemExit(f"{failed} requests failed: the profile is not valid")
-        return time.perf_counter() - t0
+        user, system = ((b - a) * 1e6 / TICKS / n for a, b in zip(before, after, strict=True))
+        took = time.perf_counter() - t0
+        ttft = sorted(r.ttft for r in loop.records if r.ttft is not None)
+        p50, p99 = (ttft[min(len(ttft) - 1, int(q * len(ttft)))] * 1e3 for q in (0.5, 0.99))
+        return took, (
+            f"user {user:,.0f} us + system {system:,.0f} us per request, {n / took:.0f} req/s,"
+            f" TTFT p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+        )
+
+
+def _relay_argv(relay: str, tmp: Path) -> tuple[list[str], bool]:
+    """The measured process's `python -m` argv, and whether it is a gateway (ready once it
+    routes) rather than the floor relay (ready once it listens)."""
+    if relay == "floor":
+        argv = ["loadtest.bench.overhead.floor_relay", "--config", str(tmp / "gw.toml")]
+        return [*argv, "--ready-file", str(tmp / "gw.json")], False
+    argv = ["gateway", "gateway", "--config", str(tmp / "gw.toml"), "--log-level", "warning"]
+    return [*argv, "--ready-file", str(tmp / "gw.json")], True
+
+
+def _sampler_argv(perf: bool, rate: int, pid: int, out: Path) -> list[str]:
+    if perf:
+        return ["perf", "record", "-F", str(rate), "-g", "-p", str(pid), "-o", str(out)]
+    argv = [_pyspy(), "record", "--format", "raw", "--rate", str(rate)]
+    return [*argv, "--pid", str(pid), "-o", str(out)]
+
+
+def _times(pid: int) -> tuple[int, int]:
+    """utime and stime (clock ticks) of a process, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
 
 
 def _report(stacks: Path, label: str) -> None:
@@ -101,30 +151,34 @@ def main(argv: list[str] | None = None) -> int:
         sim_argv += ["--itl-ms", f"{args.itl:g}", "--tokens", str(TOKENS)]
         sim_argv += ["--ready-file", str(tmp / "sim.json")]
         with child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
-            toml = gateway_toml(sim["units"], resume=args.resume == "on", relay=args.relay)
+            relay = "native" if args.relay == "floor" else args.relay  # the floor reads the units
+            toml = gateway_toml(sim["units"], resume=args.resume == "on", relay=relay)
             (tmp / "gw.toml").write_text(toml)
-            gw_argv = ["gateway", "gateway", "--config", str(tmp / "gw.toml")]
-            gw_argv += ["--log-level", "warning", "--ready-file", str(tmp / "gw.json")]
+            gw_argv, routes = _relay_argv(args.relay, tmp)
             relay_cpu = None if pins is None else pins.relay
-            with child(gw_argv, tmp / "gw.json", relay_cpu, "gateway", True) as gw:
-                argv = [_pyspy(), "record", "--nonblocking", "--format", "raw"]
-                argv += ["--rate", str(args.rate), "--pid", str(gw["pid"]), "-o", str(stacks)]
-                spy = subprocess.Popen(argv)
+            with child(gw_argv, tmp / "gw.json", relay_cpu, "gateway", routes) as gw:
+                if args.perf:
+                    stacks = stacks.with_suffix(".perf.data")
+                spy = subprocess.Popen(_sampler_argv(args.perf, args.rate, int(gw["pid"]), stacks))
                 try:
                     time.sleep(1.0)  # py-spy attached
                     if args.idle:
                         time.sleep(args.idle)
                         took = args.idle
                     else:
-                        took = asyncio.run(
-                            _load(gw["public"], args.itl, args.concurrency, args.requests)
+                        took, cpu = asyncio.run(
+                            _load(gw, args.itl, args.concurrency, args.requests)
                         )
+                        print(f"{tag}: {cpu} (from /proc, sampler attached)")
                 finally:
                     spy.send_signal(2)  # SIGINT: py-spy writes what it has
                     spy.wait(30)
     if not stacks.exists():
         print(f"py-spy wrote no profile (exit {spy.returncode})", file=sys.stderr)
         return 1
+    if args.perf:
+        print(f"{tag}: {took:.1f} s; perf samples in {stacks} (perf report -i {stacks})")
+        return 0
     print(f"{tag}: {took:.1f} s; collapsed stacks in {stacks}")
     _report(stacks, tag)
     return 0
