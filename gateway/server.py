@@ -30,6 +30,7 @@ from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
 from gateway.health.prober import live_count
 from gateway.health.supervisor import HealthSupervisor
+from gateway.heap import freeze_startup
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
 from gateway.native import resolve
@@ -302,6 +303,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with running(config) as gateway:
+        freeze_startup()
         if ready_file is not None:
             write_ready(ready_file, gateway)
         await stop.wait()

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from gateway.config import Config
+from gateway.heap import freeze_startup
 from gateway.observability.fleet import Fleet
 from gateway.server import Role, running, write_ready
 from gateway.workers.pool import Reports, WorkerPool
@@ -42,6 +43,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         try:
             await pool.start(gateway)
             gateway.public_url = pool.url
+            freeze_startup()
             log.info("%d workers listening on %s", count, pool.url)
             if ready_file is not None:
                 write_ready(ready_file, gateway)

@@ -21,6 +21,7 @@ import socket
 
 from gateway.config import Config
 from gateway.config.builder import build
+from gateway.heap import freeze_startup
 from gateway.server import Gateway, Role
 from gateway.workers import frames, state
 from gateway.workers.link import Link
@@ -65,6 +66,7 @@ async def run(link_fd: int) -> int:
         loop.add_signal_handler(sig, stop.set)
     await gateway.start()
     link.start()
+    freeze_startup()
     link.send({"t": "ready", "pid": os.getpid(), "applied": first["v"]})
     reading = loop.create_task(_follow(reader, gateway, link, count, index))
     stopping = loop.create_task(stop.wait())
