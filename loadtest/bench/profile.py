@@ -2,7 +2,8 @@
 
 Starts the simulator and one gateway (pinned as the overhead benchmark pins them), runs the
 overhead benchmark's closed loop at one point (ITL, concurrency), samples the gateway with
-py-spy while it does (without pausing it: a C call counts as the line that makes it), and
+py-spy while it does (pausing it for each sample: without pausing, py-spy put much of the
+Python code under the event loop's frame; a C call counts as the line that makes it), and
 prints the functions that hold the most samples, by self time and by total time. Run it
 for `--relay native` and `--relay python` to see the native relay's before and after:
 
