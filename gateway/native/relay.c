@@ -82,6 +82,7 @@ typedef struct {
     /* pace: the time of the last write, the running gap estimate, the gaps' buckets */
     double now, last, gap, sum; /* `now`: the loop's time the caller passed with the read */
     int has_gap;
+    int uncounted; /* this call's write is an answer's first bytes: no gap between tokens */
     double *bounds;
     unsigned long long *counts;
     Py_ssize_t nbounds;
@@ -705,7 +706,10 @@ static int flush_out(Reader *r)
     if (res == NULL)
         return -1;
     Py_DECREF(res);
-    observe(r, r->now);
+    if (r->uncounted)
+        r->last = r->now;
+    else
+        observe(r, r->now);
     return 0;
 }
 
@@ -927,15 +931,17 @@ done:
 static PyObject *Reader_relay(Reader *r, PyObject *args)
 {
     Py_buffer view;
-    int complete;
+    int complete, counted = 1;
     double now;
-    if (!PyArg_ParseTuple(args, "y*pd", &view, &complete, &now))
+    if (!PyArg_ParseTuple(args, "y*pd|p", &view, &complete, &now, &counted))
         return NULL;
     r->now = now;
+    r->uncounted = !counted;
     borrow(r);
     PyObject *res = NULL;
     if (add_span(r, view.buf, view.len) == 0)
         res = relay(r, complete);
+    r->uncounted = 0;
     give_back(r);
     PyBuffer_Release(&view);
     return res;
@@ -1082,7 +1088,8 @@ static PyMethodDef Reader_methods[] = {
      "feed(data, now) -> flags: one read of the unit's bytes at the loop's time `now`,\n"
      "de-framed (and relayed once attached)"},
     {"relay", (PyCFunction)Reader_relay, METH_VARARGS,
-     "relay(body, complete, now) -> flags: bytes already de-framed, relayed"},
+     "relay(body, complete, now, counted=True) -> flags: bytes already de-framed, relayed;\n"
+     "not `counted`: an answer's first bytes, whose write is no gap between tokens"},
     {"end", (PyCFunction)Reader_end, METH_NOARGS,
      "end() -> bool: the connection closed; True when that ends a close-delimited body"},
     {"attach", (PyCFunction)(void (*)(void))Reader_attach, METH_VARARGS | METH_KEYWORDS,

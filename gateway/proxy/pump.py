@@ -75,7 +75,9 @@ class PythonPump(Pump):
         super().__init__()
         self.mid_event = False  # the last bytes written end inside an SSE event
 
-    def push(self, pieces: list[bytes], complete: bool) -> None:
+    def push(self, pieces: list[bytes], complete: bool, counted: bool = True) -> None:
+        """Relay what a read brought (`complete`: the answer ended). Not `counted`: an
+        answer's first bytes, whose write is no gap between tokens (it is the answer's TTFT)."""
         if self.client.is_closing():
             self.gone = True
             self.conn.abort()
@@ -95,9 +97,10 @@ class PythonPump(Pump):
                 self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
                 self.mid_event = not data.endswith(b"\n\n")
                 now = self.loop.time()
-                gap = now - self.last
-                self.itl.observe(gap)
-                self.gap = next_gap(self.gap, gap)
+                if counted:
+                    gap = now - self.last
+                    self.itl.observe(gap)
+                    self.gap = next_gap(self.gap, gap)
                 self.last = now
             if (self.tracker is not None and self.tracker.error is not None) or (
                 self.usage is not None and self.usage.error is not None
@@ -188,7 +191,9 @@ def attach(
 ) -> AnyPump:
     """Start relaying `conn`'s answer to `client` from now on, with what already came
     (`pending`, then what the connection holds): the native relay when the connection reads
-    with it, else the Python one. `mid_event`: the client's stream so far ends mid-event."""
+    with it, else the Python one. `pending` is an answer's first bytes, not yet sent (the
+    native relay's first answer, any continuation): their write is no gap between tokens.
+    `mid_event`: the client's stream so far ends mid-event."""
     pump: AnyPump
     reader = conn.reader
     if reader is None:
@@ -197,9 +202,9 @@ def attach(
         conn.sink = pump.push
         if conn.body or conn.complete or pending:  # arrived while the head was being sent
             pieces, conn.body = pending + conn.body, []
-            pump.push(pieces, conn.complete)
+            pump.push(pieces, conn.complete, not pending)
         return pump
-    # The Python path sent the first bytes: an event they left incomplete goes on here.
+    # When the Python path sent the first bytes, an event they left incomplete goes on here.
     splitter = tracker.splitter if tracker is not None else usage.splitter if usage else None
     reader.attach(
         client,
@@ -218,7 +223,7 @@ def attach(
     conn.events = pump.on_flags
     if conn.body or conn.complete or pending:
         data, conn.body = b"".join(pending + conn.body), []
-        flags = reader.relay(data, conn.complete, conn.loop.time())
+        flags = reader.relay(data, conn.complete, conn.loop.time(), not pending)
         if flags:
             pump.on_flags(flags)
     return pump

@@ -76,32 +76,30 @@ class StreamRelay:
         self.gap: float | None = None  # the last relayed answer's gap estimate, once it ended
 
     async def start(self, answer: Answer) -> bool:
-        """Send the head (and the first bytes); False if the client is already gone."""
+        """Send the head (a StreamResponse's goes at once); False if the client is already
+        gone. The first bytes go out with what follows them, through the pump (`attach`): at
+        0 ms between tokens they can be most of the answer, and the relay reads them alike."""
+        # Its type without parameters (a charset), set as a header: the content_type property
+        # would parse it again.
+        self.headers["Content-Type"] = answer.content_type.split(";", 1)[0]
         out = web.StreamResponse(status=answer.status, headers=self.headers)
-        out.content_type = answer.content_type.split(";")[0]
         self.response = out
-        self._writer = await out.prepare(self.request)
-        first = answer.first if answer.names is None else answer.names.feed(answer.first)
-        answer.first = b""  # sent with the head: not held for the stream's whole life
-        if self.usage is not None:
-            self.usage.feed(first)
-        if self.tracker is not None:
-            first = self.tracker.feed(first)
         try:
-            await out.write(first)  # sends the head together with the first bytes
+            self._writer = await out.prepare(self.request)
         except ConnectionError:
             return False
-        self._mid_event = bool(first) and not first.endswith(b"\n\n")
-        return True
+        transport = self.request.transport
+        return transport is not None and not transport.is_closing()
 
-    async def pump(self, answer: Answer, itl: GapSink, resumed: bool = False) -> End:
+    async def pump(self, answer: Answer, itl: GapSink) -> End:
         """Relay `answer` to its end: `complete`, `client_gone`, or how the upstream failed
         (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`, `unit_ejected`).
-        Gaps between chunks go to `itl`, the serving unit's histogram. A resumed answer's first
-        bytes have not been sent yet; the first answer's went with the head."""
+        Gaps between chunks go to `itl`, the serving unit's histogram. The answer's first
+        bytes (`answer.first`) go first, as no gap."""
         conn, writer = answer.connection, self._writer
         assert conn is not None and writer is not None and self.request.transport is not None
-        pending = [answer.first] if resumed and answer.first else []
+        pending = [answer.first] if answer.first else []
+        answer.first = b""
         pump = attach(
             conn,
             self.request.transport,

@@ -55,7 +55,7 @@ async def relay_stream(
         try:
             if not first or await relay.start(answer):
                 gaps = proxy.signals.token_gaps(unit.id)
-                end = await relay.pump(answer, gaps, resumed=not first)
+                end = await relay.pump(answer, gaps)
         finally:
             proxy.live.discard(unit.id, relay)
             proxy.upstream.finish(answer)  # closes the connection unless it ended cleanly

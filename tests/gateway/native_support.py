@@ -1,9 +1,10 @@
 """Both relays run over the same upstream bytes, without sockets, for the equivalence tests.
 
 `relay_reads` drives a real UpstreamConnection with stand-in transports: its reads are the
-answer's bytes split where a test says (head, chunked framing and all), the first bytes go out
-as the stream phase sends them (`StreamRelay.start`: Python, in both modes), and the rest
-through `pump.attach`, the pump the gateway uses: the Python one, or the native Reader. What
+answer's bytes split where a test says (head, chunked framing and all); once the head is in,
+the first bytes and the rest go through `pump.attach`, as the stream phase relays them (the
+head alone is `StreamRelay.start`'s), with the pump the gateway uses: the Python one, or the
+native Reader. What
 reached the client and what the tracker, usage reader and connection were left with is the
 `Outcome` the tests compare.
 """
@@ -83,8 +84,7 @@ class ClientSide:
 
 @dataclass
 class Outcome:
-    first: bytes  # what went out with the head
-    writes: list[bytes]  # the pump's writes, each one HTTP chunk
+    writes: list[bytes]  # the pump's writes after the head, each one HTTP chunk
     end: str  # complete | failed | gone | paused | broken | open | no-answer
     tracker: dict[str, Any]
     usage: tuple[int | None, int | None, str | None]
@@ -153,18 +153,12 @@ def relay_reads(
     else:
         conn.connection_lost(None)
     if conn.error is not None or not _ready(conn):
-        return _outcome(b"", client, "no-answer", tracker, usage, Histogram(), conn, unit)
-    first = b"".join(conn.body)
+        return _outcome(client, "no-answer", tracker, usage, Histogram(), conn, unit)
+    first = b"".join(conn.body)  # what the dispatcher's Answer holds, relayed first
     conn.body.clear()
-    if names is not None:  # StreamRelay.start
-        first = names.feed(first)
-    if usage is not None:
-        usage.feed(first)
-    if tracker is not None:
-        first = tracker.feed(first)
     gaps = Histogram()
-    mid_event = bool(first) and not first.endswith(b"\n\n")
-    pump = attach(conn, client, gaps, tracker, usage, names, mid_event, [])  # type: ignore[arg-type]
+    unsent = [first] if first else []
+    pump = attach(conn, client, gaps, tracker, usage, names, False, unsent)  # type: ignore[arg-type]
     for data in pending:
         if pump.settled() or conn.error is not None:
             break
@@ -185,13 +179,12 @@ def relay_reads(
         end = "broken"
     else:
         end = "open"
-    outcome = _outcome(first, client, end, tracker, usage, gaps, conn, unit)
+    outcome = _outcome(client, end, tracker, usage, gaps, conn, unit)
     outcome.pump = type(pump).__name__
     return outcome
 
 
 def _outcome(
-    first: bytes,
     client: ClientSide,
     end: str,
     tracker: StreamTracker | None,
@@ -219,7 +212,6 @@ def _outcome(
         }
     read = (None, None, None) if usage is None else (usage.prompt, usage.completion, usage.error)
     return Outcome(
-        first,
         client.writes,
         end,
         state,
