@@ -101,7 +101,12 @@ class StreamTracker:
         return self.ids
 
     def _extend(self, ids: list[int]) -> None:
-        self.generated.extend(ids)  # after what is still unparsed, in order
+        if not ids:
+            return
+        if self.unparsed:  # after what is still unparsed, in order, without parsing it
+            self.unparsed += b"".join(b"%d," % i for i in ids)
+        else:
+            self.ids.extend(ids)
         self.produced += len(ids)
 
     # -- the stream --------------------------------------------------------------------------

@@ -79,7 +79,10 @@ def test_ids_are_parsed_only_when_asked_for_and_keep_their_order() -> None:
     tracker.feed(chat_chunk("c", [13]))
     assert tracker.unparsed and tracker.produced == 4 and tracker.committed == 4
     tracker.feed(chat_chunk("", [14], "length"))  # parsed: the fast path knows no finish
+    assert tracker.unparsed and tracker.produced == 5  # its ids join the unparsed ones
     assert tracker.generated == [10, 11, 12, 13, 14] and not tracker.unparsed
+    tracker.feed(chat_chunk("", [15, 16], "length"))  # with none unparsed: parsed ids
+    assert not tracker.unparsed and tracker.generated == [10, 11, 12, 13, 14, 15, 16]
     assert tracker.resume_point() == [*PROMPT, 10, 11, 12, 13]
 
 
