@@ -8,6 +8,8 @@ later phases need on its call: the routing key, and the tracker if its stream ca
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import re
 import secrets
 from collections.abc import Callable, Mapping
@@ -33,10 +35,30 @@ BODY_READ = 64 * 1024  # bytes asked of the payload stream at a time
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
+class _RequestIds:
+    """New request ids: 24 hex digits, a random half per process and a counter. Unique without
+    a system call per request (secrets.token_hex asked the kernel for random bytes each time);
+    an id correlates logs, traces and answers, it guards nothing, so it need not be secret."""
+
+    def __init__(self) -> None:
+        self._reseed()
+        os.register_at_fork(after_in_child=self._reseed)  # a forked child gets its own half
+
+    def _reseed(self) -> None:
+        self._prefix = secrets.token_hex(6)
+        self._count = itertools.count(secrets.randbits(32))
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count) & 0xFFFFFFFFFFFF:012x}"
+
+
+_new_id = _RequestIds()
+
+
 def request_id(headers: Mapping[str, str]) -> str:
     """The client's `x-request-id` when it is a sane one (it is echoed and logged), else new."""
     rid = headers.get("x-request-id", "")
-    return rid if _REQUEST_ID.fullmatch(rid) else secrets.token_hex(12)
+    return rid if _REQUEST_ID.fullmatch(rid) else _new_id()
 
 
 class Intake:
@@ -90,11 +112,17 @@ class Intake:
         total = self.config.timeouts.total
         limit = self.config.gateway.max_body_bytes
         length = request.content_length
+        content = request.content
         try:
             if length is not None and length > limit:
                 raise _too_large(limit)
+            if content.is_eof():  # all of it came with the head (most requests): no wait
+                body = content.read_nowait()
+                if len(body) > limit:
+                    raise _too_large(limit)
+                return body
             async with asyncio.timeout(total):
-                return await _read_at_most(request.content, limit)
+                return await _read_at_most(content, limit)
         except TimeoutError:
             raise InvalidRequest(
                 f"request body not received within {total:g} s",

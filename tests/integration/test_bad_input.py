@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+import orjson
 import pytest
 
 from gateway.server import Gateway
@@ -54,6 +55,27 @@ async def test_body_over_the_limit_gives_413(
         assert resp.status == 413
         assert (await resp.json())["error"]["code"] == "body_too_large"
     assert await sim_total(http, clean_sim, "requests") == 0
+
+
+@pytest.mark.parametrize("over", [True, False])
+async def test_a_chunked_body_is_held_to_the_limit_too(
+    gateway: Gateway, clean_sim: SimProcess, http: aiohttp.ClientSession, over: bool
+) -> None:
+    """Without a Content-Length the size is known only once the body is in (here, with the
+    head: the path that reads it without waiting)."""
+    limit = gateway.config.gateway.max_body_bytes
+    body = orjson.dumps(chat_body())
+    body += b" " * (limit + 1 - len(body) if over else 0)  # JSON allows trailing spaces
+    headers = {"Content-Type": "application/json"}
+    async with http.post(
+        gateway.public_url + CHAT, data=body, headers=headers, chunked=True
+    ) as resp:
+        assert resp.status == (413 if over else 200)
+        if over:
+            assert (await resp.json())["error"]["code"] == "body_too_large"
+        else:
+            await resp.read()
+    assert await sim_total(http, clean_sim, "requests") == (0 if over else 1)
 
 
 async def test_unknown_route_and_method_are_json(
