@@ -199,8 +199,10 @@ class SharedStore:
                     await asyncio.wait({listener}, timeout=RETRY_MAX_S)
                     if listener.done() and not listener.cancelled():
                         listener.exception()  # seen: the error that ended it is logged above
+                # Typed through a variable: redis-py before 8.2 leaves aclose untyped.
+                close: Callable[[], Awaitable[None]] = pubsub.aclose
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                    await close()
 
     async def _listen(self, pubsub: Any) -> None:
         """Wake the follower on every notification. A blocking read: no timer and no poll
