@@ -19,7 +19,7 @@ from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.lease import Lease
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.usage import Usage
-from gateway.proxy.validation import RequestInfo
+from gateway.proxy.validation import RequestInfo, parse_body
 from gateway.units import UnitState
 
 
@@ -28,7 +28,6 @@ class Call:
         "attempts",
         "body",
         "caller",
-        "data",
         "deadline",
         "end",
         "error",
@@ -57,8 +56,7 @@ class Call:
 
     # Set by intake (`accept`) once the body is read and valid; reading them earlier is a bug
     # and fails loudly (AttributeError) instead of routing on a placeholder.
-    body: bytes
-    data: dict[str, Any]
+    body: bytes  # the client's own, kept only while a continuation may be built from it
     info: RequestInfo
     key: int | None
 
@@ -105,16 +103,22 @@ class Call:
     def accept(
         self,
         body: bytes,
-        data: dict[str, Any],
         info: RequestInfo,
         key: int | None,
         tracker: StreamTracker | None,
         send: bytes,
     ) -> None:
         """Intake's result: the request is valid and what it asks for is known; `send` is
-        the body the first attempt carries (`body`, or `body` asking for token ids)."""
-        self.body, self.data, self.info, self.key, self.tracker = body, data, info, key, tracker
+        the body the first attempt carries (`body`, or `body` asking for token ids). Only a
+        resumable stream (one with a tracker) keeps `body`, as bytes: its parsed form is
+        larger, and a stream's memory counts at thousands of them open."""
+        self.body = body if tracker is not None else b""
+        self.info, self.key, self.tracker = info, key, tracker
         self.send_body = send
+
+    def requested(self) -> dict[str, Any]:
+        """The client's request as intake parsed and validated it (a resumable stream's)."""
+        return parse_body(self.body)
 
     def continue_with(self, body: bytes, broken: UnitState) -> None:
         """The next attempt continues the stream `broken` was serving, as a plain completion

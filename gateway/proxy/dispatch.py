@@ -118,6 +118,7 @@ class Dispatcher:
                 call.last_error = exc
                 self.signals.attempt_failed(call, unit, exc, started)
             raise  # anything else (the client left: CancelledError) ends the request
+        call.send_body = b""  # answered: no retry sends it again (a continuation has its own)
         if served:
             answer.names = Renamer(served, call.info.model)
         self.signals.attempt_opened(call, unit, answer.status)

@@ -89,7 +89,7 @@ class Intake:
         if self.config.resume.enabled and call.path in RESUMABLE and resumable(data, call.chat):
             tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
             send = with_token_ids(data)
-        call.accept(body, data, info, key, tracker, send)
+        call.accept(body, info, key, tracker, send)
 
     def clamp(self, caller: Caller) -> tuple[str | None, str]:
         """The caller's highest and default class, as this gateway's classes know them: a key

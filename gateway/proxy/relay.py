@@ -110,6 +110,7 @@ class StreamRelay:
             self._mid_event,
             pending,
         )
+        del pending  # the first bytes are the client's now: not held for the stream's life
         watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet, self.deadline)
         self._watchdog = watchdog
         try:

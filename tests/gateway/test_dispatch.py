@@ -43,6 +43,7 @@ async def test_the_happy_path_is_one_attempt_and_its_lease_holds_the_unit(
             unit, answer = await rig.dispatcher.open(call)
             assert rig.seen.events == [("started", unit.id, 1), ("opened", unit.id, 200)]
             assert call.attempts == 1 and call.tried == [] and call.last_error is None
+            assert call.send_body == b""  # answered: not kept for the stream's life
             assert answer.status == 200 and answer.streaming is stream
             whole = {"choices": [{"text": "hi"}]}
             assert answer.first == FIRST if stream else orjson.loads(answer.first) == whole

@@ -9,6 +9,7 @@ leaves or does not read: test_relay_client.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import aiohttp
 import orjson
@@ -68,6 +69,25 @@ async def test_bytes_are_relayed_unchanged_in_order_as_http_chunks(
         assert relayed.relay is not None and relayed.relay.gap is not None
         assert not relayed.unit_closed  # the answer ended cleanly: its connection is kept
         assert len(unit.peers[0].requests) == 1 and not unit.peers[0].closed.is_set()
+
+
+async def test_an_open_stream_holds_no_copy_of_its_first_bytes(upstream: UpstreamClient) -> None:
+    """Thousands of streams stay open at once: an answer's first bytes, once relayed, are kept
+    by nothing of the gateway's (a list in the relay's frame held them for the stream's life)."""
+
+    def holds_a_copy(o: object) -> bool:
+        return any(
+            type(r) is bytes and r is not FIRST and r.startswith(FIRST) for r in gc.get_referents(o)
+        )
+
+    async with RawServer(starts_with(FIRST)) as unit:
+        relayed = Relayed(upstream, unit.url)
+        async with stream_of(relayed) as resp:
+            assert await next_chunk(resp) == FIRST
+            gc.collect()
+            assert [type(o).__name__ for o in gc.get_objects() if holds_a_copy(o)] == []
+            unit.peers[0].write(LAST_CHUNK)
+            assert await relayed.end() is End.COMPLETE
 
 
 async def test_bytes_that_came_before_the_pump_are_relayed_first(
