@@ -19,15 +19,15 @@ from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.lease import Lease
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.usage import Usage
-from gateway.proxy.validation import RequestInfo, parse_body
+from gateway.proxy.validation import RequestInfo
 from gateway.units import UnitState
 
 
 class Call:
     __slots__ = (
         "attempts",
-        "body",
         "caller",
+        "carried",
         "deadline",
         "end",
         "error",
@@ -56,7 +56,8 @@ class Call:
 
     # Set by intake (`accept`) once the body is read and valid; reading them earlier is a bug
     # and fails loudly (AttributeError) instead of routing on a placeholder.
-    body: bytes  # the client's own, kept only while a continuation may be built from it
+    # What a continuation takes from the request (continuation.carried): a resumable stream's.
+    carried: dict[str, Any]
     info: RequestInfo
     key: int | None
 
@@ -102,23 +103,19 @@ class Call:
 
     def accept(
         self,
-        body: bytes,
         info: RequestInfo,
         key: int | None,
         tracker: StreamTracker | None,
         send: bytes,
+        carried: dict[str, Any],
     ) -> None:
         """Intake's result: the request is valid and what it asks for is known; `send` is
-        the body the first attempt carries (`body`, or `body` asking for token ids). Only a
-        resumable stream (one with a tracker) keeps `body`, as bytes: its parsed form is
-        larger, and a stream's memory counts at thousands of them open."""
-        self.body = body if tracker is not None else b""
+        the body the first attempt carries (the client's, or the client's asking for token
+        ids), `carried` what a continuation of its stream would take from it. Neither the
+        client's body nor its parsed form is kept: a stream's memory counts at thousands of
+        them open, and a long prompt is most of a request."""
         self.info, self.key, self.tracker = info, key, tracker
-        self.send_body = send
-
-    def requested(self) -> dict[str, Any]:
-        """The client's request as intake parsed and validated it (a resumable stream's)."""
-        return parse_body(self.body)
+        self.send_body, self.carried = send, carried
 
     def continue_with(self, body: bytes, broken: UnitState) -> None:
         """The next attempt continues the stream `broken` was serving, as a plain completion

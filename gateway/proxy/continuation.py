@@ -57,6 +57,9 @@ _SAMPLING = (
     "user",
 )
 
+# The output budget's fields, read by max_new_tokens.
+_BUDGET = ("max_completion_tokens", "max_tokens", "min_tokens")
+
 # OpenAI's (and the builtin engine's, and vLLM's) default for /v1/completions.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -78,6 +81,14 @@ def resumable(data: dict[str, Any], chat: bool) -> bool:
 def with_token_ids(data: dict[str, Any]) -> bytes:
     """The body to send the first unit: the client's, asking for token ids as well."""
     return dumps({**data, "return_token_ids": True})
+
+
+def carried(data: dict[str, Any]) -> dict[str, Any]:
+    """What a continuation takes from the client's request: its sampling fields and output
+    budget. A resumable stream keeps this, not the request: the messages or prompt (most of
+    a request) travel as the leader's prompt ids, so keeping them would double a long
+    prompt's memory for the stream's whole life."""
+    return {name: data[name] for name in (*_SAMPLING, *_BUDGET) if name in data}
 
 
 def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:

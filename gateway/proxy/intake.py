@@ -22,7 +22,7 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
-from gateway.proxy.continuation import resumable, with_token_ids
+from gateway.proxy.continuation import carried, resumable, with_token_ids
 from gateway.proxy.priority import ask_of, refuse_own_priority
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo, parse_body
@@ -85,11 +85,11 @@ class Intake:
             call.unit_priority = self.priority.get(ask.klass).unit_priority
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
-        tracker, send = None, body
         if self.config.resume.enabled and call.path in RESUMABLE and resumable(data, call.chat):
             tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
-            send = with_token_ids(data)
-        call.accept(body, info, key, tracker, send)
+            call.accept(info, key, tracker, with_token_ids(data), carried(data))
+        else:
+            call.accept(info, key, None, body, {})
 
     def clamp(self, caller: Caller) -> tuple[str | None, str]:
         """The caller's highest and default class, as this gateway's classes know them: a key

@@ -41,8 +41,7 @@ async def resume(
     if refusal is not None:
         await relay.fail(end, refusal)
         return None
-    requested = call.requested()
-    total = max_new_tokens(requested, tracker.chat)
+    total = max_new_tokens(call.carried, tracker.chat)
     remaining = None if total is None else total - tracker.committed
     if remaining is not None and remaining <= 0:  # every token was relayed but the finish
         await _close(relay, tracker.closing("length"))
@@ -50,7 +49,7 @@ async def resume(
     prompt = tracker.resume_point()
     assert prompt is not None  # capable units gave their prompt ids
     call.continue_with(
-        continuation(requested, call.info.model, prompt, remaining, tracker.committed), broken
+        continuation(call.carried, call.info.model, prompt, remaining, tracker.committed), broken
     )
     try:
         cause = None if end is End.UNIT_EJECTED else (broken.id, end.value)

@@ -104,7 +104,7 @@ class Rig:
         call = Call(CHAT_PATH, f"r{self._made}", {}, now, deadline, Lease(self.admission))
         data = chat_body(stream)
         body = orjson.dumps(data)
-        call.accept(body, RequestInfo(MODEL, stream, None, ""), None, None, body)
+        call.accept(RequestInfo(MODEL, stream, None, ""), None, None, body, {})
         return call
 
     def available(self) -> float:

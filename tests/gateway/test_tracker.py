@@ -8,7 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.proxy.continuation import continuation, max_new_tokens, resumable, with_token_ids
+from gateway.proxy.continuation import (
+    carried,
+    continuation,
+    max_new_tokens,
+    resumable,
+    with_token_ids,
+)
 from gateway.proxy.sse import EventSplitter, data_of
 from gateway.proxy.tracker import StreamTracker
 
@@ -60,7 +66,8 @@ def test_stripping_token_ids_gives_the_bytes_of_a_plain_stream() -> None:
     # Fed in awkward pieces: events split anywhere must come out whole.
     out = b"".join(tracker.feed(asked[i : i + 7]) for i in range(0, len(asked), 7))
     assert out == plain
-    assert tracker.done and tracker.capable and tracker.prompt_ids == PROMPT
+    assert tracker.done and tracker.capable and tracker.prompt_ids is not None
+    assert tracker.prompt_ids.tolist() == PROMPT  # kept packed: 4 bytes a token
     assert tracker.generated == [10, 11, 12, 13, 14] and tracker.committed == 5
 
 
@@ -181,6 +188,18 @@ def test_units_without_token_ids_are_relayed_verbatim_and_not_resumable() -> Non
     assert tracker.capable is False and tracker.resume_point() is None
 
 
+def test_prompt_ids_past_32_bits_are_no_ids_and_the_stream_is_relayed_as_it_is() -> None:
+    """Prompt ids are kept as 32-bit integers (a long prompt's list of ints would cost 36
+    bytes a token for the stream's life); no tokenizer has 2**31 tokens, so a unit sending
+    such an id is one whose ids cannot be used: relayed verbatim, never resumed."""
+    tracker = StreamTracker(chat=True, client_ids=True, include_usage=False)
+    body = orjson.loads(data_of(role_chunk(True)) or b"")
+    body["prompt_token_ids"] = [5, 2**31]
+    events = [sse(body), chat_chunk("hi", [10]), b"data: [DONE]\n\n"]
+    assert b"".join(tracker.feed(e) for e in events) == b"".join(events)
+    assert tracker.capable is False and tracker.resume_point() is None
+
+
 def test_a_non_openai_stream_passes_through() -> None:
     tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
     raw = b"data: one\n\n: comment\n\ndata: [DONE]\n\n"
@@ -233,7 +252,13 @@ def test_the_continuation_request() -> None:
     assert max_new_tokens(data, chat=True) == 10
     assert max_new_tokens({"model": "m"}, chat=True) is None
     assert max_new_tokens({"model": "m"}, chat=False) == 16
-    body = orjson.loads(continuation(data, "m", [1, 2, 3], 7, 3))
+    # What a resumable stream keeps of its request: no messages (the prompt ids stand for
+    # them), and everything a continuation reads.
+    kept = carried(data)
+    assert kept == {"max_tokens": 10, "temperature": 0.0, "stop": ["\n\n"], "min_tokens": 4}
+    assert max_new_tokens(kept, chat=True) == 10
+    assert continuation(kept, "m", [1, 2, 3], 7, 3) == continuation(data, "m", [1, 2, 3], 7, 3)
+    body = orjson.loads(continuation(kept, "m", [1, 2, 3], 7, 3))
     assert body == {
         "model": "m",
         "prompt": [1, 2, 3],

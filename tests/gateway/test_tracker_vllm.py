@@ -70,7 +70,8 @@ def test_a_vllm_chat_stream_with_ids_hidden_is_vllms_plain_stream(unit: str, see
     assert without(out, VOLATILE + IDS) == without(plain, VOLATILE + IDS)
     assert not any(k in orjson.dumps(out).decode() for k in ('"token_ids"', '"prompt_token_ids"'))
     prompt, generated = recorded_ids(raw)
-    assert tracker.prompt_ids == prompt and len(prompt) == 34
+    assert tracker.prompt_ids is not None and tracker.prompt_ids.tolist() == prompt
+    assert len(prompt) == 34
     assert tracker.generated == generated and tracker.committed == len(generated) == 12
     assert (tracker.finish_reason, tracker.done, tracker.error) == ("length", True, None)
     assert tracker.resume_point() == prompt + generated
@@ -85,7 +86,7 @@ def test_a_vllm_completions_stream_is_read_where_vllm_puts_the_ids(name: str, se
     tracker = StreamTracker(chat=False, client_ids=False, include_usage=True)
     out = events(fed(tracker, raw, seed))
     prompt, generated = recorded_ids(raw)
-    assert tracker.prompt_ids == prompt and prompt
+    assert tracker.prompt_ids is not None and tracker.prompt_ids.tolist() == prompt and prompt
     assert tracker.generated == generated and tracker.committed == len(generated)
     assert without(out, VOLATILE) == without(events(raw), VOLATILE + IDS)
     assert out[-1] == "[DONE]" and tracker.finish_reason == "length"
