@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,8 +26,7 @@ from urllib.parse import urlsplit
 import uvloop
 
 from loadtest.bench.front_servers import LAST_CHUNK, PATH
-from loadtest.bench.processes import CLK_TCK, cpu_ticks, pin_cpus, pinned, stop_child
-from loadtest.readyfile import wait_ready_file
+from loadtest.bench.processes import CLK_TCK, child, cpu_ticks, pin_cpus, pinned
 
 KINDS = ("aiohttp", "protocol")
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
@@ -37,7 +35,6 @@ REQUEST = (
     b"Accept: */*\r\nUser-Agent: loadtest.bench.front\r\nContent-Length: %d\r\n\r\n%s"
 ) % (len(BODY), BODY)
 WARM_UP = 20  # requests per connection before each measured round
-READY_TIMEOUT_S = 30.0
 ROUND_TIMEOUT_S = 120.0
 
 
@@ -79,22 +76,15 @@ async def _load(url: str, connections: int, n: int) -> None:
         await asyncio.gather(*work)
 
 
-def _round(kind: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float]:
-    """CPU us per request of the `kind` server, and its requests per second."""
-    pins = pin_cpus()
+def _round(kind: str, args: argparse.Namespace, tmp: Path, cpu: int | None) -> tuple[float, float]:
+    """CPU us per request of the `kind` server (pinned to `cpu`), and its requests per second."""
     ready = tmp / f"{kind}.json"
     ready.unlink(missing_ok=True)
-    with pinned(None if pins is None else pins.relay):
-        argv = [sys.executable, "-m", "loadtest.bench.front_servers", kind, str(ready)]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    try:
-        info = wait_ready_file(ready, proc, READY_TIMEOUT_S, kind)
+    with child(["loadtest.bench.front_servers", kind, str(ready)], ready, cpu, kind) as info:
         uvloop.run(_load(info["url"], args.concurrency, WARM_UP))
-        before, start = cpu_ticks(proc.pid), time.perf_counter()
+        before, start = cpu_ticks(info["pid"]), time.perf_counter()
         uvloop.run(_load(info["url"], args.concurrency, args.requests))
-        took, ticks = time.perf_counter() - start, cpu_ticks(proc.pid) - before
-    finally:
-        stop_child(proc)
+        took, ticks = time.perf_counter() - start, cpu_ticks(info["pid"]) - before
     total = args.concurrency * args.requests
     return ticks * 1e6 / CLK_TCK / total, total / took
 
@@ -110,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         for n in range(args.rounds):
             for kind in KINDS if n % 2 == 0 else KINDS[::-1]:
-                us, per_s = _round(kind, args, Path(tmp_dir))
+                us, per_s = _round(kind, args, Path(tmp_dir), None if pins is None else pins.relay)
                 cpu[kind].append(us)
                 rate[kind].append(per_s)
                 print(f"round {n + 1} {kind:8}: {us:6.1f} us CPU per request, {per_s:,.0f} req/s")

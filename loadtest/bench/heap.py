@@ -18,7 +18,7 @@ counted: RSS per stream is the burst benchmark's number, and it is the larger on
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
 import pickle
 import signal
 import subprocess
@@ -27,11 +27,9 @@ import tempfile
 import time
 import tracemalloc
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-from loadtest.bench.processes import MODEL, READY_TIMEOUT_S, gateway_toml, stop_child
-from loadtest.readyfile import wait_http_ok, wait_ready_file
+from loadtest.bench.processes import MODEL, READY_TIMEOUT_S, child, gateway_toml, stop_child
 
 TOP = 40
 TOKENS = 30  # a second apart: each answer stays open 30 s
@@ -51,23 +49,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def _process(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        stop_child(proc)
-
-
-def _snapshot(proc: subprocess.Popen[bytes], folder: Path, n: int) -> tracemalloc.Snapshot:
-    """Ask the gateway for its snapshot number `n` and read it once written."""
-    proc.send_signal(signal.SIGUSR1)
+def _snapshot(pid: int, folder: Path, n: int) -> tracemalloc.Snapshot:
+    """Ask the gateway (`pid`) for its snapshot number `n` and read it once written."""
+    os.kill(pid, signal.SIGUSR1)
     path = folder / f"snapshot-{n}.pickle"
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the gateway wrote no heap snapshot {n} (exit {proc.returncode})")
+        if not Path(f"/proc/{pid}").exists() or time.monotonic() > deadline:
+            raise SystemExit(f"the gateway wrote no heap snapshot {n}")
         time.sleep(0.2)
     with path.open("rb") as f:
         snapshot: tracemalloc.Snapshot = pickle.load(f)
@@ -120,26 +109,30 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_dir)
         sim_argv = ["loadtest.simunits", "--units", "4", "--followers", "1", "--ttft-ms", "50"]
         sim_argv += ["--itl-ms", "1000", "--tokens", str(TOKENS)]
-        with _process([*sim_argv, "--ready-file", str(tmp / "sim.json")]) as sim:
-            units = wait_ready_file(tmp / "sim.json", sim, READY_TIMEOUT_S, "simulator")["units"]
+        sim_argv += ["--ready-file", str(tmp / "sim.json")]
+        with child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
             config = tmp / "gw.toml"
             resume = args.resume == "on"
-            config.write_text(gateway_toml(units, cap=n, queue=n, resume=resume, relay=args.relay))
+            toml = gateway_toml(sim["units"], cap=n, queue=n, resume=resume, relay=args.relay)
+            config.write_text(toml)
             gw_argv = ["loadtest.bench.heap_gateway", str(tmp), "gateway", "--config", str(config)]
             gw_argv += ["--log-level", "warning", "--ready-file", str(tmp / "gw.json")]
-            with _process(gw_argv) as gw:
-                info = wait_ready_file(tmp / "gw.json", gw, READY_TIMEOUT_S, "gateway")
-                wait_http_ok(info["public"] + "/readyz", gw, READY_TIMEOUT_S, "gateway")
-                idle = _snapshot(gw, tmp, 0)
-                load_argv = ["loadtest", "--url", info["public"], "--model", MODEL]
+            with child(gw_argv, tmp / "gw.json", None, "gateway", routes=True) as gw:
+                idle = _snapshot(gw["pid"], tmp, 0)
+                load_argv = ["loadtest", "--url", gw["public"], "--model", MODEL]
                 load_argv += ["--concurrency", str(n), "--duration", str(TOKENS)]
                 load_argv += ["--max-tokens", str(TOKENS), "--timeout", "120", "--no-progress"]
                 load_argv += ["--out", str(tmp / "load")]
                 if args.prompt_tokens is not None:
                     load_argv += ["--prompt-tokens", str(args.prompt_tokens)]
-                with _process(load_argv) as load:
-                    _wait_open(info["metrics"], n, load)
-                    busy = _snapshot(gw, tmp, 1)
+                load = subprocess.Popen(
+                    [sys.executable, "-m", *load_argv], stdout=subprocess.DEVNULL
+                )
+                try:
+                    _wait_open(gw["metrics"], n, load)
+                    busy = _snapshot(gw["pid"], tmp, 1)
+                finally:
+                    stop_child(load)
     _report(idle, busy, n, args.top)
     return 0
 
