@@ -57,8 +57,10 @@ _SAMPLING = (
     "user",
 )
 
-# The output budget's fields, read by max_new_tokens.
-_BUDGET = ("max_completion_tokens", "max_tokens", "min_tokens")
+# The output budget's fields: the first of these two that is set bounds it (max_new_tokens),
+# and min_tokens is carried over less what was already generated (continuation).
+_MAX_TOKENS = ("max_completion_tokens", "max_tokens")
+_BUDGET = (*_MAX_TOKENS, "min_tokens")
 
 # OpenAI's (and the builtin engine's, and vLLM's) default for /v1/completions.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -93,7 +95,7 @@ def carried(data: dict[str, Any]) -> dict[str, Any]:
 
 def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:
     """The request's output budget, None when it is the model's remaining context."""
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in _MAX_TOKENS:
         value = data.get(name)
         if isinstance(value, int):
             return value
