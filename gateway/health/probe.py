@@ -17,7 +17,8 @@ import time
 import orjson
 
 from gateway.health.result import NodeReport
-from gateway.proxy.connection import ConnectionBroken, ConnectionPool, Endpoint
+from gateway.proxy.connection import ConnectionBroken
+from gateway.proxy.pool import ConnectionPool, Endpoint
 from gateway.proxy.upstream import request_head
 
 

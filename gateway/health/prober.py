@@ -24,7 +24,7 @@ from gateway.health.states import Health
 from gateway.health.verdict import Flip, GangVerdict, Round
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
-from gateway.proxy.connection import ConnectionPool, Endpoint
+from gateway.proxy.pool import ConnectionPool, Endpoint
 from gateway.routing.load import others
 from gateway.tls import unit_context
 from gateway.units import UnitRegistry, UnitState

@@ -17,7 +17,7 @@ from gateway.config import Config
 from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
-from gateway.proxy.connection import ConnectionPool
+from gateway.proxy.pool import ConnectionPool
 from gateway.units import UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.health")

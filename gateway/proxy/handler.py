@@ -38,6 +38,7 @@ from gateway.proxy.lease import PREEMPTED, Lease
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.signals import Signals
 from gateway.proxy.stream import headers_for, relay_stream
+from gateway.proxy.upstream import Answer
 from gateway.proxy.usage import of_body
 from gateway.proxy.validation import validate_chat, validate_completion
 from gateway.routing.admission import Admission
@@ -80,13 +81,23 @@ class ProxyHandler:
     ) -> web.StreamResponse:
         start = asyncio.get_running_loop().time()
         deadline = start + self.config.timeouts.total
+        # aiohttp arms a keep-alive timer when the connection opens; while a request is in
+        # progress its firing does nothing, and the request's end arms it again. `keep_alive`
+        # cancels it (0.5 KB a request, for its whole life); the flag it sets is overwritten
+        # from the response when the request ends.
+        request.protocol.keep_alive(True)
         lease = Lease(self.admission)
         call = Call(path, request_id(request.headers), request.headers, start, deadline, lease)
         self.signals.received(call)
         try:
             try:
                 with lease:  # whatever ends the request gives its slot back
-                    response = await self._serve(call, request, validate)
+                    opened = await self._open(call, request, validate)
+                    if isinstance(opened, Answer):  # relayed from here: `_open`'s frame is
+                        # not held by the open stream's task
+                        response = await relay_stream(self.context, request, call, opened)
+                    else:
+                        response = opened
             except asyncio.CancelledError:
                 if not lease.preempted or lease.task is None or lease.task.uncancel() > 0:
                     raise  # the client left (or the server is stopping): not a preemption
@@ -102,9 +113,11 @@ class ProxyHandler:
                 self.admission.charge(lease.ask, call.usage.prompt + call.usage.completion)
             self.signals.ended(call)
 
-    async def _serve(
+    async def _open(
         self, call: Call, request: web.Request, validate: Validator
-    ) -> web.StreamResponse:
+    ) -> web.StreamResponse | Answer:
+        """Everything up to the answer's first byte. A refusal, an error or a whole answer
+        comes back as its response; a streamed answer comes back to be relayed."""
         try:
             call.caller = self.gate.caller(request.headers.get("Authorization"))
             await self.intake(call, request, validate)
@@ -121,7 +134,7 @@ class ProxyHandler:
         self.signals.first_byte(call, unit, ttft)
         if answer.streaming:
             call.ttft = ttft
-            return await relay_stream(self.context, request, call, answer)
+            return answer
         call.end = End.COMPLETE
         body = answer.first if answer.names is None else answer.names.whole(answer.first)
         call.usage = of_body(body) if answer.status == 200 else None

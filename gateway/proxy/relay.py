@@ -25,6 +25,7 @@ from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.pump import AnyPump, attach
 from gateway.proxy.signals import GapSink
+from gateway.proxy.timers import TimerSlots
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
 from gateway.proxy.usage import UsageReader
@@ -47,19 +48,38 @@ class StreamRelay:
     answer until it ends and says how; the caller then either continues the stream with
     another answer or ends it (`finish` / `fail`)."""
 
+    __slots__ = (  # one per open stream: no instance dict
+        "_mid_event",
+        "_watchdog",
+        "_writer",
+        "deadline",
+        "gap",
+        "headers",
+        "idle",
+        "quiet",
+        "request",
+        "response",
+        "timers",
+        "tracker",
+        "usage",
+    )
+
     def __init__(
         self,
         request: web.BaseRequest,
         headers: dict[str, str],
         deadline: float,
         idle: float,
+        timers: TimerSlots,
         tracker: StreamTracker | None = None,
         quiet: tuple[float, float] = (1.0, 4.0),
         usage: UsageReader | None = None,
     ) -> None:
-        """`quiet` is (floor, factor) of the pace rule (health/pace.py) that decides when a
-        stream on an ejected unit counts as stalled; `usage` reads the answer's usage."""
+        """`timers` time its idle watchdog; `quiet` is (floor, factor) of the pace rule
+        (health/pace.py) that decides when a stream on an ejected unit counts as stalled;
+        `usage` reads the answer's usage."""
         self.usage = usage
+        self.timers = timers
         assert request.transport is not None
         self.request = request
         self.headers = headers
@@ -111,7 +131,7 @@ class StreamRelay:
             pending,
         )
         del pending  # the first bytes are the client's now: not held for the stream's life
-        watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet, self.deadline)
+        watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet, self.deadline, self.timers)
         self._watchdog = watchdog
         try:
             settled = pump.settled
@@ -205,7 +225,11 @@ class StreamRelay:
 
 class _IdleWatchdog:
     """One timer per stream, re-armed lazily: no timer churn per token. It also ends the
-    stream at the request's deadline (one timer where a Timeout would add another)."""
+    stream at the request's deadline (one timer where a Timeout would add another). Its
+    timer is a place in the gateway's shared slots (timers.py), not a loop timer of its own,
+    and so runs up to a slot late."""
+
+    __slots__ = ("conn", "deadline", "ejected", "idle", "pump", "quiet", "slot", "timers")
 
     def __init__(
         self,
@@ -214,16 +238,17 @@ class _IdleWatchdog:
         idle: float,
         quiet: tuple[float, float],
         deadline: float,
+        timers: TimerSlots,
     ) -> None:
         self.conn, self.pump, self.idle, self.quiet = conn, pump, idle, quiet
-        self.deadline = deadline
+        self.deadline, self.timers = deadline, timers
         self.ejected: str | None = None  # why the unit was ejected, once it was
-        self.handle = conn.loop.call_at(min(conn.loop.time() + idle, deadline), self._check)
+        self.slot = timers.add(min(conn.loop.time() + idle, deadline), self)
 
     def tighten(self, reason: str) -> None:
         self.ejected = reason
-        self.handle.cancel()
-        self._check()
+        self.timers.discard(self.slot, self)
+        self.due()
 
     def pace(self) -> tuple[float, float | None]:
         return max(self.conn.last_data, self.pump.last), self.pump.gap
@@ -233,16 +258,15 @@ class _IdleWatchdog:
             return self.idle
         return min(self.idle, quiet_after(self.pump.gap, *self.quiet))
 
-    def _check(self) -> None:
-        loop = self.conn.loop
-        now = loop.time()
+    def due(self) -> None:
+        now = self.conn.loop.time()
         if now >= self.deadline - 0.001:  # the loop's clock may run a timer a hair early
             self.conn.fail(TimeoutError("the request's total time ran out"))
             return
         quiet_since, limit = self.pace()[0], self._limit()
         if self.pump.paused or now - quiet_since < limit:
             when = min(max(quiet_since + limit, now + 0.01), self.deadline)
-            self.handle = loop.call_at(when, self._check)
+            self.slot = self.timers.add(when, self)
             return
         if self.ejected is not None:
             self.conn.fail(
@@ -252,4 +276,4 @@ class _IdleWatchdog:
             self.conn.fail(IdleTimeout(f"the unit sent nothing for {self.idle:g} s"))
 
     def cancel(self) -> None:
-        self.handle.cancel()
+        self.timers.discard(self.slot, self)

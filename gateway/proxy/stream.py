@@ -42,6 +42,7 @@ async def relay_stream(
         headers_for(unit, call),
         call.deadline,
         proxy.config.timeouts.idle,
+        proxy.upstream.timers,
         call.tracker,
         (proxy.config.resume.ejected_idle, proxy.config.health.pace_factor),
         # A stream that is never resumed has one answer: its own events say its usage.

@@ -16,14 +16,10 @@ from gateway.config import Config, UnitConfig
 from gateway.errors import UpstreamError
 from gateway.native import resolve
 from gateway.outcomes import Failure
-from gateway.proxy.connection import (
-    ConnectionBroken,
-    ConnectionPool,
-    Endpoint,
-    LagTotal,
-    UpstreamConnection,
-)
+from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.names import Renamer
+from gateway.proxy.pool import ConnectionPool, Endpoint, LagTotal
+from gateway.proxy.timers import TimerSlots
 from gateway.tls import unit_context
 
 _SSE = b"text/event-stream"
@@ -60,9 +56,11 @@ class UpstreamClient:
         )
         self.max_connections = u.max_connections
         self._endpoints: dict[str | tuple[str, str, str, str], Endpoint] = {}
+        self.timers = TimerSlots()  # the streams' idle watchdogs (relay.py)
 
     async def close(self) -> None:
         self.pool.close()
+        self.timers.close()
 
     def finish(self, answer: Answer) -> None:
         """Hand a streamed answer's connection back (kept only if the answer ended cleanly)."""

@@ -20,7 +20,7 @@ from gateway.health.prober import UnitProber
 from gateway.health.verdict import Round
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
-from gateway.proxy.connection import ConnectionPool
+from gateway.proxy.pool import ConnectionPool
 from gateway.units import UnitRegistry, UnitState
 from tests.gateway.servers import serve_app
 

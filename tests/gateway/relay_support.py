@@ -81,6 +81,7 @@ class Relayed:
             {"x-unitgate-unit": "u0"},
             loop.time() + self.within,
             self.idle,
+            self.upstream.timers,
             self.tracker,
             self.quiet,
         )

@@ -23,7 +23,7 @@ from gateway.health.kinds.unitgate import probe_node
 from gateway.health.probe import Target
 from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
-from gateway.proxy.connection import ConnectionPool
+from gateway.proxy.pool import ConnectionPool
 from gateway.server import running
 from tests.integration.probing import Traffic, all_probed_ok, probed, until
 from tests.simunits.split import planned_units, start_part, units_toml

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gateway.observability.looplag import LoopLag
-from gateway.proxy.connection import MAX_STRETCH, ConnectionPool, Endpoint
+from gateway.proxy.pool import MAX_STRETCH, ConnectionPool, Endpoint
 
 
 @pytest.fixture

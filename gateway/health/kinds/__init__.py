@@ -16,7 +16,7 @@ from gateway.config import UnitConfig
 from gateway.health.kinds import openai, unitgate, vllm
 from gateway.health.probe import Target
 from gateway.health.result import NodeReport
-from gateway.proxy.connection import ConnectionPool
+from gateway.proxy.pool import ConnectionPool
 from gateway.tls import unit_context
 
 

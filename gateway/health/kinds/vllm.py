@@ -29,7 +29,7 @@ from gateway.config import UnitConfig
 from gateway.health.kinds.vllm_metrics import FULL, QUERY, EngineLoad, parse_load
 from gateway.health.probe import ProbeFailed, Target, get
 from gateway.health.result import NodeReport
-from gateway.proxy.connection import ConnectionPool
+from gateway.proxy.pool import ConnectionPool
 
 log = logging.getLogger("unitgate.health")
 

@@ -1,0 +1,162 @@
+"""Keep-alive connections to leaders, kept idle per leader between answers.
+
+`ConnectionPool` keeps idle connections per leader (LIFO, so a few warm connections serve a
+light load and the rest expire), optionally bounds how many are open in total, and connects
+new ones under a connect timeout that a lagging event loop stretches (`_Stretch`). An
+`Endpoint` is a node's address, parsed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from types import ModuleType
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from gateway.proxy.connection import UpstreamConnection
+from gateway.tls import client_context
+
+
+class Endpoint:
+    """A node's address, parsed once. An https:// one connects with `tls` (the unit's CA and
+    client certificate, gateway/tls.py), or by default verifying with the system's trust store."""
+
+    __slots__ = ("host", "host_header", "key", "port", "ssl")
+
+    def __init__(self, base_url: str, tls: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(base_url)
+        self.host = parts.hostname or "127.0.0.1"
+        https = parts.scheme == "https"
+        self.ssl = (tls or client_context()) if https else None
+        self.port = parts.port or (443 if https else 80)
+        self.host_header = parts.netloc.encode()
+        # Idle connections are kept per key: one made with other TLS settings is not reused.
+        self.key = (self.host, self.port, self.ssl)
+
+
+class LagTotal(Protocol):
+    """The event loop's lateness summed since start (observability/looplag.LoopLag keeps it;
+    the request path reads only this number, not the metrics around it)."""
+
+    @property
+    def total(self) -> float: ...
+
+
+# A connect timeout stretched for the gateway's own lag ends at most this many timeouts in.
+MAX_STRETCH = 4.0
+
+
+class ConnectionPool:
+    """Idle keep-alive connections per leader, bounded in age and (optionally) in total."""
+
+    def __init__(
+        self,
+        connect_timeout: float,
+        keepalive_timeout: float,
+        limit: int,
+        lag: LagTotal | None = None,
+        native: ModuleType | None = None,
+    ) -> None:
+        """`native` is the compiled relay (gateway/native) its connections read bodies with.
+        With `lag`, a connect timeout is measured in the loop's responsive time: what the
+        loop spent behind schedule while the connect was out is added to its deadline (a
+        kernel-finished connect must not time out because the loop ran its timers first)."""
+        self.lag = lag
+        self.native = native
+        self.connect_timeout = connect_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self._idle: dict[tuple[str, int, ssl.SSLContext | None], list[UpstreamConnection]] = {}
+        self._limit = asyncio.Semaphore(limit) if limit > 0 else None
+        self._all: set[UpstreamConnection] = set()
+
+    async def reserve(self) -> None:
+        """Wait for one of the `limit` connection slots (at once without a limit); the next
+        `acquire(reserved=True)` uses it. Apart from `acquire` so that a caller can tell the
+        gateway's own wait from the unit's connect."""
+        if self._limit is not None:
+            await self._limit.acquire()
+
+    async def acquire(self, endpoint: Endpoint, *, reserved: bool = False) -> UpstreamConnection:
+        if not reserved:
+            await self.reserve()
+        try:
+            return self._reuse(endpoint) or await self._connect(endpoint)
+        except BaseException:
+            if self._limit is not None:
+                self._limit.release()
+            raise
+
+    def release(self, endpoint: Endpoint, conn: UpstreamConnection) -> None:
+        """Return a connection after its answer ended; keep it only if it is clean."""
+        if self._limit is not None:
+            self._limit.release()
+        if not conn.reusable():
+            conn.abort()
+            self._all.discard(conn)
+            return
+        conn.reset()
+        conn.idle_since = conn.loop.time()
+        self._idle.setdefault(endpoint.key, []).append(conn)
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.abort()
+        self._all.clear()
+        self._idle.clear()
+
+    def _reuse(self, endpoint: Endpoint) -> UpstreamConnection | None:
+        idle = self._idle.get(endpoint.key)
+        while idle:
+            conn = idle.pop()
+            fresh = conn.loop.time() - conn.idle_since < self.keepalive_timeout
+            if fresh and not conn.closed:
+                return conn
+            conn.abort()
+            self._all.discard(conn)
+        return None
+
+    async def _connect(self, endpoint: Endpoint) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.connect_timeout) as deadline:
+            stretch = None if self.lag is None else _Stretch(self.lag, deadline, loop)
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: UpstreamConnection(loop, self.native),
+                    endpoint.host,
+                    endpoint.port,
+                    ssl=endpoint.ssl,
+                )
+            finally:
+                if stretch is not None:
+                    stretch.cancel()
+        self._all.add(conn)
+        return conn
+
+
+class _Stretch:
+    """Just before a deadline, moves it on by the loop lag accrued since the last look (the
+    lag ticks every 50 ms, so it has been sampled by then), up to MAX_STRETCH timeouts."""
+
+    __slots__ = ("deadline", "handle", "lag", "limit", "loop", "seen")
+
+    def __init__(
+        self, lag: LagTotal, deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        when = deadline.when()
+        assert when is not None
+        self.lag, self.deadline, self.loop, self.seen = lag, deadline, loop, lag.total
+        self.limit = loop.time() + MAX_STRETCH * (when - loop.time())
+        self.handle = loop.call_at(when - 0.001, self._check)
+
+    def _check(self) -> None:
+        when = self.deadline.when()
+        owed, self.seen = self.lag.total - self.seen, self.lag.total
+        if when is None or self.deadline.expired() or owed < 0.001 or when >= self.limit:
+            return  # expired: a lagging loop may run the deadline's own timer first
+        when = min(when + owed, self.limit)
+        self.deadline.reschedule(when)
+        self.handle = self.loop.call_at(when - 0.001, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
