@@ -17,7 +17,8 @@ from gateway.config import Config
 from gateway.heap import freeze_startup
 from gateway.observability.fleet import Fleet
 from gateway.server import Role, running, write_ready
-from gateway.workers.pool import Reports, WorkerPool
+from gateway.workers.pool import WorkerPool
+from gateway.workers.reports import Reports
 
 log = logging.getLogger("unitgate")
 

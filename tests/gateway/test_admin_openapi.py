@@ -20,7 +20,8 @@ from gateway.app import ops_app
 from gateway.config import UnitConfig, config_from_dict
 from gateway.observability.fleet import Fleet
 from gateway.server import Gateway
-from gateway.workers.pool import Reports, WorkerPool
+from gateway.workers.pool import WorkerPool
+from gateway.workers.reports import Reports
 
 DOC = openapi.document()
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}

@@ -14,7 +14,7 @@ from gateway.config.proxy import GatewayConfig
 from gateway.health.states import Health
 from gateway.units import BitChange, UnitRegistry
 from gateway.workers import frames, state
-from gateway.workers.pool import PEAK_S, SILENT_AFTER, Reports
+from gateway.workers.reports import PEAK_S, SILENT_AFTER, Reports
 from tests.support import gateway_config
 
 UNITS = [{"id": f"u{i}", "leader": f"http://127.0.0.1:{9000 + i}", "nodes": []} for i in range(3)]
