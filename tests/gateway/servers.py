@@ -24,9 +24,16 @@ async def until(ready: Callable[[], bool], within: float, what: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve_app(app: web.Application, handler_cancellation: bool = True) -> AsyncIterator[str]:
+async def serve_app(
+    app: web.Application, handler_cancellation: bool = True, keepalive_timeout: float = 75.0
+) -> AsyncIterator[str]:
     """`app` on a real socket; yields its base URL."""
-    runner = web.AppRunner(app, handler_cancellation=handler_cancellation, shutdown_timeout=0.5)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=handler_cancellation,
+        shutdown_timeout=0.5,
+        keepalive_timeout=keepalive_timeout,
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from tests.gateway.servers import serve_app
+
 KEEPALIVE_S = 0.3
 
 
@@ -28,13 +30,8 @@ async def _handle(request: web.Request) -> web.StreamResponse:
 async def port() -> AsyncIterator[int]:
     app = web.Application()
     app.router.add_get("/", _handle)
-    runner = web.AppRunner(app, keepalive_timeout=KEEPALIVE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    assert runner.addresses
-    yield int(runner.addresses[0][1])
-    await runner.cleanup()
+    async with serve_app(app, keepalive_timeout=KEEPALIVE_S) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 async def _request(
