@@ -19,51 +19,24 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
-from engine.grammar import GrammarError, Matcher
 from engine.model import Tokenizer, Transformer
+from engine.runtime.choices import Abort, Choice, Tracked, draw, final_event, token_event
 from engine.runtime.constraints import Constraints
 from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Send, StepMessage, send
 from engine.runtime.outbox import Outbox
-from engine.sampling import NoTokenAllowed, Row, Sampled, make_generator, sample_rows
-from engine.scheduler import InvalidParams, Scheduler, SchedulerConfig, Sequence
+from engine.sampling import Sampled, make_generator
+from engine.scheduler import InvalidParams, Scheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Request:
-    """A request as the engine thread tracks it, with the way back to its consumer."""
-
-    request: GenerationRequest
-    sink: asyncio.Queue[TokenEvent]
-    loop: asyncio.AbstractEventLoop
-    members: list[_Member] | None = None  # one per choice, once admitted
-    open: int = 0  # choices without their final event
-
-
-@dataclass(slots=True)
-class _Member:
-    """One choice of a request: its sequence, its own draws and its place in the grammar."""
-
-    item: _Request
-    index: int
-    seq: Sequence
-    generator: torch.Generator | None
-    matcher: Matcher | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    request_id: str
 
 
 _STOP = object()
@@ -106,8 +79,8 @@ class LeaderEngine:
         self._gate = threading.Lock()  # orders "stop accepting" against "accept"
         self._refusal: str | None = None  # why new requests are refused; engine thread writes
         self._ids = itertools.count()
-        self._live: dict[int, _Member] = {}  # engine thread only, by seq_id
-        self._by_name: dict[str, _Request] = {}  # engine thread only
+        self._live: dict[int, Choice] = {}  # engine thread only, by seq_id
+        self._by_name: dict[str, Tracked] = {}  # engine thread only
         self._outbox: Outbox[TokenEvent] = Outbox()  # engine thread only
         self._unpublished: dict[int, Sampled] | None = None  # the last step's tokens
         self._constraints = Constraints(tokenizer, model.config.vocab_size)
@@ -134,7 +107,7 @@ class LeaderEngine:
         self._constraints.check(grammar)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(_Abort(request_id))
+        self._inbox.put(Abort(request_id))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         self._validate(request)
@@ -142,9 +115,9 @@ class LeaderEngine:
         with self._gate:
             refusal = self._refusal
             if refusal is None:
-                self._inbox.put(_Request(request, sink, asyncio.get_running_loop()))
+                self._inbox.put(Tracked(request, sink, asyncio.get_running_loop()))
         if refusal is not None:
-            yield _final(request, None, "error", refusal)
+            yield final_event(request, None, "error", refusal)
             return
         open_choices = request.n
         try:
@@ -239,19 +212,21 @@ class LeaderEngine:
 
     def _apply(self, item: object) -> None:
         self._collect_tokens()  # the last step's finished requests are forgotten first
-        if isinstance(item, _Abort):
+        if isinstance(item, Abort):
             live = self._by_name.get(item.request_id)
             for member in list(live.members or ()) if live is not None else ():
                 if self.scheduler.abort(member.seq.seq_id):
                     self._emit_finished(member, "abort")
-        elif isinstance(item, _Request):
+        elif isinstance(item, Tracked):
             self._admit(item)
         self.stats.set_load(self.scheduler.pending, self._slots_used)
 
-    def _admit(self, item: _Request) -> None:
+    def _admit(self, item: Tracked) -> None:
         request = item.request
         if request.request_id in self._by_name:
-            self._deliver(item, _final(request, None, "error", "request_id is already running"))
+            self._deliver(
+                item, final_event(request, None, "error", "request_id is already running")
+            )
             return
         ids = [next(self._ids) for _ in range(request.n)]
         try:  # matchers first: a grammar that fails must not leave sequences queued
@@ -261,10 +236,10 @@ class LeaderEngine:
             else:
                 seqs = self.scheduler.add_group(ids, request.prompt_ids, request.params)
         except ValueError as exc:
-            self._deliver(item, _final(request, None, "error", str(exc)))
+            self._deliver(item, final_event(request, None, "error", str(exc)))
             return
         item.members = [
-            _Member(item, i, seq, make_generator(request.params, i), matcher)
+            Choice(item, i, seq, make_generator(request.params, i), matcher)
             for i, (seq, matcher) in enumerate(zip(seqs, matchers, strict=True))
         ]
         item.open = len(item.members)
@@ -298,42 +273,11 @@ class LeaderEngine:
             logits = logits[list(batch.sample_rows)]
         bitmask = None if masks is None else masks.result()
         with torch.inference_mode():  # the logits are inference tensors, edited in place
-            sampled = self._sample(logits, members, bitmask)
+            sampled = draw(logits, members, bitmask, self._end)
         self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
         self._unpublished = sampled  # counted in /health once published
 
-    def _sample(
-        self, logits: torch.Tensor, members: list[_Member], bitmask: torch.Tensor | None
-    ) -> dict[int, Sampled]:
-        """One token per member; a member whose grammar allows nothing (a matcher fault) ends
-        with an error and the others are sampled without it."""
-        while True:
-            rows = [
-                Row(m.seq.params, m.generator, m.seq.prompt_ids, m.seq.output_ids) for m in members
-            ]
-            try:
-                drawn = sample_rows(logits, rows, bitmask)
-            except NoTokenAllowed as exc:
-                dead = set(exc.rows)
-                for i in sorted(dead):
-                    self._end(members[i], "the grammar allows no next token")
-                keep = [i for i in range(len(members)) if i not in dead]
-                members, logits = [members[i] for i in keep], logits[keep]
-                bitmask = None if bitmask is None else bitmask[keep]
-                continue
-            break
-        out: dict[int, Sampled] = {}
-        for member, s in zip(members, drawn, strict=True):
-            if member.matcher is not None:
-                try:
-                    member.matcher.accept(s.token)
-                except GrammarError as exc:
-                    self._end(member, f"grammar: {exc}")
-                    continue
-            out[member.seq.seq_id] = s
-        return out
-
-    def _end(self, member: _Member, error: str) -> None:
+    def _end(self, member: Choice, error: str) -> None:
         """Finish one choice with an error event (its request fails: a partial answer of
         choices is not one the client asked for)."""
         if self.scheduler.abort(member.seq.seq_id):
@@ -356,30 +300,17 @@ class LeaderEngine:
             member = self._live.get(seq_id)
             if member is None:
                 continue
-            seq, item = member.seq, member.item
-            reason = None if seq.finish_reason is None else str(seq.finish_reason)
-            event = TokenEvent(
-                request_id=item.request.request_id,
-                token_id=drawn.token,
-                text=seq.take_text_delta(),
-                finished=seq.is_finished,
-                finish_reason=reason,
-                prompt_tokens=len(seq.prompt_ids),
-                completion_tokens=len(seq.output_ids),
-                index=member.index,
-                logprob=drawn.logprob,
-                top_logprobs=drawn.top,
-            )
-            self._outbox.put(item.loop, item.sink.put_nowait, event)
-            if seq.is_finished:
+            item = member.item
+            self._outbox.put(item.loop, item.sink.put_nowait, token_event(member, drawn))
+            if member.seq.is_finished:
                 self._forget(member)
 
-    def _emit_finished(self, member: _Member, reason: str, error: str | None = None) -> None:
-        event = _final(member.item.request, len(member.seq.output_ids), reason, error)
+    def _emit_finished(self, member: Choice, reason: str, error: str | None = None) -> None:
+        event = final_event(member.item.request, len(member.seq.output_ids), reason, error)
         self._deliver(member.item, replace(event, index=member.index))
         self._forget(member)
 
-    def _forget(self, member: _Member) -> None:
+    def _forget(self, member: Choice) -> None:
         """A choice has had its final event; the request is forgotten with its last choice."""
         if self._live.pop(member.seq.seq_id, None) is None:
             return
@@ -399,8 +330,8 @@ class LeaderEngine:
                 pending = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(pending, _Request):
-                self._deliver(pending, _final(pending.request, None, "error", error))
+            if isinstance(pending, Tracked):
+                self._deliver(pending, final_event(pending.request, None, "error", error))
         self._outbox.flush()
 
     def _fail(self, reason: str) -> None:
@@ -411,23 +342,8 @@ class LeaderEngine:
             self._close(self._refusal)
         self.stats.set_load(0, 0)
 
-    def _deliver(self, item: _Request, event: TokenEvent) -> None:
+    def _deliver(self, item: Tracked, event: TokenEvent) -> None:
         """Queued behind the last step's tokens; the loop flushes before it next waits or
         runs a forward."""
         self._collect_tokens()
         self._outbox.put(item.loop, item.sink.put_nowait, event)
-
-
-def _final(
-    request: GenerationRequest, completion: int | None, reason: str, error: str | None
-) -> TokenEvent:
-    return TokenEvent(
-        request_id=request.request_id,
-        token_id=None,
-        text="",
-        finished=True,
-        finish_reason=reason,
-        prompt_tokens=len(request.prompt_ids),
-        completion_tokens=completion or 0,
-        error=error,
-    )
