@@ -125,8 +125,12 @@ def rows(browser: WebDriver) -> list[str]:
 
 
 def points(browser: WebDriver, unit: str, series: str) -> int:
-    """How many points the unit's line for `series` has (counted in its SVG path)."""
-    (path,) = snapshot(browser, f'.unit-charts[data-unit="{unit}"] path[data-series="{series}"]')
+    """How many points the unit's line for `series` has (counted in its SVG path); 0 while
+    the page has not drawn that line yet (its unit's charts come with the unit's first data)."""
+    found = snapshot(browser, f'.unit-charts[data-unit="{unit}"] path[data-series="{series}"]')
+    if not found:
+        return 0
+    (path,) = found
     d = path.attrs.get("d", "")
     assert int(path.attrs["data-points"]) == d.count("M") + d.count("L")
     return d.count("M") + d.count("L")
