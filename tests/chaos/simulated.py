@@ -68,25 +68,32 @@ def ejections(gateway: GatewayProcess, after_wall: float) -> list[str]:
 def assert_never_ejected(gateway: GatewayProcess, load: Load, fault: Fault) -> None:
     """No unit was ejected since the fault fired; if one was, the failure shows what vouching
     saw: each unit's events and how many of its streams were in flight around them."""
+    found = ejections(gateway, fault.fired_wall or 0.0)
+    if found:
+        units = sorted({e.split(":")[0] for e in found})
+        what = f"ejected after the fault: {found}"
+        raise AssertionError(story(gateway, load, fault, units, what))
+
+
+def story(gateway: GatewayProcess, load: Load, fault: Fault, units: list[str], what: str) -> str:
+    """`what` went wrong, then the fault's window, and each of `units`' events from 1 s before
+    the fault with how many of its streams were in flight at each (what vouching saw)."""
     fired_wall = fault.fired_wall or 0.0
-    found = ejections(gateway, fired_wall)
-    if not found:
-        return
     fired = fault.fired_perf or 0.0
     lines = [
-        f"ejected after the fault: {found}",
+        what,
+        f"(the fault's own error: {fault.error})" if fault.error else "",
         "(times in s from the fault; closed at "
         f"{(fault.done_perf or fired) - fired:.2f}; last send at "
         f"{max((t.sent_at for t in load.traces), default=fired) - fired:.2f})",
     ]
-    units = sorted({e.split(":")[0] for e in found})
     for event in gateway.ops.events():
         unit = event["unit"]
         if unit in units and event["time"] >= fired_wall - 1.0:
             at = event["time"] - fired_wall
             streams = _flowing(load, unit, fired + at)
             lines.append(f"  {at:6.2f} {unit} {event['what']} ({streams}): {event['reason']}")
-    raise AssertionError("\n".join(lines))
+    return "\n".join(line for line in lines if line)
 
 
 def _flowing(load: Load, unit: str, at: float) -> str:

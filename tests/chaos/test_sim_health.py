@@ -29,6 +29,7 @@ from tests.chaos.simulated import (
     health_state,
     node_health,
     sim_load,
+    story,
 )
 from tests.support import MODEL, SimProcess
 
@@ -59,7 +60,7 @@ async def test_4_node_answering_probes_slowly(sim: SimProcess, gateway: GatewayP
     )
     fired = fault.fired_wall or 0.0
     marked = first_event_after(gateway.ops, "u0", ("slow",), fired)
-    assert marked is not None, "u0 was never marked slow"
+    assert marked is not None, story(gateway, load, fault, ["u0"], "u0 was never marked slow")
     back = await until(
         lambda: first_event_after(gateway.ops, "u0", ("healthy",), fired),
         10.0,
