@@ -95,14 +95,17 @@ check: lint
 CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/chaos/test_sim_burst.py \
 	tests/chaos/test_shared_state_chaos.py
 
-# The whole suite runs twice: with the native relay (the default, built at set-up), then with
-# the Python one it is tested against (UNITGATE_RELAY=python).
+# The whole suite runs twice: with the defaults, the native relay (built at set-up) and the
+# lean front, then with what each is tested against and falls back to, the Python relay
+# (UNITGATE_RELAY=python) and aiohttp's front (UNITGATE_FRONT=aiohttp).
 test: lint $(VLLM_STAMP)
 	$(PY) -m gateway.native >/dev/null
-	UNITGATE_RELAY=native $(PY) -m pytest -q -m "not vllm"
-	UNITGATE_RELAY=python $(PY) -m pytest -q -m "not vllm"
-	UNITGATE_RELAY=native UNITGATE_CHAOS_WORKERS=2 $(PY) -m pytest -q -m chaos $(CHAOS_SIM)
-	UNITGATE_RELAY=python UNITGATE_CHAOS_WORKERS=2 $(PY) -m pytest -q -m chaos $(CHAOS_SIM)
+	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "not vllm"
+	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp $(PY) -m pytest -q -m "not vllm"
+	UNITGATE_RELAY=native UNITGATE_FRONT=lean UNITGATE_CHAOS_WORKERS=2 \
+		$(PY) -m pytest -q -m chaos $(CHAOS_SIM)
+	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp UNITGATE_CHAOS_WORKERS=2 \
+		$(PY) -m pytest -q -m chaos $(CHAOS_SIM)
 	$(VPY) -m pytest -q -m vllm tests/vllm
 
 format: $(TEST_STAMP)

@@ -21,7 +21,7 @@ from gateway.paths import (
     MESSAGES_PATH,
     RESPONSES_PATH,
 )
-from gateway.proxy.handler import ProxyHandler
+from gateway.proxy.handler import ProxyHandler, Route
 from gateway.status.page import StatusPage
 from gateway.units import UnitRegistry
 
@@ -71,11 +71,8 @@ def public_app(
             return _json(503, {"status": "no routable unit"})
         return _json(200, {"status": "ready"})
 
-    app.router.add_post(CHAT_PATH, proxy.chat_completions)
-    app.router.add_post(COMPLETIONS_PATH, proxy.completions)
-    app.router.add_post(RESPONSES_PATH, proxy.responses)
-    app.router.add_post(MESSAGES_PATH, proxy.messages)
-    app.router.add_post(EMBEDDINGS_PATH, proxy.embeddings)
+    for path, route in lean_routes(proxy).items():
+        app.router.add_post(path, route)
 
     def keyed(handler: Handler) -> Handler:
         """A data-plane route: the API key is checked as on the request path."""
@@ -95,6 +92,17 @@ def public_app(
     app.router.add_get("/readyz", readyz)
     _json_fallbacks(app)
     return app
+
+
+def lean_routes(proxy: ProxyHandler) -> dict[str, Route]:
+    """The proxy's routes (POST): what the lean front serves itself (gateway/front)."""
+    return {
+        CHAT_PATH: proxy.chat_completions,
+        COMPLETIONS_PATH: proxy.completions,
+        RESPONSES_PATH: proxy.responses,
+        MESSAGES_PATH: proxy.messages,
+        EMBEDDINGS_PATH: proxy.embeddings,
+    }
 
 
 def _json_fallbacks(app: web.Application) -> None:

@@ -19,3 +19,6 @@ def is_loopback(host: str) -> bool:
 # current kernels). aiohttp's default of 128 overflows when thousands of streams arrive at
 # once: the kernel then drops SYNs, and clients see connects time out while the server idles.
 LISTEN_BACKLOG = 4096
+
+# Seconds an idle client connection is kept open between requests (aiohttp's default).
+KEEPALIVE_S = 75.0

@@ -22,10 +22,12 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.admin.runtime import Admin
 from gateway.admin.view import WorkersView
-from gateway.app import ops_app, public_app
+from gateway.app import lean_routes, ops_app, public_app
 from gateway.auth.check import Gatekeeper
 from gateway.auth.ring import KeyRing
 from gateway.config import Config
+from gateway.front.protocol import LeanRoute
+from gateway.front.server import Front
 from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
 from gateway.health.prober import live_count
@@ -34,7 +36,7 @@ from gateway.heap import freeze_startup
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
 from gateway.native import resolve
-from gateway.net import LISTEN_BACKLOG
+from gateway.net import KEEPALIVE_S, LISTEN_BACKLOG
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
@@ -159,8 +161,11 @@ class Gateway:
             self.admin = Admin(config, self.units, self.events, *views, keys=self.keys)
         self.draining = False
         self.public_url = ""
+        self.front = ""  # what serves the public listener: "lean" or "aiohttp"
         self.metrics_url = ""
         self._runners: list[web.AppRunner] = []
+        # The lean fronts' listeners, with their drain time.
+        self._fronts: list[tuple[asyncio.Server, Front, float]] = []
         self._upstream: UpstreamClient | None = None
         self.proxy: ProxyHandler | None = None  # the request path, once started
         self.limiter: Limiter | None = None  # the keys' limits, with the request path
@@ -203,6 +208,8 @@ class Gateway:
                 )
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
+                self.front = g.front_chosen
+                lean = lean_routes(proxy) if self.front == "lean" else None
                 self.public_url = await self._listen(
                     app,
                     g.host,
@@ -210,6 +217,7 @@ class Gateway:
                     g.shutdown_timeout,
                     self.role.reuse_port,
                     server_context(g.tls_cert, g.tls_key),
+                    lean,
                 )
         except BaseException:
             await self.stop()
@@ -239,6 +247,10 @@ class Gateway:
 
     async def stop(self) -> None:
         self.draining = True
+        fronts, self._fronts = self._fronts, []
+        for server, _, _ in fronts:
+            server.close()  # no new connection
+        await asyncio.gather(*(front.shutdown(drain) for _, front, drain in fronts))
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
@@ -265,21 +277,35 @@ class Gateway:
         drain: float,
         reuse_port: bool = False,
         tls: ssl.SSLContext | None = None,
+        lean: Mapping[str, LeanRoute] | None = None,
     ) -> str:
+        """Serve `app` on host:port; with `lean` routes, the lean front serves those and
+        hands the rest to `app` (gateway/front)."""
         runner = web.AppRunner(
             app,
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=drain,
-            keepalive_timeout=75,
+            keepalive_timeout=KEEPALIVE_S,
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(
-            runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port, ssl_context=tls
+        if lean is None:
+            site = web.TCPSite(
+                runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port, ssl_context=tls
+            )
+            await site.start()
+            host, port = runner.addresses[-1][:2]
+            return f"{scheme(tls)}://{host}:{port}"
+        assert runner.server is not None
+        front = Front(
+            lean, runner.server, keepalive=KEEPALIVE_S, cors=bool(self.config.gateway.cors_origins)
         )
-        await site.start()
-        host, port = runner.addresses[-1][:2]
+        server = await asyncio.get_running_loop().create_server(
+            front, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port, ssl=tls
+        )
+        self._fronts.append((server, front, drain))
+        host, port = server.sockets[0].getsockname()[:2]
         return f"{scheme(tls)}://{host}:{port}"
 
 

@@ -25,6 +25,10 @@ class ListenerConfig:
         _check_tls(self.tls_cert, self.tls_key)
 
 
+FRONTS = ("lean", "aiohttp")
+FRONT_ENV = "UNITGATE_FRONT"
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     host: str = "127.0.0.1"
@@ -44,9 +48,14 @@ class GatewayConfig:
     # Browser origins allowed to call the API (CORS), e.g. "https://app.example"; "*" = any.
     # Empty: no CORS headers at all.
     cors_origins: tuple[str, ...] = ()
+    # What serves the public listener: "lean" (the proxy's routes on a protocol of the
+    # gateway's own, everything else by aiohttp) or "aiohttp" (all of it). UNITGATE_FRONT
+    # overrides it.
+    front: str = "lean"
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "must be 0..65535 (0 = any free port)")
+        _check(self.front in FRONTS, "front", self.front, f"must be one of {', '.join(FRONTS)}")
         _check_tls(self.tls_cert, self.tls_key)
         for origin in self.cors_origins:
             _check(_origin(origin), "cors_origins", origin, 'must be "*" or scheme://host[:port]')
@@ -61,6 +70,14 @@ class GatewayConfig:
             self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "must be >= 1024"
         )
         _positive("shutdown_timeout", self.shutdown_timeout)
+
+    @property
+    def front_chosen(self) -> str:
+        """`front`, or $UNITGATE_FRONT when set (the test suite runs once with each)."""
+        chosen = os.environ.get(FRONT_ENV, "").strip() or self.front
+        if chosen not in FRONTS:
+            raise ValueError(f"{FRONT_ENV}={chosen!r}: must be one of {', '.join(FRONTS)}")
+        return chosen
 
     @property
     def worker_count(self) -> int:

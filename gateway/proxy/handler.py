@@ -33,6 +33,7 @@ from gateway.proxy.apis import validate_embeddings, validate_messages, validate_
 from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.exchange import AioExchange, Exchange
 from gateway.proxy.intake import Intake, Validator, request_id
 from gateway.proxy.lease import PREEMPTED, Lease
 from gateway.proxy.live import LiveStreams
@@ -43,7 +44,8 @@ from gateway.proxy.usage import of_body
 from gateway.proxy.validation import validate_chat, validate_completion
 from gateway.routing.admission import Admission
 
-Route = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
+# A route's handler: aiohttp calls it with its request, the lean front with its own.
+Route = Callable[[web.BaseRequest | Exchange], Coroutine[Any, Any, web.StreamResponse]]
 
 
 class ProxyHandler:
@@ -77,15 +79,13 @@ class ProxyHandler:
         return functools.partial(self._proxy, path=path, validate=validate)
 
     async def _proxy(
-        self, request: web.Request, *, path: str, validate: Validator
+        self, request: web.BaseRequest | Exchange, *, path: str, validate: Validator
     ) -> web.StreamResponse:
         start = asyncio.get_running_loop().time()
         deadline = start + self.config.timeouts.total
-        # aiohttp arms a keep-alive timer when the connection opens; while a request is in
-        # progress its firing does nothing, and the request's end arms it again. `keep_alive`
-        # cancels it (0.5 KB a request, for its whole life); the flag it sets is overwritten
-        # from the response when the request ends.
-        request.protocol.keep_alive(True)
+        if isinstance(request, web.BaseRequest):
+            request = AioExchange(request)
+        request.hold()
         lease = Lease(self.admission)
         call = Call(path, request_id(request.headers), request.headers, start, deadline, lease)
         self.signals.received(call)
@@ -95,9 +95,9 @@ class ProxyHandler:
                     opened = await self._open(call, request, validate)
                     if isinstance(opened, Answer):  # relayed from here: `_open`'s frame is
                         # not held by the open stream's task
-                        response = await relay_stream(self.context, request, call, opened)
-                    else:
-                        response = opened
+                        await relay_stream(self.context, request, call, opened)
+                        return request.streamed()  # call.status is its answer's
+                    response = opened
             except asyncio.CancelledError:
                 if not lease.preempted or lease.task is None or lease.task.uncancel() > 0:
                     raise  # the client left (or the server is stopping): not a preemption
@@ -114,7 +114,7 @@ class ProxyHandler:
             self.signals.ended(call)
 
     async def _open(
-        self, call: Call, request: web.Request, validate: Validator
+        self, call: Call, request: Exchange, validate: Validator
     ) -> web.StreamResponse | Answer:
         """Everything up to the answer's first byte. A refusal, an error or a whole answer
         comes back as its response; a streamed answer comes back to be relayed."""

@@ -7,7 +7,6 @@ later phases need on its call: the routing key, and the tracker if its stream ca
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import re
@@ -15,14 +14,12 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiohttp import StreamReader, web
-
 from gateway.auth.caller import Caller
 from gateway.config import Config
-from gateway.errors import InvalidRequest
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.continuation import carried, resumable, with_token_ids
+from gateway.proxy.exchange import Exchange
 from gateway.proxy.priority import ask_of, refuse_own_priority
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo, parse_body
@@ -30,7 +27,6 @@ from gateway.routing.admission import one_class
 from gateway.routing.affinity import affinity_key
 
 Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
-BODY_READ = 64 * 1024  # bytes asked of the payload stream at a time
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -70,8 +66,12 @@ class Intake:
         self.classes = config.priority or one_class(a.queue_size, a.queue_timeout)
         self.names = frozenset(c.name for c in self.classes.classes)
 
-    async def __call__(self, call: Call, request: web.Request, validate: Validator) -> None:
-        body = await self._read_body(request)
+    async def __call__(self, call: Call, request: Exchange, validate: Validator) -> None:
+        """A client trickling its body (a byte a second) would otherwise hold the connection
+        and its buffer forever: reading it is bounded by the request's `total` timeout (408),
+        its size by `[gateway].max_body_bytes` (413)."""
+        limit, total = self.config.gateway.max_body_bytes, self.config.timeouts.total
+        body = await request.body(limit, total)
         data = parse_body(body)
         info = validate(data, self.models, self.config.routing.prefix_chars)
         if self.priority is not None:
@@ -100,53 +100,6 @@ class Intake:
             highest = self.classes.default
         default = caller.default if caller.default in names else ""
         return highest, default
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The whole body, at most `[gateway].max_body_bytes` of it (413 past that).
-
-        A client trickling its body (a byte a second) would otherwise hold the connection and
-        its buffer forever: reading is bounded by the request's `total` timeout (408). Read
-        from the payload stream rather than with `request.read()`, which also keeps a copy on
-        the request (and grows its attributes) for the stream's whole life.
-        """
-        total = self.config.timeouts.total
-        limit = self.config.gateway.max_body_bytes
-        length = request.content_length
-        content = request.content
-        try:
-            if length is not None and length > limit:
-                raise _too_large(limit)
-            if content.is_eof():  # all of it came with the head (most requests): no wait
-                body = content.read_nowait()
-                if len(body) > limit:
-                    raise _too_large(limit)
-                return body
-            async with asyncio.timeout(total):
-                return await _read_at_most(content, limit)
-        except TimeoutError:
-            raise InvalidRequest(
-                f"request body not received within {total:g} s",
-                status=408,
-                code="body_timeout",
-            ) from None
-        except web.RequestPayloadError as exc:  # undecodable gzip/deflate/br, broken chunks
-            detail = getattr(exc.__cause__, "message", None) or str(exc)
-            raise InvalidRequest(f"request body could not be read: {detail}") from None
-
-
-async def _read_at_most(content: StreamReader, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await content.read(BODY_READ):
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _too_large(limit: int) -> InvalidRequest:
-    return InvalidRequest(f"request body exceeds {limit} bytes", status=413, code="body_too_large")
 
 
 def _usage(data: dict[str, Any]) -> bool:

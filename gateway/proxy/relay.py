@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-
 from gateway.errors import error_body, with_request_id
 from gateway.health.pace import quiet_after
 from gateway.outcomes import End
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
+from gateway.proxy.exchange import Exchange
 from gateway.proxy.pump import AnyPump, attach
 from gateway.proxy.signals import GapSink
 from gateway.proxy.timers import TimerSlots
@@ -51,14 +49,13 @@ class StreamRelay:
     __slots__ = (  # one per open stream: no instance dict
         "_mid_event",
         "_watchdog",
-        "_writer",
         "deadline",
         "gap",
         "headers",
         "idle",
         "quiet",
         "request",
-        "response",
+        "started",
         "timers",
         "tracker",
         "usage",
@@ -66,7 +63,7 @@ class StreamRelay:
 
     def __init__(
         self,
-        request: web.BaseRequest,
+        request: Exchange,
         headers: dict[str, str],
         deadline: float,
         idle: float,
@@ -87,8 +84,7 @@ class StreamRelay:
         self.idle = idle
         self.tracker = tracker
         self.quiet = quiet
-        self.response: web.StreamResponse | None = None
-        self._writer: AbstractStreamWriter | None = None
+        self.started = False  # the head went out
         # Whether the client's stream stops inside an SSE event (only a verbatim relay can
         # leave it so): a gateway-made event must then first close it, or it is unreadable.
         self._mid_event = False
@@ -102,27 +98,21 @@ class StreamRelay:
         # Its type without parameters (a charset), set as a header: the content_type property
         # would parse it again.
         self.headers["Content-Type"] = answer.content_type.split(";", 1)[0]
-        out = web.StreamResponse(status=answer.status, headers=self.headers)
-        self.response = out
-        try:
-            self._writer = await out.prepare(self.request)
-        except ConnectionError:
-            return False
-        transport = self.request.transport
-        return transport is not None and not transport.is_closing()
+        self.started = True
+        return await self.request.open_stream(answer.status, self.headers)
 
     async def pump(self, answer: Answer, itl: GapSink) -> End:
         """Relay `answer` to its end: `complete`, `client_gone`, or how the upstream failed
         (`reset`, `idle_timeout`, `total_timeout`, `truncated`, `unit_error`, `unit_ejected`).
         Gaps between chunks go to `itl`, the serving unit's histogram. The answer's first
         bytes (`answer.first`) go first, as no gap."""
-        conn, writer = answer.connection, self._writer
-        assert conn is not None and writer is not None and self.request.transport is not None
+        conn, request = answer.connection, self.request
+        assert conn is not None and request.transport is not None
         pending = [answer.first] if answer.first else []
         answer.first = b""
         pump = attach(
             conn,
-            self.request.transport,
+            request.transport,
             itl,
             self.tracker,
             self.usage,
@@ -141,7 +131,7 @@ class StreamRelay:
                 if not pump.paused:
                     break
                 async with asyncio.timeout_at(self.deadline):
-                    await writer.drain()
+                    await request.drain()
                 pump.paused = False
                 assert conn.transport is not None
                 conn.transport.resume_reading()
@@ -187,18 +177,18 @@ class StreamRelay:
 
     async def write(self, data: bytes) -> bool:
         """Send gateway-made bytes (a closing the tracker built); False if the client left."""
-        assert self.response is not None
+        assert self.started
         try:
-            await self.response.write(data)
+            await self.request.write(data)
         except ConnectionError:
             return False
         return True
 
     async def finish(self) -> bool:
         """End the stream cleanly; False if the client had already left."""
-        assert self.response is not None
+        assert self.started
         try:
-            await self.response.write_eof()
+            await self.request.end_stream()
         except ConnectionError:
             return False
         return True
@@ -207,7 +197,7 @@ class StreamRelay:
         """End the stream with an explicit SSE error event (and [DONE] after it); `detail`
         says why it was not resumed (a kind, never an address: the log has those). The event
         names the request id the response head gave. False if the client had already left."""
-        assert self.response is not None
+        assert self.started
         message = kind.message if detail is None else f"{kind.message}; not resumed: {detail}"
         rid = self.headers.get("x-request-id")
         if rid is not None:
@@ -216,8 +206,8 @@ class StreamRelay:
         if self._mid_event:
             event = b"\n\n" + event
         try:
-            await self.response.write(event + DONE)
-            await self.response.write_eof()
+            await self.request.write(event + DONE)
+            await self.request.end_stream()
         except ConnectionError:
             return False
         return True

@@ -12,11 +12,10 @@ how an ejection reaches it and how its pace vouches for a slow unit.
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from gateway.outcomes import End
 from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
+from gateway.proxy.exchange import Exchange
 from gateway.proxy.relay import StreamRelay
 from gateway.proxy.resume import resume
 from gateway.proxy.upstream import Answer
@@ -32,9 +31,7 @@ def headers_for(unit: UnitState, call: Call) -> dict[str, str]:
     return headers
 
 
-async def relay_stream(
-    proxy: ProxyContext, request: web.Request, call: Call, answer: Answer
-) -> web.StreamResponse:
+async def relay_stream(proxy: ProxyContext, request: Exchange, call: Call, answer: Answer) -> None:
     unit = call.unit
     assert unit is not None
     relay = StreamRelay(
@@ -71,8 +68,6 @@ async def relay_stream(
     call.usage = _usage(call, relay)
     if end is End.COMPLETE:
         await relay.finish()
-    assert relay.response is not None
-    return relay.response
 
 
 def _usage(call: Call, relay: StreamRelay) -> Usage | None:

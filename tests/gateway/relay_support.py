@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.observability.histogram import Histogram
 from gateway.outcomes import End
+from gateway.proxy.exchange import AioExchange
 from gateway.proxy.relay import StreamRelay
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer, UpstreamClient
@@ -76,8 +77,9 @@ class Relayed:
         loop = asyncio.get_running_loop()
         answer = await self.upstream.open("u0", self.unit_url, PATH, b"{}", "r1", loop.time() + 2)
         self.answer, self.client = answer, request.transport
+        exchange = AioExchange(request)
         relay = StreamRelay(
-            request,
+            exchange,
             {"x-unitgate-unit": "u0"},
             loop.time() + self.within,
             self.idle,
@@ -103,8 +105,7 @@ class Relayed:
             raise
         finally:
             self.upstream.finish(answer)
-        assert relay.response is not None
-        return relay.response
+        return exchange.streamed()
 
     async def end(self, within: float = 3.0) -> End:
         return await asyncio.wait_for(asyncio.shield(self.ended), within)

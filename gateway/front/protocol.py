@@ -1,0 +1,221 @@
+"""One client connection on the lean front.
+
+It reads each request's head itself (head.py). A request it serves runs as one task, the
+route's handler, with a LeanRequest (request.py) as its exchange; its answer goes straight to
+the transport. Anything else (another route, a method, a coding or an expectation it leaves
+alone, a head it cannot parse) is handed to aiohttp with every byte of it read so far: the
+connection becomes an aiohttp `RequestHandler` and stays one.
+
+Requests on a connection are answered one at a time, in order: bytes of the next one that
+arrive while one is in flight wait (reading paused) until it is answered. The keep-alive timer
+runs only between requests and before the first; a connection idle that long is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Protocol
+
+from gateway.front.head import MAX_HEAD, head_end, read_head
+from gateway.front.reply import server_error, whole
+from gateway.front.request import LeanRequest
+
+log = logging.getLogger("unitgate.front")
+
+# A route's handler, as the lean front calls it.
+LeanRoute = Callable[[LeanRequest], Coroutine[Any, Any, object]]
+
+
+class Listener(Protocol):
+    """What the connections of one listener share (server.py's Front)."""
+
+    routes: Mapping[bytes, LeanRoute]
+    fallback: Callable[[], asyncio.Protocol]  # aiohttp's RequestHandler for one connection
+    keepalive: float
+    cors: bool
+    connections: set[FrontProtocol]
+    closing: bool
+
+
+class FrontProtocol(asyncio.Protocol):
+    __slots__ = (
+        "_drain",
+        "_idle",
+        "_paused",
+        "buf",
+        "front",
+        "request",
+        "task",
+        "transport",
+    )
+
+    def __init__(self, front: Listener) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""  # the next request's bytes so far
+        self.request: LeanRequest | None = None  # the one in flight
+        self.task: asyncio.Task[object] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._paused = False  # reading, while the next request's bytes wait
+        self._drain: asyncio.Future[None] | None = None  # set while writing is paused
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.front.connections.add(self)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        request = self.request
+        if request is not None:  # body bytes, then perhaps the next request's
+            missing = request.missing
+            if missing:
+                body = data if len(data) <= missing else data[:missing]
+                request.feed(body)
+                data = data[len(body) :]
+            if data:
+                self.buf += data
+                self._pause()
+            return
+        self.buf = self.buf + data if self.buf else data
+        self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.connections.discard(self)
+        self.transport = None
+        self._cancel_idle()
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_exception(ConnectionResetError("the client closed the connection"))
+        if self.request is not None:
+            self.request.lost()
+        if self.task is not None:
+            self.task.cancel()  # as aiohttp's handler_cancellation: the client left
+
+    def pause_writing(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    async def drained(self) -> None:
+        """Until the transport's write buffer is below its low mark again."""
+        drain = self._drain
+        if drain is not None:
+            await asyncio.shield(drain)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Start on the request whose bytes are in `buf`, once its head is whole."""
+        buf = self.buf
+        end = head_end(buf)
+        if end == -1:
+            if len(buf) > MAX_HEAD:
+                self._hand_over()
+            return  # more to come (the keep-alive timer bounds the wait)
+        if self.front.closing:  # as aiohttp does at shutdown: no new request on an idle one
+            assert self.transport is not None
+            self.transport.close()
+            return
+        head = None if end < 0 else read_head(buf[:end], self.front.routes, self.front.cors)
+        if head is None:
+            self._hand_over()
+            return
+        self._cancel_idle()
+        request = LeanRequest(self, head)
+        rest = buf[end:]
+        if rest:
+            body = rest[: head.length]
+            request.feed(body)
+            rest = rest[len(body) :]
+        self.buf = rest
+        if rest:
+            self._pause()
+        self.request = request
+        route = self.front.routes[head.path]
+        self.task = task = asyncio.get_running_loop().create_task(route(request))
+        task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task[object]) -> None:
+        request, self.request, self.task = self.request, None, None
+        transport = self.transport
+        assert request is not None
+        if transport is None or transport.is_closing() or task.cancelled():
+            if transport is not None:
+                transport.close()
+            return
+        keep_alive = request.keep_alive and not self.front.closing
+        exc = task.exception()
+        try:
+            if exc is not None:
+                log.error("the lean front's handler failed", exc_info=exc)
+                if request.head_sent:
+                    keep_alive = False  # a broken stream: nothing can follow it
+                else:
+                    transport.write(server_error(keep_alive))
+            elif not request.head_sent:
+                result = task.result()
+                assert not isinstance(result, BaseException)
+                transport.write(whole(result, keep_alive))  # type: ignore[arg-type]
+        except Exception:
+            log.exception("the lean front could not answer")
+            keep_alive = False
+        if not keep_alive:
+            transport.close()
+            return
+        self._arm_idle()
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        if self.buf:
+            self._next()
+
+    def _hand_over(self) -> None:
+        """The connection becomes aiohttp's, with the bytes of the request read so far."""
+        transport = self.transport
+        assert transport is not None
+        self._cancel_idle()
+        self.front.connections.discard(self)
+        handler = self.front.fallback()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        data, self.buf = self.buf, b""
+        self.transport = None
+        if data:
+            handler.data_received(data)
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    # -- the keep-alive timer -------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._idle = loop.call_later(self.front.keepalive, self._idle_out)
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_out(self) -> None:
+        self._idle = None
+        if self.request is None and self.transport is not None:
+            self.transport.close()
+
+    def close_idle(self) -> None:
+        """At shutdown: close the connection unless a request is in flight on it."""
+        if self.request is None and self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,85 @@
+"""The bytes of the lean front's answers: a streamed answer's head, a whole answer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from email.utils import formatdate
+from http import HTTPStatus
+
+from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+# Set here, whatever a response's own headers say.
+_OWN = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+class _Date:
+    """The Date header's value, formatted once a second."""
+
+    __slots__ = ("second", "value")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.value = ""
+
+    def __call__(self) -> str:
+        now = time.time()
+        second = int(now)
+        if second != self.second:
+            self.second, self.value = second, formatdate(now, usegmt=True)
+        return self.value
+
+
+http_date = _Date()
+
+
+def _head(
+    status: int, reason: str, headers: Iterable[tuple[str, str]], framing: str, keep_alive: bool
+) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}"]
+    for name, value in headers:
+        if name.lower() in _OWN:
+            continue
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"header {name!r} holds a line break")
+        lines.append(f"{name}: {value}")
+    lines.append(framing)
+    lines.append(f"Date: {http_date()}")
+    lines.append(f"Server: {SERVER_SOFTWARE}")
+    if not keep_alive:
+        lines.append("Connection: close")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
+
+
+def stream_head(status: int, headers: Iterable[tuple[str, str]], keep_alive: bool) -> bytes:
+    """A streamed answer's head: its chunks follow."""
+    reason = _REASONS.get(status, "")
+    return _head(status, reason, headers, "Transfer-Encoding: chunked", keep_alive)
+
+
+def whole(response: web.StreamResponse, keep_alive: bool) -> bytes:
+    """A whole answer (a `web.Response` with a body of bytes), head and body."""
+    if not isinstance(response, web.Response) or not isinstance(response.body, bytes):
+        raise TypeError(f"the lean front sends only whole answers of bytes, not {response!r}")
+    body = response.body
+    framing = f"Content-Length: {len(body)}"
+    head = _head(response.status, response.reason, response.headers.items(), framing, keep_alive)
+    return head + body
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of the chunked transfer coding."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def server_error(keep_alive: bool) -> bytes:
+    """What aiohttp answers when a handler raised."""
+    body = b"500 Internal Server Error\n\nServer got itself in trouble"
+    headers = [("Content-Type", "text/plain; charset=utf-8")]
+    head = _head(500, "Internal Server Error", headers, f"Content-Length: {len(body)}", keep_alive)
+    return head + body
