@@ -87,9 +87,7 @@ class FrontProtocol(asyncio.Protocol):
         self.front.connections.discard(self)
         self.transport = None
         self._cancel_idle()
-        drain, self._drain = self._drain, None
-        if drain is not None and not drain.done():
-            drain.set_exception(ConnectionResetError("the client closed the connection"))
+        self.resume_writing()  # a writer waiting to drain finds the transport gone
         if self.request is not None:
             self.request.lost()
         if self.task is not None:

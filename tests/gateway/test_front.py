@@ -366,3 +366,28 @@ def test_unitgate_front_overrides_the_config(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(FRONT_ENV, "h2o")
     with pytest.raises(ValueError, match="UNITGATE_FRONT='h2o': must be one of lean, aiohttp"):
         config.gateway.front_chosen  # noqa: B018
+
+
+async def test_a_client_that_does_not_read_holds_the_writer_back() -> None:
+    """Writes wait for the client to drain: what is buffered for it stays bounded."""
+    written = [0]
+    chunk, total = b"x" * 65536, 512  # 32 MiB: more than the kernel's buffers hold
+
+    async def flood(request: LeanRequest) -> web.StreamResponse:
+        await request.open_stream(200, {"Content-Type": "application/octet-stream"})
+        for _ in range(total):
+            await request.write(chunk)
+            written[0] += 1
+        await request.end_stream()
+        return request.streamed()
+
+    async with serving({"/flood": flood}) as (port, _), connect(port) as c:
+        c.writer.write(post("/flood"))
+        await asyncio.sleep(0.5)  # not reading
+        held = written[0]
+        assert 0 < held < total
+        await asyncio.sleep(0.2)
+        assert written[0] == held  # still waiting for the client
+        status, _, body = await c.answer()  # reading it all lets it finish
+        assert status == 200 and len(body) == total * len(chunk)
+        assert written[0] == total
