@@ -359,6 +359,7 @@ async def test_the_gateway_answers_the_same_on_either_front(
 
 
 def test_unitgate_front_overrides_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FRONT_ENV, raising=False)  # `make test` sets it
     config = config_from_dict({"gateway": {"front": "aiohttp"}})
     assert config.gateway.front_chosen == "aiohttp"
     monkeypatch.setenv(FRONT_ENV, "lean")
