@@ -2,7 +2,8 @@
 
 The lean front serves only what it understands fully: an HTTP/1.1 POST to one of its routes
 with a `Content-Length` body, no transfer or content coding, no upgrade, no expectation but
-`100-continue`, a head that llhttp (httptools) parses strictly, within MAX_HEAD bytes. Anything
+`100-continue`, a head that llhttp (httptools) parses strictly, within MAX_HEAD bytes and
+aiohttp's limits on its parts. Anything
 else is handed to aiohttp with the bytes read so far, and answered exactly as before.
 """
 
@@ -15,6 +16,10 @@ import httptools
 from multidict import CIMultiDict
 
 MAX_HEAD = 16 * 1024  # a longer head is aiohttp's to refuse (its limits, its answer)
+# aiohttp's own limits on a head's parts: past them it answers 400, so past them the lean
+# front hands the request over for that answer.
+MAX_LINE = 8190  # the request target, a header's name or value
+MAX_FIELDS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +68,14 @@ def read_head(head: bytes, routes: Container[bytes], cors: bool) -> Head | None:
     if parser.get_method() != b"POST" or parser.get_http_version() != "1.1":
         return None
     path = fields.url.split(b"?", 1)[0]
-    if path not in routes:
+    if path not in routes or len(fields.url) > MAX_LINE or len(fields.fields) > MAX_FIELDS:
         return None
     length: int | None = None
     expect_continue = False
     headers: CIMultiDict[str] = CIMultiDict()
     for raw_name, raw_value in fields.fields:
+        if len(raw_name) > MAX_LINE or len(raw_value) > MAX_LINE:
+            return None
         name = raw_name.lower()
         if name == b"content-length":
             length = int(raw_value)  # llhttp has checked: digits, and only one

@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway.config import config_from_dict
 from gateway.config.proxy import FRONT_ENV
 from gateway.errors import InvalidRequest
-from gateway.front.head import MAX_HEAD
+from gateway.front.head import MAX_FIELDS, MAX_HEAD, MAX_LINE
 from gateway.front.protocol import LeanRoute
 from gateway.front.request import LeanRequest
 from gateway.front.server import Front
@@ -191,6 +191,12 @@ async def test_what_the_lean_front_does_not_take_aiohttp_reads_whole(
         assert (status, body) == (200, b"aio:zipped"), why
 
 
+async def test_an_expectation_it_does_not_know_gets_aiohttps_417() -> None:
+    async with serving() as (port, _), connect(port) as c:
+        c.writer.write(post("/lean", b"x", "Expect: 200-ok"))
+        assert (await c.answer())[0] == 417
+
+
 async def test_a_request_with_no_length_goes_to_aiohttp() -> None:
     async with serving() as (port, _), connect(port) as c:
         c.writer.write(b"POST /lean HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -220,6 +226,23 @@ async def test_a_malformed_head_gets_aiohttps_own_answer(head: bytes) -> None:
         status, _, body = await c.answer()
         assert status == 400 and b"aio:" not in body and b"lean:" not in body
         assert await c.closed()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        post("/lean", b"", "X-Long: " + "a" * (MAX_LINE + 1)),
+        post("/lean?" + "q" * MAX_LINE, b""),
+        post("/lean", b"", *(f"X-{i}: {i}" for i in range(MAX_FIELDS))),
+    ],
+)
+async def test_a_head_past_aiohttps_limits_gets_its_answer(head: bytes) -> None:
+    """Within the lean front's own 16 KiB but past a limit aiohttp sets on a line or on the
+    count of fields: aiohttp's 400, as without the lean front."""
+    async with serving() as (port, _), connect(port) as c:
+        c.writer.write(head)
+        status, _, _ = await c.answer()
+        assert status == 400  # the lean front would have answered 200
 
 
 async def test_a_head_past_the_limit_gets_aiohttps_own_answer() -> None:
