@@ -21,7 +21,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.admin.runtime import Admin
-from gateway.admin.view import WorkersView
+from gateway.admin.view import Settle, WorkersView
 from gateway.app import lean_routes, ops_app, public_app
 from gateway.auth.check import Gatekeeper
 from gateway.auth.ring import KeyRing
@@ -82,6 +82,7 @@ class Role:
     own: Callable[[UnitState], int] | None = None
     limit: int | None = None
     workers: WorkersView | None = None  # the admin API's /admin/workers
+    settle: Settle | None = None  # the workers' state caught up with an admin change
     # Each priority class's (waiting, in flight) for the metrics and the status page
     # (default: this process's admission; the control plane's: its workers', as reported).
     by_class: Callable[[], Mapping[str, tuple[int, int]]] | None = None
@@ -158,7 +159,9 @@ class Gateway:
         self.admin: Admin | None = None
         if config.admin.enabled and role.control:
             views = (self.breakers.view, role.workers, self.metrics)
-            self.admin = Admin(config, self.units, self.events, *views, keys=self.keys)
+            self.admin = Admin(
+                config, self.units, self.events, *views, keys=self.keys, settle=role.settle
+            )
         self.draining = False
         self.public_url = ""
         self.front = ""  # what serves the public listener: "lean" or "aiohttp"

@@ -62,13 +62,17 @@ from gateway.admin.service import AdminService
 from gateway.admin.shared import StoreUnavailable
 from gateway.admin.state import State
 from gateway.admin.store import StoreError
-from gateway.admin.view import BreakerView, WorkersView, unit_view
+from gateway.admin.view import BreakerView, Settle, WorkersView, unit_view
 from gateway.errors import GatewayError
 from gateway.units import UnitState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEFAULT_EVENTS = 100
 STATUS_EVENTS = 30  # the latest events on the status page
+# With workers, an admin change is answered once every worker applied it, waiting at most this
+# long (a worker that has not is logged by the pool, and the change reaches it on its own).
+SETTLE_WITHIN = 1.0
+_WRITES = frozenset(("POST", "DELETE"))
 WHO = web.RequestKey("who", str)  # the caller's token name, set by the auth middleware
 
 
@@ -79,8 +83,10 @@ class AdminApi:
         auth: Callable[[], Authenticator],
         breaker_view: BreakerView | None = None,
         workers: WorkersView | None = None,
+        settle: Settle | None = None,
     ) -> None:
         self.service = service
+        self._settle = settle
         self.keys = KeyAdmin(service)
         self._auth = auth  # known once the admin has started
         self._breaker_view = breaker_view
@@ -205,7 +211,10 @@ class AdminApi:
         try:
             if request.match_info.route.name != openapi.ROUTE:
                 request[WHO] = self._auth().who(request.headers.get("Authorization"))
-            return await handler(request)
+            response = await handler(request)
+            if self._settle is not None and request.method in _WRITES and response.status < 400:
+                await self._settle(SETTLE_WITHIN)  # answered: in effect on every worker
+            return response
         except GatewayError as exc:
             return exc.response()
         except StoreUnavailable as exc:

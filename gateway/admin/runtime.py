@@ -22,7 +22,7 @@ from gateway.admin.replicas import Heartbeat
 from gateway.admin.service import AdminService
 from gateway.admin.shared import SharedStore
 from gateway.admin.store import Store, StoreError
-from gateway.admin.view import BreakerView, WorkersView
+from gateway.admin.view import BreakerView, Settle, WorkersView
 from gateway.auth.ring import KeyRing
 from gateway.config import Config
 from gateway.observability.events import EventLog
@@ -47,11 +47,12 @@ class Admin:
         workers: WorkersView | None = None,
         metrics: Metrics | None = None,
         keys: KeyRing | None = None,
+        settle: Settle | None = None,
     ) -> None:
         self._config = config
         self.service = AdminService(config, units, events, keys=keys)
         self._auth: Authenticator | None = None
-        self.api = AdminApi(self.service, self._authenticator, breaker_view, workers)
+        self.api = AdminApi(self.service, self._authenticator, breaker_view, workers, settle)
         # The status page (/status) shows what the admin API does, pushed on every change,
         # and each unit's recent traffic, the classes and the top tenants from the metrics.
         found = () if metrics is None else (Traffic(metrics), ClassesAndTenants(metrics))

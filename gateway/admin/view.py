@@ -8,7 +8,7 @@ than folded into one status, because each has a different owner and a different 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.admin.replicas import FleetUnit
@@ -17,6 +17,9 @@ from gateway.units import UnitState
 
 BreakerView = Callable[[str], dict[str, object]]
 WorkersView = Callable[[], list[dict[str, Any]]]  # the control plane's worker processes
+# Until every worker applied the state as it is now, at most this many seconds (False: one
+# had not): an admin change answered is in effect on every worker.
+Settle = Callable[[float], Awaitable[bool]]
 
 
 def unit_view(

@@ -36,6 +36,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         traffic=reports.flowing,
         own=reports.peak,
         workers=pool.view,
+        settle=pool.settled,
         by_class=reports.by_class,
     )
     async with running(config, role=role) as gateway:

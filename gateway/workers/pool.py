@@ -68,6 +68,7 @@ class WorkerPool:
         self._scraped = asyncio.Event()
         self._dirty = False
         self._keys_sent = -1  # the key table's version last broadcast
+        self._acked: asyncio.Future[None] | None = None  # done at the next acknowledgement
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._port_holder: socket.socket | None = None
@@ -182,6 +183,27 @@ class WorkerPool:
                     if len(worker.sent) > 1000:  # acknowledgements lost with a dead worker
                         del worker.sent[min(worker.sent)]
 
+    async def settled(self, within: float) -> bool:
+        """Until every worker serving has applied the state as it is now (a change made
+        before this call included), at most `within` seconds; False if one had not."""
+        loop = asyncio.get_running_loop()
+        target = self.version + (1 if self._dirty else 0)  # a change not yet broadcast
+        deadline = loop.time() + within
+        while True:
+            behind = [w.index for w in self.workers if _serving(w) and w.applied < target]
+            left = deadline - loop.time()
+            if not behind:
+                return True
+            if left <= 0:
+                log.warning(
+                    "workers %s had not applied state %d after %g s", behind, target, within
+                )
+                return False
+            if self._acked is None or self._acked.done():
+                self._acked = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._acked), left)
+
     # -- one worker's life --
 
     async def _supervise(self, worker: Worker) -> None:
@@ -284,12 +306,19 @@ class WorkerPool:
         elif kind == "applied":
             version = int(message["v"])
             worker.applied = max(worker.applied, version)
+            self._ack()
             sent = worker.sent.pop(version, None)
             if sent is not None:
                 worker.propagation.append(time.monotonic() - sent)
         elif kind == "ready":
             worker.applied = max(worker.applied, int(message["applied"]))
             worker.ready.set()
+            self._ack()
+
+    def _ack(self) -> None:
+        acked, self._acked = self._acked, None
+        if acked is not None and not acked.done():
+            acked.set_result(None)
 
     def _send_load(self, worker: Worker) -> None:
         """The answer to a report: per unit, the requests that are not this worker's (the
@@ -335,3 +364,10 @@ def _percentiles(samples: deque[float]) -> dict[str, float] | None:
         return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
 
     return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1] * 1e3, 3)}
+
+
+def _serving(worker: Worker) -> bool:
+    """Listening, and linked to the control plane (a worker between lives is not waited for:
+    its next life starts from the state as it is then)."""
+    writer = worker.writer
+    return worker.ready.is_set() and writer is not None and not writer.is_closing()
