@@ -1,4 +1,5 @@
-"""Small network facts shared by the admin API and the local cluster launcher."""
+"""Small network facts shared by the admin API, the local cluster launcher, and the two sides
+of the relay (HTTP heads from clients and from units)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ LISTEN_BACKLOG = 4096
 
 # Seconds an idle client connection is kept open between requests (aiohttp's default).
 KEEPALIVE_S = 75.0
+
+
+def head_end(buf: bytes) -> int:
+    """The index just past an HTTP head's blank line, or -1 when it has not come yet. Lines
+    may end in a bare LF; `buf[end - 4:end] != b"\r\n\r\n"` tells such a head."""
+    crlf, lf = buf.find(b"\r\n\r\n"), buf.find(b"\n\n")
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf + 4
+    return -1 if lf < 0 else lf + 2

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from gateway.config.checks import check as _check
 from gateway.config.checks import positive as _positive
 from gateway.config.tls import check_pair as _check_tls
+from gateway.envchoice import env_choice
 from gateway.native import RELAYS
 
 
@@ -74,10 +75,7 @@ class GatewayConfig:
     @property
     def front_chosen(self) -> str:
         """`front`, or $UNITGATE_FRONT when set (the test suite runs once with each)."""
-        chosen = os.environ.get(FRONT_ENV, "").strip() or self.front
-        if chosen not in FRONTS:
-            raise ValueError(f"{FRONT_ENV}={chosen!r}: must be one of {', '.join(FRONTS)}")
-        return chosen
+        return env_choice(FRONT_ENV, self.front, "[gateway] front", FRONTS)
 
     @property
     def worker_count(self) -> int:

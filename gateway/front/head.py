@@ -31,16 +31,6 @@ class Head:
     expect_continue: bool
 
 
-def head_end(buf: bytes) -> int:
-    """The index just past the blank line that ends the head; -1 while there is none yet, -2
-    for a head whose lines end in a bare LF (lenient parsing is aiohttp's to do)."""
-    crlf = buf.find(b"\r\n\r\n")
-    bare = buf.find(b"\n\n")
-    if bare != -1 and (crlf == -1 or bare < crlf):
-        return -2
-    return crlf + 4 if crlf != -1 else -1
-
-
 class _Fields:
     """httptools' callbacks for one head: the target and the header fields."""
 
@@ -59,6 +49,8 @@ class _Fields:
 
 def read_head(head: bytes, routes: Container[bytes], cors: bool) -> Head | None:
     """`head` (ending in its blank line) as the lean front serves it, or None: aiohttp's."""
+    if not head.endswith(b"\r\n\r\n"):
+        return None  # lines ending in a bare LF: lenient parsing is aiohttp's to do
     fields = _Fields()
     parser = httptools.HttpRequestParser(fields)
     try:

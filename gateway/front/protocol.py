@@ -18,14 +18,17 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from gateway.front.head import MAX_HEAD, head_end, read_head
+from aiohttp import web
+
+from gateway.front.head import MAX_HEAD, read_head
 from gateway.front.reply import server_error, whole
 from gateway.front.request import LeanRequest
+from gateway.net import head_end
 
 log = logging.getLogger("unitgate.front")
 
 # A route's handler, as the lean front calls it.
-LeanRoute = Callable[[LeanRequest], Coroutine[Any, Any, object]]
+LeanRoute = Callable[[LeanRequest], Coroutine[Any, Any, web.StreamResponse]]
 
 
 class Listener(Protocol):
@@ -56,7 +59,7 @@ class FrontProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = b""  # the next request's bytes so far
         self.request: LeanRequest | None = None  # the one in flight
-        self.task: asyncio.Task[object] | None = None
+        self.task: asyncio.Task[web.StreamResponse] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._paused = False  # reading, while the next request's bytes wait
         self._drain: asyncio.Future[None] | None = None  # set while writing is paused
@@ -122,7 +125,7 @@ class FrontProtocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.close()
             return
-        head = None if end < 0 else read_head(buf[:end], self.front.routes, self.front.cors)
+        head = read_head(buf[:end], self.front.routes, self.front.cors)
         if head is None:
             self._hand_over()
             return
@@ -141,7 +144,7 @@ class FrontProtocol(asyncio.Protocol):
         self.task = task = asyncio.get_running_loop().create_task(route(request))
         task.add_done_callback(self._answered)
 
-    def _answered(self, task: asyncio.Task[object]) -> None:
+    def _answered(self, task: asyncio.Task[web.StreamResponse]) -> None:
         request, self.request, self.task = self.request, None, None
         transport = self.transport
         assert request is not None
@@ -159,9 +162,7 @@ class FrontProtocol(asyncio.Protocol):
                 else:
                     transport.write(server_error(keep_alive))
             elif not request.head_sent:
-                result = task.result()
-                assert not isinstance(result, BaseException)
-                transport.write(whole(result, keep_alive))  # type: ignore[arg-type]
+                transport.write(whole(task.result(), keep_alive))
         except Exception:
             log.exception("the lean front could not answer")
             keep_alive = False
@@ -210,8 +211,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def _idle_out(self) -> None:
         self._idle = None
-        if self.request is None and self.transport is not None:
-            self.transport.close()
+        self.close_idle()
 
     def close_idle(self) -> None:
         """At shutdown: close the connection unless a request is in flight on it."""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
-from email.utils import formatdate
 from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -15,26 +14,6 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _OWN = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
-
-
-class _Date:
-    """The Date header's value, formatted once a second."""
-
-    __slots__ = ("second", "value")
-
-    def __init__(self) -> None:
-        self.second = -1
-        self.value = ""
-
-    def __call__(self) -> str:
-        now = time.time()
-        second = int(now)
-        if second != self.second:
-            self.second, self.value = second, formatdate(now, usegmt=True)
-        return self.value
-
-
-http_date = _Date()
 
 
 def _head(
@@ -48,7 +27,7 @@ def _head(
             raise ValueError(f"header {name!r} holds a line break")
         lines.append(f"{name}: {value}")
     lines.append(framing)
-    lines.append(f"Date: {http_date()}")
+    lines.append(f"Date: {rfc822_formatted_time()}")  # aiohttp's, formatted once a second
     lines.append(f"Server: {SERVER_SOFTWARE}")
     if not keep_alive:
         lines.append("Connection: close")

@@ -102,29 +102,31 @@ class LeanRequest:
         chunks, self._chunks = self._chunks, []
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def open_stream(self, status: int, headers: Mapping[str, str]) -> bool:
+    def _live(self) -> asyncio.Transport:
+        """The client's transport; ConnectionResetError once it is gone."""
         transport = self.proto.transport
         if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        return transport
+
+    async def open_stream(self, status: int, headers: Mapping[str, str]) -> bool:
+        try:
+            transport = self._live()
+        except ConnectionResetError:
             return False
         self.head_sent = True
         transport.write(stream_head(status, headers.items(), self.head.keep_alive))
         return True
 
     async def write(self, data: bytes) -> None:
-        transport = self.proto.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        transport.write(chunk(data))
+        self._live().write(chunk(data))
         await self.proto.drained()
 
     async def drain(self) -> None:
         await self.proto.drained()
 
     async def end_stream(self) -> None:
-        transport = self.proto.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        transport.write(LAST_CHUNK)
+        self._live().write(LAST_CHUNK)
         self.ended = True
 
     def streamed(self) -> web.StreamResponse:

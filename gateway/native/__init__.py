@@ -18,12 +18,12 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
-import os
 import subprocess
 import sysconfig
 from pathlib import Path
 from types import ModuleType
 
+from gateway.envchoice import env_choice
 from gateway.native.build import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("relay.c")
@@ -80,11 +80,7 @@ def module() -> ModuleType:
 
 def choice(configured: str) -> str:
     """The relay asked for: $UNITGATE_RELAY when set, else `configured`."""
-    chosen = os.environ.get(ENV, "").strip() or configured
-    if chosen not in RELAYS:
-        source = ENV if os.environ.get(ENV, "").strip() else "[upstream] relay"
-        raise ValueError(f"{source} = {chosen!r}: must be one of {', '.join(RELAYS)}")
-    return chosen
+    return env_choice(ENV, configured, "[upstream] relay", RELAYS)
 
 
 def resolve(configured: str) -> tuple[ModuleType | None, str | None]:

@@ -22,6 +22,8 @@ from typing import Any
 
 import httptools
 
+from gateway.net import head_end
+
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
 # The native relay's flags -> None; called from data_received when a read needs Python.
@@ -171,7 +173,7 @@ class UpstreamConnection(asyncio.Protocol):
         parser = self.parser
         assert parser is not None
         while True:
-            end = _head_end(buf)
+            end = head_end(buf)
             if end < 0:
                 if len(buf) > MAX_HEAD:
                     self._broken(f"a response head longer than {MAX_HEAD} bytes")
@@ -310,11 +312,3 @@ class UpstreamConnection(asyncio.Protocol):
         return b"content-length" in self.headers or b"chunked" in self.headers.get(
             b"transfer-encoding", b""
         )
-
-
-def _head_end(buf: bytes) -> int:
-    """The index just past an answer head's blank line, or -1 when it has not come yet."""
-    crlf, lf = buf.find(b"\r\n\r\n"), buf.find(b"\n\n")
-    if crlf >= 0 and (lf < 0 or crlf < lf):
-        return crlf + 4
-    return -1 if lf < 0 else lf + 2

@@ -388,7 +388,7 @@ def test_unitgate_front_overrides_the_config(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(FRONT_ENV, "lean")
     assert config.gateway.front_chosen == "lean"
     monkeypatch.setenv(FRONT_ENV, "h2o")
-    with pytest.raises(ValueError, match="UNITGATE_FRONT='h2o': must be one of lean, aiohttp"):
+    with pytest.raises(ValueError, match="UNITGATE_FRONT = 'h2o': must be one of lean, aiohttp"):
         config.gateway.front_chosen  # noqa: B018
 
 
