@@ -556,9 +556,33 @@ static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
     return sync_in(r);
 }
 
+static Py_ssize_t skip_space(const char *p, Py_ssize_t i, Py_ssize_t n)
+{
+    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
+        i++;
+    return i;
+}
+
+/* Whether e[0:n] names a usage that is not null: OpenAI sends `"usage": null` on every chunk
+ * before the last when usage is asked for, and those need no Python (usage.py's says_usage). */
+static int says_usage(const char *e, Py_ssize_t n)
+{
+    Py_ssize_t i = 0, at;
+    while ((at = find(e + i, n - i, LIT(USAGE))) >= 0) {
+        i = skip_space(e, i + at + (Py_ssize_t)sizeof USAGE - 1, n);
+        if (i >= n || e[i] != ':')
+            return 1;
+        i = skip_space(e, i + 1, n);
+        if (n - i < 4 || memcmp(e + i, "null", 4) != 0)
+            return 1;
+        i += 4;
+    }
+    return 0;
+}
+
 static int usage_event(Reader *r, const char *e, Py_ssize_t n)
 {
-    if (find(e, n, LIT(USAGE)) < 0)
+    if (!says_usage(e, n))
         return 0;
     PyObject *event = PyBytes_FromStringAndSize(e, n);
     if (event == NULL)

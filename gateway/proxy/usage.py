@@ -5,11 +5,13 @@ Every API says it in its own words: chat, completions and embeddings `usage.prom
 `usage.input_tokens` / `output_tokens` (in `response.completed`); Anthropic's Messages API
 `usage.input_tokens` in `message_start` and the running `output_tokens` in `message_delta`.
 A stream is scanned as it is relayed: a read with no `"usage"` in it, ending on an event
-boundary, costs one byte search; only an event that holds the word is parsed.
+boundary, costs one byte search; only an event that names a usage is parsed (OpenAI sends
+`"usage": null` on every chunk before the last when usage is asked for: those are not).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,13 @@ import orjson
 from gateway.proxy.sse import TOO_LONG, EventSplitter, data_of
 
 _USAGE = b'"usage"'
+_NULL_USAGE = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*null')
+
+
+def says_usage(event: bytes) -> bool:
+    """Whether `event` names a usage that is not null (the native relay's `says_usage`)."""
+    named = event.count(_USAGE)
+    return named > 0 and named != len(_NULL_USAGE.findall(event))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +67,7 @@ class UsageReader:
         if not self.splitter.pending and _USAGE not in data and data.endswith(b"\n\n"):
             return  # whole events, none of them about usage
         for event in self.splitter.feed(data):
-            if _USAGE in event:
+            if says_usage(event):
                 self._event(event)
         if self.splitter.overflowed():
             self.error = TOO_LONG

@@ -13,7 +13,9 @@ for `--relay native` and `--relay python` to see the native relay's before and a
 `--relay floor` profiles the overhead benchmark's floor relay (bytes verbatim) at the same
 point, the yardstick beside the gateway; `--perf` samples with Linux perf instead of py-spy,
 which sees C and kernel frames (the event loop, syscalls), and `perf report -i FILE --sort dso`
-splits the time by library. Each run prints the relay's user and system CPU per request.
+splits the time by library; `--syscalls` counts the system calls per request with strace
+(which slows the relay, so reads coalesce more than they would). Each run prints the relay's
+user and system CPU per request.
 
 `--idle S` profiles an idle gateway for S seconds instead (its background work: probes, the
 loop-lag timer, the breakers). The collapsed stacks are written to `--out` for flame graphs.
@@ -61,6 +63,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="sample with Linux perf instead (C and kernel frames: the event loop, syscalls, GC)",
     )
+    p.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="count system calls with strace instead (per request, warm-up included)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     return p.parse_args(argv)
 
@@ -104,7 +111,9 @@ def _relay_argv(relay: str, tmp: Path) -> tuple[list[str], bool]:
     return [*argv, "--ready-file", str(tmp / "gw.json")], True
 
 
-def _sampler_argv(perf: bool, rate: int, pid: int, out: Path) -> list[str]:
+def _sampler_argv(perf: bool, rate: int, pid: int, out: Path, syscalls: bool = False) -> list[str]:
+    if syscalls:
+        return ["strace", "-c", "-f", "-p", str(pid), "-o", str(out)]
     if perf:
         return ["perf", "record", "-F", str(rate), "-g", "-p", str(pid), "-o", str(out)]
     argv = [_pyspy(), "record", "--format", "raw", "--rate", str(rate)]
@@ -136,6 +145,15 @@ def _report(stacks: Path, label: str) -> None:
             print(f"  {100 * n / max(samples, 1):6.2f}%  {frame[:150]}")
 
 
+def _syscalls(table: Path, label: str, requests: int) -> None:
+    """strace -c's table, as calls per request (the warm-up's requests counted in)."""
+    print(f"\n{label}: system calls per request ({requests} requests, warm-up included)")
+    for line in table.read_text().splitlines():
+        cols = line.split()
+        if len(cols) >= 5 and cols[3].isdigit():
+            print(f"  {int(cols[3]) / requests:7.2f}  {cols[-1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     pins: Pins | None = pin_cpus()
@@ -160,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             with child(gw_argv, tmp / "gw.json", relay_cpu, "gateway", routes) as gw:
                 if args.perf:
                     stacks = stacks.with_suffix(".perf.data")
-                spy = subprocess.Popen(_sampler_argv(args.perf, args.rate, int(gw["pid"]), stacks))
+                if args.syscalls:
+                    stacks = stacks.with_suffix(".strace.txt")
+                spy = subprocess.Popen(
+                    _sampler_argv(args.perf, args.rate, int(gw["pid"]), stacks, args.syscalls)
+                )
                 try:
                     time.sleep(1.0)  # py-spy attached
                     if args.idle:
@@ -177,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if not stacks.exists():
         print(f"py-spy wrote no profile (exit {spy.returncode})", file=sys.stderr)
         return 1
+    if args.syscalls:
+        _syscalls(stacks, tag, args.requests + 2 * args.concurrency)
+        return 0
     if args.perf:
         print(f"{tag}: {took:.1f} s; perf samples in {stacks} (perf report -i {stacks})")
         return 0

@@ -204,3 +204,30 @@ def test_a_client_that_leaves_or_reads_slowly(
     py = relay_reads(None, reads, client=ClientSide(after, buffered))
     nat = relay_reads(native(), reads, client=ClientSide(after, buffered))
     assert_same(py, nat)
+
+
+def test_only_events_that_name_a_usage_reach_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenAI's `"usage": null` on every chunk before the last is not parsed, on either relay:
+    a plain stream asked for its usage costs no Python per token."""
+    from gateway.proxy.usage import UsageReader
+
+    parsed: list[bytes] = []
+    event = UsageReader._event
+
+    def counting(self: UsageReader, data: bytes) -> None:
+        parsed.append(data)
+        event(self, data)
+
+    monkeypatch.setattr(UsageReader, "_event", counting)
+    tokens = [
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%d"}}],"usage":null}\n\n' % i
+        for i in range(5)
+    ]
+    spaced = b'data: {"id":"c","choices":[],"usage" :\tnull}\n\n'
+    last = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\n'
+    body = b"".join([*tokens, spaced, last, b"data: [DONE]\n\n"])
+    for relay in (None, native()):
+        parsed.clear()
+        out = relay_reads(relay, split(CHUNKED + chunked(body, [40]), [90, 200]), tracked=False)
+        assert out.usage[:2] == (3, 5)
+        assert parsed == [last], relay

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.proxy.usage import Usage, UsageReader, of_body
+from gateway.proxy.usage import Usage, UsageReader, of_body, says_usage
 
 VLLM = Path(__file__).resolve().parents[1] / "data" / "vllm"
 
@@ -53,3 +53,19 @@ def test_text_that_mentions_usage_is_not_usage() -> None:
     reader.feed(b'data: {"choices":[{"text":"the \\"usage\\" field"}]}\n\n')
     assert reader.usage is None
     assert of_body(b'{"choices":[{"text":"\\"usage\\""}]}') is None
+
+
+@pytest.mark.parametrize(
+    ("event", "named"),
+    [
+        (b'data: {"choices":[]}\n\n', False),
+        (b'data: {"choices":[],"usage":null}\n\n', False),
+        (b'data: {"choices":[],"usage" :\r\n null}\n\n', False),
+        (b'data: {"usage":{"prompt_tokens":1}}\n\n', True),
+        (b'data: {"usage":null,"response":{"usage":{"input_tokens":1}}}\n\n', True),
+        (b'data: {"delta":{"content":"usage"}}\n\n', True),  # parsed, finds none: harmless
+        (b'data: {"usage":nul', True),  # cut short: parsed, and found wanting
+    ],
+)
+def test_an_event_names_a_usage_unless_every_mention_is_null(event: bytes, named: bool) -> None:
+    assert says_usage(event) is named
