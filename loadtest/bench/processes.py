@@ -89,10 +89,16 @@ def pin_cpus() -> Pins | None:
     return Pins(load=cpus[0], relay=cpus[1]) if len(cpus) >= 2 else None
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of all threads; fields counted after the ')' since comm may hold spaces."""
+def cpu_times(pid: int) -> tuple[int, int]:
+    """utime and stime (clock ticks) of all threads; fields counted after the ')' since comm
+    may hold spaces."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return int(fields[11]), int(fields[12])
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of all threads."""
+    return sum(cpu_times(pid))
 
 
 def tree(pid: int) -> list[int]:
@@ -140,13 +146,19 @@ def stop_child(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def child(
-    argv: list[str], ready: Path, cpu: int | None, what: str, routes: bool = False
+    argv: list[str],
+    ready: Path,
+    cpu: int | None,
+    what: str,
+    routes: bool = False,
+    cwd: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     """`python -m *argv` pinned to `cpu`, yielding its ready file's entries; stopped on exit.
     Stdout is dropped (ready banners would break the table); stderr stays visible.
-    `routes`: a gateway, ready once its /readyz says it can route, not merely listening."""
+    `routes`: a gateway, ready once its /readyz says it can route, not merely listening.
+    `cwd`: where it runs, and so which source tree's packages it imports first."""
     with pinned(cpu):
-        proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL, cwd=cwd)
     try:
         info = wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
         if routes:

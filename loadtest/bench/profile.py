@@ -37,11 +37,10 @@ from typing import Any
 
 from loadtest.bench.overhead.load import closed_loop
 from loadtest.bench.overhead.params import TOKENS
-from loadtest.bench.processes import Pins, child, gateway_toml, pin_cpus
+from loadtest.bench.processes import CLK_TCK, Pins, child, cpu_times, gateway_toml, pin_cpus
 from loadtest.gen.client import open_session
 
 TOP = 25
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -85,13 +84,13 @@ async def _load(relay: dict[str, Any], itl: float, conc: int, n: int) -> tuple[f
     spread = TOKENS * itl / 1e3
     async with open_session(conc) as session:
         await closed_loop(session, (url,), 2 * conc, conc, spread)  # warm-up
-        t0, before = time.perf_counter(), _times(pid)
+        t0, before = time.perf_counter(), cpu_times(pid)
         loop = await closed_loop(session, (url,), n, conc, spread)
-        after = _times(pid)
+        after = cpu_times(pid)
         failed = sum(1 for r in loop.records if not r.ok)
         if failed:
             raise SystemExit(f"{failed} requests failed: the profile is not valid")
-        user, system = ((b - a) * 1e6 / TICKS / n for a, b in zip(before, after, strict=True))
+        user, system = ((b - a) * 1e6 / CLK_TCK / n for a, b in zip(before, after, strict=True))
         took = time.perf_counter() - t0
         ttft = sorted(r.ttft for r in loop.records if r.ttft is not None)
         p50, p99 = (ttft[min(len(ttft) - 1, int(q * len(ttft)))] * 1e3 for q in (0.5, 0.99))
@@ -118,12 +117,6 @@ def _sampler_argv(perf: bool, rate: int, pid: int, out: Path, syscalls: bool = F
         return ["perf", "record", "-F", str(rate), "-g", "-p", str(pid), "-o", str(out)]
     argv = [_pyspy(), "record", "--format", "raw", "--rate", str(rate)]
     return [*argv, "--pid", str(pid), "-o", str(out)]
-
-
-def _times(pid: int) -> tuple[int, int]:
-    """utime and stime (clock ticks) of a process, all threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
 
 
 def _report(stacks: Path, label: str) -> None:

@@ -1,0 +1,173 @@
+"""`python -m loadtest.bench.ab`: a change against a base revision, in one run.
+
+The gateway of a git revision (`--base`, checked out in a temporary worktree) and the gateway of
+this working tree run side by side over the same simulated units, each pinned to the relay's
+core; the load runs in this process on the other core. Rounds alternate between the two (A B,
+B A, ...), and each round reads the gateway's CPU per request from /proc, so the machine's
+drift between rounds falls on both. The summary gives each side's median and the ratio of
+this tree to the base, round by round and overall:
+
+    python -m loadtest.bench.ab --base HEAD~1 --itl 0 --concurrency 32 --requests 2000
+    python -m loadtest.bench.ab --base main --itl 20 --concurrency 128 --requests 600 --resume off
+
+`--idle S` first measures both gateways with no load for S seconds: their CPU per second
+(user and system), the work of their background timers (probes, the loop-lag timer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvloop
+
+from loadtest.bench.overhead.load import closed_loop
+from loadtest.bench.overhead.params import TOKENS
+from loadtest.bench.processes import (
+    CLK_TCK,
+    child,
+    cpu_ticks,
+    cpu_times,
+    gateway_toml,
+    pin_cpus,
+    pinned,
+)
+from loadtest.gen.client import open_session
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDES = ("base", "this")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.bench.ab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--base", default="HEAD", help="the git revision to compare against")
+    p.add_argument("--itl", type=float, default=0.0, help="ms between tokens")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--requests", type=int, default=2000, help="per round and side")
+    p.add_argument("--rounds", type=int, default=5, help="measured rounds per side")
+    p.add_argument("--resume", choices=("on", "off"), default="on")
+    p.add_argument("--idle", type=float, default=0.0, help="seconds of idle CPU to read first")
+    args = p.parse_args(argv)
+    for name in ("concurrency", "requests", "rounds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, not {getattr(args, name)}")
+    if args.itl < 0 or args.idle < 0:
+        p.error("--itl and --idle must not be negative")
+    return args
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """`rev` checked out (detached) in a temporary worktree of this repository."""
+    with tempfile.TemporaryDirectory(prefix="bench-ab-base-") as tmp:
+        path = Path(tmp) / "tree"
+        git = ["git", "-C", str(ROOT)]
+        done = subprocess.run(
+            [*git, "worktree", "add", "--detach", "--quiet", str(path), rev],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"bench ab: no worktree of {rev!r}: {done.stderr.strip()}")
+        try:
+            yield path
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
+
+
+async def _rounds(
+    urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """CPU us per request of each side, round by round (sides alternating in order)."""
+    spread = TOKENS * args.itl / 1e3
+    cpu: dict[str, list[float]] = {side: [] for side in SIDES}
+    async with open_session(args.concurrency) as session:
+        for side in SIDES:  # warm-up: connections, caches, the first answers
+            await closed_loop(session, (urls[side],), 2 * args.concurrency, args.concurrency, 0.0)
+        for n in range(args.rounds):
+            for side in SIDES if n % 2 == 0 else SIDES[::-1]:
+                before = cpu_ticks(pids[side])
+                loop = await closed_loop(
+                    session, (urls[side],), args.requests, args.concurrency, spread
+                )
+                ticks = cpu_ticks(pids[side]) - before
+                failed = sum(1 for r in loop.records if not r.ok)
+                if failed:
+                    raise SystemExit(f"{failed} requests to the {side} gateway failed")
+                cpu[side].append(ticks * 1e6 / CLK_TCK / args.requests)
+                print(f"round {n + 1} {side}: {cpu[side][-1]:7.0f} us CPU per request")
+    return cpu
+
+
+def _idle(pids: dict[str, int], seconds: float) -> None:
+    before = {side: cpu_times(pid) for side, pid in pids.items()}
+    time.sleep(seconds)
+    for side, pid in pids.items():
+        user, system = (
+            (b - a) * 1e3 / CLK_TCK / seconds
+            for a, b in zip(before[side], cpu_times(pid), strict=True)
+        )
+        print(f"idle {side}: user {user:.2f} + system {system:.2f} ms CPU per second")
+
+
+def _report(cpu: dict[str, list[float]]) -> None:
+    base, this = (statistics.median(cpu[side]) for side in SIDES)
+    pairs = " ".join(
+        f"{b / max(a, 1e-9):.3f}" for a, b in zip(cpu["base"], cpu["this"], strict=True)
+    )
+    print(f"\n| gateway | CPU us per request (median of {len(cpu['base'])}) |")
+    print("|---|---:|")
+    print(f"| base | {base:,.0f} |\n| this tree | {this:,.0f} |")
+    print(f"\nthis tree / base: {this / max(base, 1e-9):.3f} (round by round: {pairs})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    pins = pin_cpus()
+    relay_cpu = None if pins is None else pins.relay
+    with (
+        worktree(args.base) as base_tree,
+        tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp_name,
+        pinned(None if pins is None else pins.load),
+        contextlib.ExitStack() as stack,
+    ):
+        tmp = Path(tmp_name)
+        sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
+        sim_argv += ["--itl-ms", f"{args.itl:g}", "--tokens", str(TOKENS)]
+        sim = stack.enter_context(
+            child(
+                [*sim_argv, "--ready-file", str(tmp / "sim.json")],
+                tmp / "sim.json",
+                None,
+                "simulator",
+            )
+        )
+        (tmp / "gw.toml").write_text(gateway_toml(sim["units"], resume=args.resume == "on"))
+        urls, pids = {}, {}
+        for side, tree in zip(SIDES, (base_tree, ROOT), strict=True):
+            ready = tmp / f"{side}.json"
+            argv = ["gateway", "gateway", "--config", str(tmp / "gw.toml"), "--log-level"]
+            argv += ["warning", "--ready-file", str(ready)]
+            info = stack.enter_context(child(argv, ready, relay_cpu, f"{side} gateway", True, tree))
+            urls[side], pids[side] = info["public"], int(info["pid"])
+        if args.idle:
+            _idle(pids, args.idle)
+        cpu = uvloop.run(_rounds(urls, pids, args))
+    _report(cpu)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
