@@ -13,7 +13,7 @@ import uvloop
 import loadtest.bench.overhead
 from loadtest.bench.overhead import report
 from loadtest.bench.overhead.cluster import cluster
-from loadtest.bench.overhead.load import Run, run_all
+from loadtest.bench.overhead.load import Run, idle_cpu, run_all
 from loadtest.bench.processes import Pins, pin_cpus
 
 
@@ -38,6 +38,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+IDLE_S = 10.0  # how long every relay's idle CPU is read, before the load
+
+
 def _bench(
     counts: dict[float, int], pins: Pins | None, lockstep: bool
 ) -> tuple[list[Run], dict[str, object]]:
@@ -46,6 +49,8 @@ def _bench(
         cluster(Path(tmp), pins) as procs,
     ):
         machine = report.machine(pins, procs)
+        machine["idle_cpu_ms_per_s"] = idle = idle_cpu(procs, IDLE_S)
+        report.print_idle(idle, IDLE_S)
         runs: list[Run] = uvloop.run(run_all(procs, counts, lockstep))
     return runs, machine
 

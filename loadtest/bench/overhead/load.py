@@ -147,6 +147,18 @@ def _progress(run: Run) -> None:
     print(line + failed, flush=True)
 
 
+def idle_cpu(cluster: Cluster, seconds: float) -> dict[str, float]:
+    """Each relay's CPU, milliseconds per second, while none has any load (they are all up
+    at once): its background work (a gateway's probes and loop-lag timer). At R requests per
+    second it adds about 1000 * this / R us to each request's CPU."""
+    before = {mode: tree_ticks(relay.pid) for mode, relay in cluster.relays.items()}
+    time.sleep(seconds)
+    return {
+        mode: (tree_ticks(relay.pid) - before[mode]) * 1e3 / CLK_TCK / seconds
+        for mode, relay in cluster.relays.items()
+    }
+
+
 async def run_all(cluster: Cluster, counts: dict[float, int], lockstep: bool) -> list[Run]:
     runs: list[Run] = []
     for itl in ITLS_MS:

@@ -178,6 +178,13 @@ def print_relays(table_rows: list[dict[str, float]]) -> None:
     )
 
 
+def print_idle(idle: dict[str, float], seconds: float) -> None:
+    """Each relay's CPU with no load: at R requests per second it adds 1000 * ms / R us to
+    every request's CPU in the tables (the 20 ms rows have the fewest requests per second)."""
+    cells = ", ".join(f"{mode} {ms:.1f}" for mode, ms in idle.items())
+    print(f"idle CPU, ms per second (all relays idle for {seconds:g} s): {cells}", flush=True)
+
+
 def machine(pins: Pins | None, cluster: Cluster) -> dict[str, object]:
     affinity = {
         f"{mode}_affinity": sorted(os.sched_getaffinity(relay.pid))
