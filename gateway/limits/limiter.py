@@ -88,6 +88,7 @@ class Limiter:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._landing: dict[str, asyncio.Future[None]] = {}  # a take in progress, by key
+        self._work = asyncio.Event()  # set when an account opens: a parked flush loop wakes
 
     async def admit(
         self, key_id: str, limits: KeyLimits, tokens: int, now: float
@@ -100,9 +101,7 @@ class Limiter:
         wanted = needs(limits, tokens)
         if not wanted:
             return Grant(key_id, limits, window.bucket_of(now), tokens, now)
-        account = self.accounts.get(key_id)
-        if account is None:
-            account = self.accounts[key_id] = Account(key_id)
+        account = self.accounts.get(key_id) or self._open(key_id)
         bucket = window.bucket_of(now)
         if now - self._recovered_at <= window.SPAN_S + 1 and not self.degraded:
             # The minute after an outage: the others' replays may not have reached the store
@@ -140,10 +139,13 @@ class Limiter:
         if grant.settled or not grant.limits.any():
             return
         grant.settled = True
-        account = self.accounts.get(grant.key_id)
-        if account is None:
-            account = self.accounts[grant.key_id] = Account(grant.key_id)
+        account = self.accounts.get(grant.key_id) or self._open(grant.key_id)
         account.settle(grant, max(0, tokens_used), self.clock(), self.pending)
+
+    def _open(self, key_id: str) -> Account:
+        account = self.accounts[key_id] = Account(key_id)
+        self._work.set()
+        return account
 
     @staticmethod
     def headers(answer: Grant | Refusal) -> dict[str, str]:
@@ -244,6 +246,10 @@ class Limiter:
     async def _run(self) -> None:
         counted = -float("inf")
         while not self._stopping:
+            if self._idle():
+                self._work.clear()
+                await self._work.wait()
+                continue
             now = self.clock()
             if now - counted >= CENSUS_EVERY:
                 counted = now
@@ -258,6 +264,11 @@ class Limiter:
                 await self.flush(self.clock())
             except Exception:  # a bug must not stop the returns and settles for good
                 log.exception("limits: a flush failed; what it was sending is lost")
+
+    def _idle(self) -> bool:
+        """Nothing to flush and no census to keep (a store nobody else reads): the loop parks
+        until an account opens, so a gateway whose keys have no limits never wakes for it."""
+        return not (self.store.shared or self.accounts or self.pending or self.degraded)
 
     def _degrade(self, exc: StoreDown) -> None:
         if not self.degraded:

@@ -24,6 +24,8 @@ class Counts:
 
 
 class MemoryStore:
+    shared = False  # its counts are this process's own: no census to keep
+
     def __init__(self, replica: str = "local", ttl: float = 3.0, counts: Counts | None = None):
         self.replica, self.ttl = replica, ttl
         self.counts = counts if counts is not None else Counts()

@@ -133,6 +133,8 @@ return #KEYS
 
 
 class RedisStore:
+    shared = True  # the fleet's counts: the census keeps every replica's share right
+
     def __init__(
         self, client: redis.Redis, prefix: str, replica: str, ttl: float, timeout: float
     ) -> None:

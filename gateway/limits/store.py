@@ -69,6 +69,10 @@ class Changes:
 
 
 class Store(Protocol):
+    # Whether other processes read these counts: then this process reports to the census
+    # even while it has nothing to flush.
+    shared: bool
+
     async def take(self, key: str, asks: Sequence[Ask], now: float) -> list[Answer]: ...
 
     async def push(self, changes: Changes, now: float) -> None: ...

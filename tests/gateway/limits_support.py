@@ -17,6 +17,8 @@ T0 = 1_000_000.0
 class FlakyStore:
     """Wraps a store; while `down`, every call raises StoreDown."""
 
+    shared = True  # stands for a fleet's store
+
     def __init__(self, inner: Store) -> None:
         self.inner, self.down = inner, False
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import random
+import time
 from pathlib import Path
 
 from gateway.config.limits import LimitsConfig
@@ -267,6 +268,8 @@ async def test_close_returns_though_a_store_call_swallows_the_cancellation() -> 
     return (CI once hung a replica process for a minute here)."""
 
     class Swallowing(MemoryStore):
+        shared = True  # a census to keep, as Redis's: the loop runs with no account open
+
         async def census(self, now: float) -> int:
             with contextlib.suppress(asyncio.CancelledError):  # as a swallowing call does
                 await asyncio.sleep(10)
@@ -276,3 +279,50 @@ async def test_close_returns_though_a_store_call_swallows_the_cancellation() -> 
     limiter.start()
     await asyncio.sleep(0.05)  # inside the census
     await asyncio.wait_for(limiter.close(), 3.0)
+
+
+class _Counting(MemoryStore):
+    """Counts its census and push calls."""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        self.shared = shared
+        self.calls: list[str] = []
+
+    async def census(self, now: float) -> int:
+        self.calls.append("census")
+        return 1
+
+    async def push(self, changes: Changes, now: float) -> None:
+        self.calls.append("push")
+        await super().push(changes, now)
+
+
+async def test_with_nothing_to_flush_and_no_census_the_loop_parks_until_an_account_opens() -> None:
+    """A gateway whose keys have no limits never wakes for its limiter (a store nobody else
+    reads keeps no census); the first account wakes the loop, and its settle goes out."""
+    store = _Counting(shared=False)
+    limiter = Limiter(store, LimitsConfig(flush_interval=0.01, slots_ttl=1.0))
+    limiter.start()
+    await asyncio.sleep(0.1)  # ten flush intervals
+    assert store.calls == []
+    grant = await limiter.admit("k", KeyLimits(tpm=1000), 100, time.time())  # its clock's
+    assert isinstance(grant, Grant)
+    limiter.settle(grant, 40)
+    deadline = asyncio.get_running_loop().time() + 3.0
+    while "push" not in store.calls and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert "push" in store.calls  # the settle was flushed without `close`
+    await limiter.close()
+
+
+async def test_a_shared_store_hears_the_census_with_no_account_open() -> None:
+    """The fleet's store counts replicas by their census: it goes on with nothing to flush."""
+    store = _Counting(shared=True)
+    limiter = Limiter(store, LimitsConfig(flush_interval=0.01, slots_ttl=1.0))
+    limiter.start()
+    deadline = asyncio.get_running_loop().time() + 3.0
+    while store.calls.count("census") < 2 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert store.calls.count("census") >= 2 and "push" not in store.calls
+    await limiter.close()
