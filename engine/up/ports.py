@@ -5,18 +5,25 @@ loading; checked here, `up` refuses at once and names the replica, the listener 
 The bind sets SO_REUSEADDR as the gateway's own listeners do, so a port left in TIME_WAIT by
 the last run counts as free, as it is for them.
 
-A port for a child (a unit's rendezvous store, a test's node) is one the OS hands out free
-now. Closed again, the same number can come back on the next call, so two units started
-together could be told one store port (CI saw the like: a test's follower planned on its
-leader's port). `free_port` therefore never repeats one of the last `_REMEMBERED` it gave.
+A port for a child (a unit's rendezvous store, a test's node) is one free now, which the
+child binds seconds later (a vLLM leader binds its rendezvous store after loading the model).
+So it is drawn outside the kernel's ephemeral range (net.ipv4.ip_local_port_range): every
+outgoing connection and every bind to port 0 (Gloo's pairs, vLLM's own sockets, the OS's
+choice for any listener) takes its port from that range, and one did take a planned store
+port in CI (EADDRINUSE at the rendezvous). And a port handed out and not yet bound is free
+again, so two units started together could be told one store port (CI saw that too: a test's
+follower planned on its leader's port): `free_port` never repeats one of the last
+`_REMEMBERED` it gave.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine.up.fleet import ReplicaPorts
 from engine.up.plan import PlanError
@@ -27,6 +34,9 @@ _ATTEMPTS = 1000
 _recent: deque[int] = deque(maxlen=_REMEMBERED)
 _recent_set: set[int] = set()
 _lock = threading.Lock()  # test harnesses plan ports from threads too
+_random = random.SystemRandom()  # processes planning at once draw apart
+LOWEST = 10_000  # below: ports services are known to listen on by default (redis, postgres)
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def check_free(config: Config, replicas: Sequence[ReplicaPorts]) -> None:
@@ -60,21 +70,52 @@ def is_free(host: str, port: int) -> bool:
     return True
 
 
+def planned_ranges(ephemeral: tuple[int, int] | None) -> list[range]:
+    """The ports `free_port` draws from: from LOWEST up, less the ephemeral range (`lo`, `hi`,
+    inclusive); everything from LOWEST up when that range is not known."""
+    if ephemeral is None:
+        return [range(LOWEST, 65536)]
+    lo, hi = ephemeral
+    return [r for r in (range(LOWEST, min(lo, 65536)), range(max(hi + 1, LOWEST), 65536)) if r]
+
+
+def ephemeral_range() -> tuple[int, int] | None:
+    """The kernel's ephemeral port range, or None off Linux or when unreadable."""
+    try:
+        lo, hi = (int(v) for v in EPHEMERAL.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return lo, hi
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now on `host` that none of the last `_REMEMBERED` calls returned."""
+    """A port free now on `host`, outside the ephemeral range (where nothing else is handed
+    it before its child binds it), that none of the last `_REMEMBERED` calls returned."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    ranges = planned_ranges(ephemeral_range())
+    sizes = [len(r) for r in ranges]
     with _lock:
         for _ in range(_ATTEMPTS):
+            if ranges:
+                port = _random.choice(_random.choices(ranges, weights=sizes)[0])
+            else:  # the ephemeral range is all there is: the OS's choice, then
+                port = 0
+            if port in _recent_set:
+                continue
             with socket.socket(family) as sock:
-                sock.bind((host, 0))
-                port: int = sock.getsockname()[1]
-            if port not in _recent_set:
-                if len(_recent) == _REMEMBERED:
-                    _recent_set.discard(_recent[0])
-                _recent.append(port)
-                _recent_set.add(port)
-                return port
-    raise RuntimeError(f"no port on {host} that was not just handed out, in {_ATTEMPTS} tries")
+                try:
+                    sock.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT is passed over
+                except OSError:
+                    continue
+                port = sock.getsockname()[1]
+            if port in _recent_set:
+                continue
+            if len(_recent) == _REMEMBERED:
+                _recent_set.discard(_recent[0])
+            _recent.append(port)
+            _recent_set.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} not handed out lately, in {_ATTEMPTS} tries")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
