@@ -96,10 +96,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     sizes = [len(r) for r in ranges]
     with _lock:
         for _ in range(_ATTEMPTS):
-            if ranges:
-                port = _random.choice(_random.choices(ranges, weights=sizes)[0])
-            else:  # the ephemeral range is all there is: the OS's choice, then
-                port = 0
+            # With the ephemeral range all there is, the OS's choice (port 0).
+            port = _random.choice(_random.choices(ranges, weights=sizes)[0]) if ranges else 0
             if port in _recent_set:
                 continue
             with socket.socket(family) as sock:
@@ -107,7 +105,7 @@ def free_port(host: str = "127.0.0.1") -> int:
                     sock.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT is passed over
                 except OSError:
                     continue
-                port = sock.getsockname()[1]
+                port = int(sock.getsockname()[1])
             if port in _recent_set:
                 continue
             if len(_recent) == _REMEMBERED:
