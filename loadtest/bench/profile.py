@@ -11,7 +11,9 @@ for `--relay native` and `--relay python` to see the native relay's before and a
     python -m loadtest.bench.profile --relay native --itl 20 --concurrency 128
 
 `--relay floor` profiles the overhead benchmark's floor relay (bytes verbatim) at the same
-point, the yardstick beside the gateway; `--perf` samples with Linux perf instead of py-spy,
+point, the yardstick beside the gateway, and `--relay nginx` or `--relay router` one of the
+benchmark's peers, configured as it runs them (with `--perf` or `--syscalls`: py-spy sees only
+Python); `--perf` samples with Linux perf instead of py-spy,
 which sees C and kernel frames (the event loop, syscalls), and `perf report -i FILE --sort dso`
 splits the time by library; `--syscalls` counts the system calls per request with strace
 (which slows the relay, so reads coalesce more than they would). Each run prints the relay's
@@ -26,30 +28,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from loadtest.bench.overhead import peers
 from loadtest.bench.overhead.load import closed_loop
 from loadtest.bench.overhead.params import TOKENS
-from loadtest.bench.processes import CLK_TCK, Pins, child, cpu_times, gateway_toml, pin_cpus
+from loadtest.bench.processes import (
+    CLK_TCK,
+    Pins,
+    child,
+    cpu_times,
+    gateway_toml,
+    pin_cpus,
+    tree,
+)
 from loadtest.gen.client import open_session
 
 TOP = 25
+PEERS = ("nginx", "router")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.profile", description=__doc__)
     p.add_argument(
         "--relay",
-        choices=("native", "python", "floor"),
+        choices=("native", "python", "floor", "nginx", "router"),
         default="native",
-        help="the gateway's relay, or the overhead benchmark's floor relay (bytes verbatim)",
+        help="the gateway's relay, the overhead benchmark's floor relay (bytes verbatim), or "
+        "one of its peers (nginx, vllm-router)",
     )
     p.add_argument("--resume", choices=("on", "off"), default="on")
     p.add_argument("--itl", type=float, default=20.0, help="ms between tokens")
@@ -68,7 +83,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="count system calls with strace instead (per request, warm-up included)",
     )
     p.add_argument("--out", type=Path, default=Path("bench-out"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.relay in PEERS and not (args.perf or args.syscalls):
+        p.error(f"--relay {args.relay} is not Python: sample it with --perf or --syscalls")
+    return args
 
 
 def _pyspy() -> str:
@@ -100,14 +118,32 @@ async def _load(relay: dict[str, Any], itl: float, conc: int, n: int) -> tuple[f
         )
 
 
-def _relay_argv(relay: str, tmp: Path) -> tuple[list[str], bool]:
-    """The measured process's `python -m` argv, and whether it is a gateway (ready once it
-    routes) rather than the floor relay (ready once it listens)."""
+@contextlib.contextmanager
+def _relay(
+    relay: str, resume: bool, tmp: Path, sim: dict[str, Any], cpu: int | None
+) -> Iterator[dict[str, Any]]:
+    """The measured process, running over the simulated units: its URL (`public`) and the
+    pid that relays (`pid`: nginx's worker, not its master)."""
+    units = sim["units"]
+    if relay in PEERS:
+        leaders = tuple(u["leader"] for u in units)
+        if relay == "nginx":
+            with peers.nginx(tmp, leaders, cpu) as (url, master):
+                yield {"public": url, "pid": tree(master)[1]}  # its one worker process
+        else:
+            with peers.vllm_router(leaders, cpu) as (url, pid):
+                yield {"public": url, "pid": pid}
+        return
+    # The floor relay reads the units from a gateway's config.
+    toml = gateway_toml(units, resume=resume, relay="native" if relay == "floor" else relay)
+    (tmp / "gw.toml").write_text(toml)
+    argv = ["--config", str(tmp / "gw.toml"), "--ready-file", str(tmp / "gw.json")]
     if relay == "floor":
-        argv = ["loadtest.bench.overhead.floor_relay", "--config", str(tmp / "gw.toml")]
-        return [*argv, "--ready-file", str(tmp / "gw.json")], False
-    argv = ["gateway", "gateway", "--config", str(tmp / "gw.toml"), "--log-level", "warning"]
-    return [*argv, "--ready-file", str(tmp / "gw.json")], True
+        argv = ["loadtest.bench.overhead.floor_relay", *argv]
+    else:
+        argv = ["gateway", "gateway", *argv, "--log-level", "warning"]
+    with child(argv, tmp / "gw.json", cpu, relay, relay != "floor") as info:
+        yield info
 
 
 def _sampler_argv(perf: bool, rate: int, pid: int, out: Path, syscalls: bool = False) -> list[str]:
@@ -163,12 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         sim_argv += ["--itl-ms", f"{args.itl:g}", "--tokens", str(TOKENS)]
         sim_argv += ["--ready-file", str(tmp / "sim.json")]
         with child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
-            relay = "native" if args.relay == "floor" else args.relay  # the floor reads the units
-            toml = gateway_toml(sim["units"], resume=args.resume == "on", relay=relay)
-            (tmp / "gw.toml").write_text(toml)
-            gw_argv, routes = _relay_argv(args.relay, tmp)
             relay_cpu = None if pins is None else pins.relay
-            with child(gw_argv, tmp / "gw.json", relay_cpu, "gateway", routes) as gw:
+            with _relay(args.relay, args.resume == "on", tmp, sim, relay_cpu) as gw:
                 if args.perf:
                     stacks = stacks.with_suffix(".perf.data")
                 if args.syscalls:
