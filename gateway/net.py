@@ -25,6 +25,10 @@ LISTEN_BACKLOG = 4096
 KEEPALIVE_S = 75.0
 
 
+# The chunked transfer coding's last chunk, with no trailer: a streamed answer's end.
+LAST_CHUNK = b"0\r\n\r\n"
+
+
 def head_end(buf: bytes) -> int:
     """The index just past an HTTP head's blank line, or -1 when it has not come yet. Lines
     may end in a bare LF; `buf[end - 4:end] != b"\r\n\r\n"` tells such a head."""

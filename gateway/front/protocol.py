@@ -157,9 +157,9 @@ class FrontProtocol(asyncio.Protocol):
         try:
             if exc is not None:
                 log.error("the lean front's handler failed", exc_info=exc)
-                if request.head_sent:
+                if request.head_sent and not request.take_head():
                     keep_alive = False  # a broken stream: nothing can follow it
-                else:
+                else:  # nothing went out yet (a streamed answer's head may have been kept)
                     transport.write(server_error(keep_alive))
             elif not request.head_sent:
                 transport.write(whole(task.result(), keep_alive))

@@ -13,7 +13,6 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 # Set here, whatever a response's own headers say.
 _OWN = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-LAST_CHUNK = b"0\r\n\r\n"
 
 
 def _head(

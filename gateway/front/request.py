@@ -10,7 +10,8 @@ from typing import Protocol
 from aiohttp import web
 
 from gateway.front.head import Head
-from gateway.front.reply import CONTINUE, LAST_CHUNK, chunk, stream_head
+from gateway.front.reply import CONTINUE, chunk, stream_head
+from gateway.net import LAST_CHUNK
 from gateway.proxy.exchange import STREAMED, body_late, too_large
 
 
@@ -28,6 +29,7 @@ class Connection(Protocol):
 class LeanRequest:
     __slots__ = (
         "_chunks",
+        "_head",
         "_waiter",
         "continued",
         "ended",
@@ -43,7 +45,8 @@ class LeanRequest:
         self._chunks: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None  # the body's, while it is awaited
         self.continued = False  # `100 Continue` sent
-        self.head_sent = False  # a streamed answer's head went out
+        self.head_sent = False  # a streamed answer's head went out (or is kept in `_head`)
+        self._head = b""  # that head, while it waits to go with the first bytes
         self.ended = False  # and its last chunk
 
     # -- fed by the protocol --------------------------------------------------------------
@@ -111,22 +114,33 @@ class LeanRequest:
 
     async def open_stream(self, status: int, headers: Mapping[str, str]) -> bool:
         try:
-            transport = self._live()
+            self._live()
         except ConnectionResetError:
             return False
         self.head_sent = True
-        transport.write(stream_head(status, headers.items(), self.head.keep_alive))
+        self._head = stream_head(status, headers.items(), self.head.keep_alive)
         return True
 
+    def take_head(self) -> bytes:
+        head, self._head = self._head, b""
+        return head
+
+    @property
+    def can_end_in_place(self) -> bool:
+        return True
+
+    def ended_in_place(self) -> None:
+        self.ended = True
+
     async def write(self, data: bytes) -> None:
-        self._live().write(chunk(data))
+        self._live().write(self.take_head() + chunk(data))
         await self.proto.drained()
 
     async def drain(self) -> None:
         await self.proto.drained()
 
     async def end_stream(self) -> None:
-        self._live().write(LAST_CHUNK)
+        self._live().write(self.take_head() + LAST_CHUNK)
         self.ended = True
 
     def streamed(self) -> web.StreamResponse:

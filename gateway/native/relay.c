@@ -28,6 +28,7 @@
 #define F_PAUSE 8      /* the client's send buffer is above the high-water mark */
 #define F_BROKEN 16    /* the body's framing is not HTTP: `error` says why; nothing relayed */
 #define F_JUNK 32      /* bytes after the end of the answer: it stands, the connection goes */
+#define F_ENDED 64     /* with F_COMPLETE: the last write also ended the client's stream */
 
 enum { M_CHUNKED = 0, M_LENGTH = 1, M_CLOSE = 2 };
 enum {
@@ -64,7 +65,11 @@ typedef struct {
     PyObject *body;    /* list of bytes: the body collected until a relay attaches */
     /* the relay */
     int attached, chat, client_ids, mid_event;
+    int last_chunk; /* a clean end also writes the chunked coding's last chunk */
     PyObject *client, *tracker, *usage, *names;
+    /* the response head, still to go out ahead of this call's write (relay's `head`) */
+    const char *head;
+    Py_ssize_t head_len;
     /* The tracker's state, read once per read and after each call into it (only its Python
      * side and this change it): whether events are skipped (done, or an error), whether the
      * token-chunk path applies (capable, not continuing), its counts, and its buffer of
@@ -708,33 +713,54 @@ static void observe(Reader *r, double t)
     r->last = t;
 }
 
-/* Send out[] to the client as one chunk. */
-static int flush_out(Reader *r)
+/* Send the client, in one write, the response head if it is still to go, out[] as one chunk
+ * if it holds anything, and the last chunk if `ending`. */
+static int flush_out(Reader *r, int ending)
 {
-    if (r->out_len == 0)
+    Py_ssize_t n = r->out_len;
+    if (n == 0 && r->head_len == 0 && !ending)
         return 0;
-    char head[HEAD_ROOM + 1];
-    int hn = snprintf(head, sizeof head, "%zx\r\n", (size_t)r->out_len);
-    char *start = r->out + HEAD_ROOM - hn;
-    memcpy(start, head, (size_t)hn);
-    memcpy(r->out + HEAD_ROOM + r->out_len, "\r\n", 2);
-    const char *content = r->out + HEAD_ROOM;
-    r->mid_event = !(r->out_len >= 2 && content[r->out_len - 2] == '\n' &&
-                     content[r->out_len - 1] == '\n');
-    PyObject *chunk = PyBytes_FromStringAndSize(start, hn + r->out_len + 2);
-    r->out_len = 0;
-    if (chunk == NULL)
+    char size[HEAD_ROOM + 1];
+    int hn = n > 0 ? snprintf(size, sizeof size, "%zx\r\n", (size_t)n) : 0;
+    Py_ssize_t total = r->head_len + (n > 0 ? hn + n + 2 : 0) + (ending ? 5 : 0);
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, total);
+    if (bytes == NULL)
         return -1;
-    PyObject *res = PyObject_CallMethodOneArg(r->client, s_write, chunk);
-    Py_DECREF(chunk);
+    char *w = PyBytes_AS_STRING(bytes);
+    if (r->head_len > 0) {
+        memcpy(w, r->head, (size_t)r->head_len);
+        w += r->head_len;
+        r->head_len = 0;
+    }
+    if (n > 0) {
+        const char *content = r->out + HEAD_ROOM;
+        memcpy(w, size, (size_t)hn);
+        memcpy(w + hn, content, (size_t)n);
+        memcpy(w + hn + n, "\r\n", 2);
+        w += hn + n + 2;
+        r->mid_event = !(n >= 2 && content[n - 2] == '\n' && content[n - 1] == '\n');
+        r->out_len = 0;
+    }
+    if (ending)
+        memcpy(w, "0\r\n\r\n", 5);
+    PyObject *res = PyObject_CallMethodOneArg(r->client, s_write, bytes);
+    Py_DECREF(bytes);
     if (res == NULL)
         return -1;
     Py_DECREF(res);
+    if (n == 0)
+        return 0;
     if (r->uncounted)
         r->last = r->now;
     else
         observe(r, r->now);
     return 0;
+}
+
+/* Whether an answer that ended leaves the tracker (if any) done: a clean end. */
+static int tracker_done(Reader *r)
+{
+    return r->tracker == Py_None ? 1 : attr_true(r->tracker, s_done);
 }
 
 /* pump.py's PythonPump.push, for the body spans of one read (`complete`: the answer ended). */
@@ -746,9 +772,9 @@ static PyObject *relay(Reader *r, int complete)
     if (closing)
         return PyLong_FromLong(F_GONE);
     int failed = 0;
+    r->out_len = 0;
     int names = r->names != Py_None;
     if (r->nspans > 0 || (complete && names)) {
-        r->out_len = 0;
         if (r->tracker != Py_None && sync_in(r) < 0)
             return NULL;
         if (names) {
@@ -803,8 +829,6 @@ static PyObject *relay(Reader *r, int complete)
                 return NULL;
             failed = 1;
         }
-        if (flush_out(r) < 0)
-            return NULL;
         if (r->tracker != Py_None) {
             PyObject *v = PyObject_GetAttr(r->tracker, s_error);
             if (v == NULL)
@@ -812,11 +836,19 @@ static PyObject *relay(Reader *r, int complete)
             failed |= v != Py_None;
             Py_DECREF(v);
         }
-        if (failed)
-            return PyLong_FromLong(F_FAILED);
     }
+    int ending = 0;
+    if (complete && r->last_chunk && !failed) {
+        ending = tracker_done(r);
+        if (ending < 0)
+            return NULL;
+    }
+    if (flush_out(r, ending) < 0)
+        return NULL;
+    if (failed)
+        return PyLong_FromLong(F_FAILED);
     if (complete)
-        return PyLong_FromLong(F_COMPLETE);
+        return PyLong_FromLong(F_COMPLETE | (ending ? F_ENDED : 0));
     PyObject *size = PyObject_CallMethodNoArgs(r->client, s_buffer_size);
     if (size == NULL)
         return NULL;
@@ -954,20 +986,26 @@ done:
 
 static PyObject *Reader_relay(Reader *r, PyObject *args)
 {
-    Py_buffer view;
+    Py_buffer view, head = {0};
     int complete, counted = 1;
     double now;
-    if (!PyArg_ParseTuple(args, "y*pd|p", &view, &complete, &now, &counted))
+    if (!PyArg_ParseTuple(args, "y*pd|py*", &view, &complete, &now, &counted, &head))
         return NULL;
     r->now = now;
     r->uncounted = !counted;
+    r->head = head.buf;
+    r->head_len = head.buf != NULL ? head.len : 0;
     borrow(r);
     PyObject *res = NULL;
     if (add_span(r, view.buf, view.len) == 0)
         res = relay(r, complete);
     r->uncounted = 0;
+    r->head = NULL;
+    r->head_len = 0;
     give_back(r);
     PyBuffer_Release(&view);
+    if (head.buf != NULL)
+        PyBuffer_Release(&head);
     return res;
 }
 
@@ -981,16 +1019,17 @@ static PyObject *Reader_end(Reader *r, PyObject *Py_UNUSED(ignored))
 
 static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"client", "tracker", "usage", "names", "bounds", "high_water",
-                             "now", "chat", "client_ids", "tail", NULL};
+    static char *kwlist[] = {"client",     "tracker", "usage", "names",      "bounds",
+                             "high_water", "now",     "chat",  "client_ids", "tail",
+                             "last_chunk", NULL};
     PyObject *client, *tracker, *usage, *names, *bounds;
     Py_ssize_t high_water;
     double now;
-    int chat = 0, client_ids = 0;
+    int chat = 0, client_ids = 0, last_chunk = 0;
     Py_buffer tail = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnd|ppy*", kwlist, &client, &tracker,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnd|ppy*p", kwlist, &client, &tracker,
                                      &usage, &names, &bounds, &high_water, &now, &chat,
-                                     &client_ids, &tail))
+                                     &client_ids, &tail, &last_chunk))
         return NULL;
     PyObject *seq = PySequence_Fast(bounds, "bounds must be a sequence of floats");
     if (seq == NULL) {
@@ -1045,6 +1084,7 @@ static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
     r->high_water = high_water;
     r->chat = chat;
     r->client_ids = client_ids;
+    r->last_chunk = last_chunk;
     r->attached = 1;
     Py_RETURN_NONE;
 }
@@ -1112,12 +1152,14 @@ static PyMethodDef Reader_methods[] = {
      "feed(data, now) -> flags: one read of the unit's bytes at the loop's time `now`,\n"
      "de-framed (and relayed once attached)"},
     {"relay", (PyCFunction)Reader_relay, METH_VARARGS,
-     "relay(body, complete, now, counted=True) -> flags: bytes already de-framed, relayed;\n"
-     "not `counted`: an answer's first bytes, whose write is no gap between tokens"},
+     "relay(body, complete, now, counted=True, head=b'') -> flags: bytes already de-framed,\n"
+     "relayed; not `counted`: an answer's first bytes, whose write is no gap between tokens;\n"
+     "`head`: the response head, sent in the same write (alone if nothing else goes)"},
     {"end", (PyCFunction)Reader_end, METH_NOARGS,
      "end() -> bool: the connection closed; True when that ends a close-delimited body"},
     {"attach", (PyCFunction)(void (*)(void))Reader_attach, METH_VARARGS | METH_KEYWORDS,
-     "attach(client, tracker, usage, names, bounds, high_water, now, chat, client_ids, tail)"},
+     "attach(client, tracker, usage, names, bounds, high_water, now, chat, client_ids, tail,\n"
+     "last_chunk): `last_chunk`: a clean end writes the stream's last chunk (flag ENDED)"},
     {"gaps", (PyCFunction)Reader_gaps, METH_NOARGS,
      "gaps() -> (bucket counts, sum): the gaps between writes since attach"},
     {NULL},
@@ -1175,6 +1217,7 @@ PyMODINIT_FUNC PyInit__relay(void)
         PyModule_AddIntConstant(m, "PAUSE", F_PAUSE) < 0 ||
         PyModule_AddIntConstant(m, "BROKEN", F_BROKEN) < 0 ||
         PyModule_AddIntConstant(m, "JUNK", F_JUNK) < 0 ||
+        PyModule_AddIntConstant(m, "ENDED", F_ENDED) < 0 ||
         PyModule_AddIntConstant(m, "MAX_EVENT", MAX_EVENT) < 0) {
         Py_DECREF(m);
         return NULL;

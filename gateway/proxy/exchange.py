@@ -7,7 +7,9 @@ methods. The handler, the intake and the relay use only these, so they serve eit
 
 A streamed answer's chunks are written straight to `transport` by the pump, already framed:
 `open_stream` sends the head (chunked transfer coding), `write` frames gateway-made bytes,
-`end_stream` sends the last chunk.
+`end_stream` sends the last chunk. Where the connection's bytes are all the front's own (the
+lean front), the pump saves two writes a stream: the head waits for the first bytes
+(`take_head`), and a clean end's last chunk goes with the last bytes (`can_end_in_place`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,23 @@ class Exchange(Protocol):
         ...
 
     async def open_stream(self, status: int, headers: Mapping[str, str]) -> bool:
-        """Send a streamed answer's head; False if the client is already gone."""
+        """Send a streamed answer's head, or keep it for `take_head`; False if the client is
+        already gone."""
+        ...
+
+    def take_head(self) -> bytes:
+        """The head `open_stream` kept, which the caller now sends ahead of the first bytes
+        (b"" when it went out already)."""
+        ...
+
+    @property
+    def can_end_in_place(self) -> bool:
+        """Whether the pump may write the last chunk itself, with the answer's last bytes;
+        it then says so with `ended_in_place` instead of calling `end_stream`."""
+        ...
+
+    def ended_in_place(self) -> None:
+        """The pump wrote the stream's last chunk."""
         ...
 
     async def write(self, data: bytes) -> None:
@@ -134,6 +152,16 @@ class AioExchange:
             return False
         transport = self.request.transport
         return transport is not None and not transport.is_closing()
+
+    def take_head(self) -> bytes:
+        return b""  # aiohttp's writer sent it
+
+    @property
+    def can_end_in_place(self) -> bool:
+        return False  # the response's writer must see its own end (write_eof)
+
+    def ended_in_place(self) -> None:
+        raise AssertionError("aiohttp's front ends its streams with write_eof")
 
     async def write(self, data: bytes) -> None:
         assert self.response is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.health.pace import next_gap
+from gateway.net import LAST_CHUNK
 from gateway.proxy.connection import UpstreamConnection
 from gateway.proxy.names import Renamer
 from gateway.proxy.signals import GapSink
@@ -24,12 +25,13 @@ HIGH_WATER = 256 * 1024
 
 class Pump:
     """How one answer's relaying stands, read by the request task: it is done (complete),
-    the client is gone, the client's buffer is full (paused), or the stream failed."""
+    the client is gone, the client's buffer is full (paused), or the stream failed; `ended`:
+    its last write also ended the client's stream (the chunked coding's last chunk)."""
 
-    __slots__ = ("done", "failed", "gone", "paused")
+    __slots__ = ("done", "ended", "failed", "gone", "paused")
 
     def __init__(self) -> None:
-        self.done = self.gone = self.paused = self.failed = False
+        self.done = self.gone = self.paused = self.failed = self.ended = False
 
     def settled(self) -> bool:
         return self.done or self.gone or self.paused or self.failed
@@ -45,8 +47,10 @@ class PythonPump(Pump):
         "client",
         "conn",
         "gap",
+        "head",
         "itl",
         "last",
+        "last_chunk",
         "loop",
         "mid_event",
         "names",
@@ -62,6 +66,8 @@ class PythonPump(Pump):
         tracker: StreamTracker | None,
         names: Renamer | None = None,
         usage: UsageReader | None = None,
+        head: bytes = b"",
+        last_chunk: bool = False,
     ) -> None:
         self.conn = conn
         self.names = names
@@ -72,17 +78,23 @@ class PythonPump(Pump):
         self.loop = conn.loop
         self.last = self.loop.time()
         self.gap: float | None = None  # running estimate of this stream's gap between reads
+        self.head = head  # the response head, still to go out with the first write
+        self.last_chunk = last_chunk  # a clean end also writes the stream's last chunk
         super().__init__()
         self.mid_event = False  # the last bytes written end inside an SSE event
 
     def push(self, pieces: list[bytes], complete: bool, counted: bool = True) -> None:
-        """Relay what a read brought (`complete`: the answer ended). Not `counted`: an
-        answer's first bytes, whose write is no gap between tokens (it is the answer's TTFT)."""
+        """Relay what a read brought (`complete`: the answer ended) in one write to the
+        client, with the response head before it if that is still to go out, and the last
+        chunk after it at a clean end (`last_chunk`). Not `counted`: an answer's first bytes,
+        whose write is no gap between tokens (it is the answer's TTFT)."""
         if self.client.is_closing():
             self.gone = True
             self.conn.abort()
             self.conn.wake()
             return
+        failed = False
+        out = b""
         if pieces or (complete and self.names is not None):
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             if self.names is not None:
@@ -94,23 +106,36 @@ class PythonPump(Pump):
             if self.tracker is not None:
                 data = self.tracker.feed(data)
             if data:
-                self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
+                out = b"%x\r\n%b\r\n" % (len(data), data)
                 self.mid_event = not data.endswith(b"\n\n")
-                now = self.loop.time()
-                if counted:
-                    gap = now - self.last
-                    self.itl.observe(gap)
-                    self.gap = next_gap(self.gap, gap)
-                self.last = now
-            if (self.tracker is not None and self.tracker.error is not None) or (
+            failed = (self.tracker is not None and self.tracker.error is not None) or (
                 self.usage is not None and self.usage.error is not None
-            ):
-                # Settled here, not through conn.fail(): that ignores errors once the answer
-                # is complete, and the error event often comes in the same read as its end.
-                self.failed = True
-                self.conn.abort()
-                self.conn.wake()
-                return
+            )
+        self.ended = (
+            complete
+            and self.last_chunk
+            and not failed
+            and (self.tracker is None or self.tracker.done)
+        )
+        if self.head or self.ended:
+            self.client.write(self.head + out + LAST_CHUNK if self.ended else self.head + out)
+            self.head = b""
+        elif out:
+            self.client.write(out)
+        if out:
+            now = self.loop.time()
+            if counted:
+                gap = now - self.last
+                self.itl.observe(gap)
+                self.gap = next_gap(self.gap, gap)
+            self.last = now
+        if failed:
+            # Settled here, not through conn.fail(): that ignores errors once the answer
+            # is complete, and the error event often comes in the same read as its end.
+            self.failed = True
+            self.conn.abort()
+            self.conn.wake()
+            return
         if complete:
             self.done = True
             self.conn.wake()
@@ -149,6 +174,7 @@ class NativePump(Pump):
             conn.abort()
         elif flags & native.COMPLETE:
             self.done = True
+            self.ended = bool(flags & native.ENDED)
         elif flags & native.PAUSE:
             assert conn.transport is not None
             conn.transport.pause_reading()
@@ -188,21 +214,29 @@ def attach(
     names: Renamer | None,
     mid_event: bool,
     pending: list[bytes],
+    head: bytes = b"",
+    last_chunk: bool = False,
 ) -> AnyPump:
     """Start relaying `conn`'s answer to `client` from now on, with what already came
     (`pending`, then what the connection holds): the native relay when the connection reads
     with it, else the Python one. `pending` is an answer's first bytes, not yet sent (the
     native relay's first answer, any continuation): their write is no gap between tokens.
-    `mid_event`: the client's stream so far ends mid-event."""
+    `mid_event`: the client's stream so far ends mid-event. `head`: the response head, not
+    yet sent: it goes out now, in one write with the first bytes when there are any.
+    `last_chunk`: a clean end writes the stream's last chunk with the answer's last bytes
+    (the pump's `ended` then says so), where the client's connection is this front's own."""
     pump: AnyPump
     reader = conn.reader
     if reader is None:
-        pump = PythonPump(conn, client, itl, tracker, names, usage)
+        pump = PythonPump(conn, client, itl, tracker, names, usage, head, last_chunk)
         pump.mid_event = mid_event
         conn.sink = pump.push
         if conn.body or conn.complete or pending:  # arrived while the head was being sent
             pieces, conn.body = pending + conn.body, []
             pump.push(pieces, conn.complete, not pending)
+        elif head and not client.is_closing():
+            client.write(head)
+            pump.head = b""
         return pump
     # When the Python path sent the first bytes, an event they left incomplete goes on here.
     splitter = tracker.splitter if tracker is not None else usage.splitter if usage else None
@@ -217,13 +251,16 @@ def attach(
         tracker is not None and tracker.chat,
         tracker is not None and tracker.client_ids,
         splitter.take() if splitter is not None else b"",
+        last_chunk,
     )
     reader.mid_event = mid_event
     pump = NativePump(conn, itl)
     conn.events = pump.on_flags
     if conn.body or conn.complete or pending:
         data, conn.body = b"".join(pending + conn.body), []
-        flags = reader.relay(data, conn.complete, conn.loop.time(), not pending)
+        flags = reader.relay(data, conn.complete, conn.loop.time(), not pending, head)
         if flags:
             pump.on_flags(flags)
+    elif head and not client.is_closing():
+        client.write(head)
     return pump

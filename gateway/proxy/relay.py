@@ -47,6 +47,7 @@ class StreamRelay:
     another answer or ends it (`finish` / `fail`)."""
 
     __slots__ = (  # one per open stream: no instance dict
+        "_ended",
         "_mid_event",
         "_watchdog",
         "deadline",
@@ -88,13 +89,15 @@ class StreamRelay:
         # Whether the client's stream stops inside an SSE event (only a verbatim relay can
         # leave it so): a gateway-made event must then first close it, or it is unreadable.
         self._mid_event = False
+        self._ended = False  # an answer's last write ended the client's stream too
         self._watchdog: _IdleWatchdog | None = None  # the answer being relayed's
         self.gap: float | None = None  # the last relayed answer's gap estimate, once it ended
 
     async def start(self, answer: Answer) -> bool:
-        """Send the head (a StreamResponse's goes at once); False if the client is already
-        gone. The first bytes go out with what follows them, through the pump (`attach`): at
-        0 ms between tokens they can be most of the answer, and the relay reads them alike."""
+        """Open the client's stream; False if the client is already gone. The first bytes go
+        out with what follows them, through the pump (`attach`): at 0 ms between tokens they
+        can be most of the answer, and the relay reads them alike. On the lean front the head
+        goes in the same write as they do (a StreamResponse's goes at once)."""
         # Its type without parameters (a charset), set as a header: the content_type property
         # would parse it again.
         self.headers["Content-Type"] = answer.content_type.split(";", 1)[0]
@@ -110,6 +113,7 @@ class StreamRelay:
         assert conn is not None and request.transport is not None
         pending = [answer.first] if answer.first else []
         answer.first = b""
+        end: End | None = None
         pump = attach(
             conn,
             request.transport,
@@ -119,6 +123,8 @@ class StreamRelay:
             answer.names,
             self._mid_event,
             pending,
+            request.take_head(),
+            request.can_end_in_place,
         )
         del pending  # the first bytes are the client's now: not held for the stream's life
         watchdog = _IdleWatchdog(conn, pump, self.idle, self.quiet, self.deadline, self.timers)
@@ -136,17 +142,16 @@ class StreamRelay:
                 assert conn.transport is not None
                 conn.transport.resume_reading()
         except UnitEjected:
-            return End.UNIT_EJECTED
-        except ConnectionBroken:  # also what the pump's own aborts lead to (see push)
-            if pump.gone:
-                return End.CLIENT_GONE  # aborted because the client left, not reset by the unit
-            return End.UNIT_ERROR if pump.failed else End.RESET
+            end = End.UNIT_EJECTED
+        except ConnectionBroken:  # also what the pump's own aborts lead to (see push); if
+            # gone, aborted because the client left, not reset by the unit
+            end = End.CLIENT_GONE if pump.gone else End.UNIT_ERROR if pump.failed else End.RESET
         except IdleTimeout:
-            return End.IDLE_TIMEOUT
+            end = End.IDLE_TIMEOUT
         except ConnectionError:  # the client's side, while draining
-            return End.CLIENT_GONE
+            end = End.CLIENT_GONE
         except TimeoutError:
-            return End.TOTAL_TIMEOUT
+            end = End.TOTAL_TIMEOUT
         finally:
             watchdog.cancel()
             self._watchdog = None
@@ -154,7 +159,18 @@ class StreamRelay:
             conn.sink = None
             conn.events = None
             self._mid_event = pump.mid_event
+            self._ended = pump.ended
             pump.finish()
+        return self._end(pump, end)
+
+    def _end(self, pump: AnyPump, broke: End | None) -> End:
+        """How the answer ended, once its pump settled or the wait for it `broke`."""
+        if pump.ended:
+            # The client's stream is whole and closed, whatever the unit's connection did
+            # after its last bytes (a failure that raced them ends nothing more).
+            return End.COMPLETE
+        if broke is not None:
+            return broke
         if pump.gone:
             return End.CLIENT_GONE
         if pump.failed:
@@ -187,6 +203,9 @@ class StreamRelay:
     async def finish(self) -> bool:
         """End the stream cleanly; False if the client had already left."""
         assert self.started
+        if self._ended:  # its last chunk went with the answer's last bytes
+            self.request.ended_in_place()
+            return True
         try:
             await self.request.end_stream()
         except ConnectionError:

@@ -26,6 +26,8 @@ from gateway.proxy.upstream import _ready
 from gateway.proxy.usage import UsageReader
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+# The client's response head, when a test has the pump send it (`relay_reads(lean=True)`).
+CLIENT_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
 def native() -> ModuleType:
@@ -84,7 +86,8 @@ class ClientSide:
 
 @dataclass
 class Outcome:
-    writes: list[bytes]  # the pump's writes after the head, each one HTTP chunk
+    writes: list[bytes]  # the pump's writes, each at most one HTTP chunk (with the head, the
+    # last chunk around it: `unframe`)
     end: str  # complete | failed | gone | paused | broken | open | no-answer
     tracker: dict[str, Any]
     usage: tuple[int | None, int | None, str | None]
@@ -92,6 +95,7 @@ class Outcome:
     reusable: bool
     unit_aborted: bool
     pump: str = ""  # which relay ran: PythonPump or NativePump
+    ended: bool = False  # the pump wrote the stream's last chunk
 
 
 def chunked(body: bytes, sizes: list[int]) -> bytes:
@@ -115,12 +119,18 @@ _CHUNK = re.compile(rb"([0-9a-f]+)\r\n")
 
 
 def unframe(write: bytes) -> bytes:
-    """One pump write's payload (each write is exactly one chunk)."""
+    """One pump write's payload: the client's head may come first (once), the last chunk
+    last, and at most one chunk between them."""
+    write = write.removeprefix(CLIENT_HEAD)
+    if not write:
+        return b""
     match = _CHUNK.match(write)
     assert match is not None, write[:40]
     size = int(match.group(1), 16)
     body = write[match.end() : match.end() + size]
-    assert write[match.end() + size :] == b"\r\n" and len(body) == size
+    rest = write[match.end() + size :]
+    assert rest == b"\r\n" or (size and rest == b"\r\n0\r\n\r\n"), rest[:40]
+    assert len(body) == size
     return body
 
 
@@ -134,9 +144,12 @@ def relay_reads(
     include_usage: bool = False,
     served: str | None = None,
     client: ClientSide | None = None,
+    lean: bool = False,
 ) -> Outcome:
     """Relay one answer that arrives as `reads`, with the native relay or (None) in Python.
-    `served`: the unit's own name for the model "public" (its answers are renamed)."""
+    `served`: the unit's own name for the model "public" (its answers are renamed); `lean`:
+    as the lean front has it, the pump sends the client's head (CLIENT_HEAD) and ends a
+    cleanly ended stream itself."""
     loop = Clock()
     conn = UpstreamConnection(loop, native_module)  # type: ignore[arg-type]
     unit = UnitSide()
@@ -158,7 +171,8 @@ def relay_reads(
     conn.body.clear()
     gaps = Histogram()
     unsent = [first] if first else []
-    pump = attach(conn, client, gaps, tracker, usage, names, False, unsent)  # type: ignore[arg-type]
+    head = CLIENT_HEAD if lean else b""
+    pump = attach(conn, client, gaps, tracker, usage, names, False, unsent, head, lean)  # type: ignore[arg-type]
     for data in pending:
         if pump.settled() or conn.error is not None:
             break
@@ -181,6 +195,7 @@ def relay_reads(
         end = "open"
     outcome = _outcome(client, end, tracker, usage, gaps, conn, unit)
     outcome.pump = type(pump).__name__
+    outcome.ended = pump.ended
     return outcome
 
 

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.native_support import (
+    CLIENT_HEAD,
     SSE_HEAD,
     ClientSide,
     Outcome,
@@ -60,6 +61,10 @@ def assert_same(py: Outcome, nat: Outcome) -> None:
     assert nat.writes == py.writes
     assert (nat.end, nat.tracker, nat.usage) == (py.end, py.tracker, py.usage)
     assert (nat.gaps, nat.reusable, nat.unit_aborted) == (py.gaps, py.reusable, py.unit_aborted)
+    assert nat.ended == py.ended
+    if py.ended:  # only a clean end ends the client's stream
+        assert py.end == "complete" and py.tracker.get("done", True)
+        assert py.writes[-1].endswith(b"0\r\n\r\n")
 
 
 def test_the_recorded_corpus_covers_all_three_servers() -> None:
@@ -76,8 +81,14 @@ def test_recorded_stream_event_per_read(name: str, body: bytes, opts: dict[str, 
     reads = [CHUNKED + chunked(events[0], [len(events[0])])[:-5]]
     reads += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
     for tracked in (True, False):
-        py, nat = both(reads, tracked=tracked, **opts)
-        assert_same(py, nat)
+        for lean in (False, True):
+            py, nat = both(reads, tracked=tracked, lean=lean, **opts)
+            assert_same(py, nat)
+            if lean:
+                assert py.writes[0].startswith(CLIENT_HEAD)  # with the first bytes, not alone
+                assert py.writes[0] != CLIENT_HEAD
+                # a tracked stream that stops short of its end is not ended: it resumes
+                assert py.ended == (py.end == "complete" and py.tracker.get("done", True))
         assert py.end == "complete" or "drop" in name or "error" in name, py.end
         assert py.writes  # the relay wrote, not only the first bytes
 
@@ -89,14 +100,15 @@ def test_recorded_stream_event_per_read(name: str, body: bytes, opts: dict[str, 
     cuts=st.lists(st.integers(0, 40_000), max_size=40),
     tracked=st.booleans(),
     client_ids=st.booleans(),
+    lean=st.booleans(),
 )
 def test_recorded_stream_split_anywhere(
-    which: int, sizes: list[int], cuts: list[int], tracked: bool, client_ids: bool
+    which: int, sizes: list[int], cuts: list[int], tracked: bool, client_ids: bool, lean: bool
 ) -> None:
     _, body, opts = RECORDED[which]
     opts = {**opts, "client_ids": client_ids}
     reads = split(CHUNKED + chunked(body, sizes), cuts)
-    py, nat = both(reads, tracked=tracked, **opts)
+    py, nat = both(reads, tracked=tracked, lean=lean, **opts)
     assert_same(py, nat)
 
 
@@ -188,21 +200,26 @@ def test_generated_streams(data: st.DataObject, chat: bool, client_ids: bool, us
     tracked = data.draw(st.booleans())
     served = data.draw(st.sampled_from([None, None, "served"]))
     opts = {"chat": chat, "client_ids": client_ids, "include_usage": usage}
-    py, nat = both(reads, tracked=tracked, served=served, **opts)
+    py, nat = both(reads, tracked=tracked, served=served, lean=data.draw(st.booleans()), **opts)
     assert_same(py, nat)
 
 
 @settings(max_examples=100, deadline=None)
-@given(data=st.data(), after=st.integers(0, 6), buffered=st.sampled_from([0, 10**6]))
+@given(
+    data=st.data(),
+    after=st.integers(0, 6),
+    buffered=st.sampled_from([0, 10**6]),
+    lean=st.booleans(),
+)
 def test_a_client_that_leaves_or_reads_slowly(
-    data: st.DataObject, after: int, buffered: int
+    data: st.DataObject, after: int, buffered: int, lean: bool
 ) -> None:
     """The client closing after some writes, or a full send buffer: both relays stop alike."""
     body = b"".join(data.draw(events(True)))
     raw = CHUNKED + chunked(body, [40])
     reads = split(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=20)))
-    py = relay_reads(None, reads, client=ClientSide(after, buffered))
-    nat = relay_reads(native(), reads, client=ClientSide(after, buffered))
+    py = relay_reads(None, reads, client=ClientSide(after, buffered), lean=lean)
+    nat = relay_reads(native(), reads, client=ClientSide(after, buffered), lean=lean)
     assert_same(py, nat)
 
 
