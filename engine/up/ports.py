@@ -98,8 +98,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         for _ in range(_ATTEMPTS):
             # With the ephemeral range all there is, the OS's choice (port 0).
             port = _random.choice(_random.choices(ranges, weights=sizes)[0]) if ranges else 0
-            if port in _recent_set:
-                continue
             with socket.socket(family) as sock:
                 try:
                     sock.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT is passed over

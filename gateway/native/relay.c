@@ -47,7 +47,7 @@ enum {
 #define MAX_SIZE_LINE 4096          /* a chunk-size line (digits and extensions) */
 #define MAX_HEX_DIGITS 15           /* 2^60 bytes: more is a lie, not a chunk */
 #define MAX_EVENT (8 * 1024 * 1024) /* one SSE event still incomplete */
-#define HEAD_ROOM 18                /* "%zx\r\n" of the largest chunk */
+#define SIZE_LINE 18                /* "%zx\r\n" of the largest chunk */
 
 typedef struct {
     const char *p;
@@ -81,7 +81,7 @@ typedef struct {
     /* the SSE event still incomplete */
     char *tail;
     Py_ssize_t tail_len, tail_cap;
-    /* the client's next chunk, with room in front for its size line */
+    /* the client's next chunk's data (flush_out frames it) */
     char *out;
     Py_ssize_t out_len, out_cap;
     /* pace: the time of the last write, the running gap estimate, the gaps' buckets */
@@ -206,9 +206,9 @@ static int out_add(Reader *r, const char *p, Py_ssize_t n)
 {
     if (n <= 0)
         return 0;
-    if (grow(&r->out, &r->out_cap, HEAD_ROOM + r->out_len + n + 2) < 0)
+    if (grow(&r->out, &r->out_cap, r->out_len + n) < 0)
         return -1;
-    memcpy(r->out + HEAD_ROOM + r->out_len, p, (size_t)n);
+    memcpy(r->out + r->out_len, p, (size_t)n);
     r->out_len += n;
     return 0;
 }
@@ -720,7 +720,7 @@ static int flush_out(Reader *r, int ending)
     Py_ssize_t n = r->out_len;
     if (n == 0 && r->head_len == 0 && !ending)
         return 0;
-    char size[HEAD_ROOM + 1];
+    char size[SIZE_LINE + 1];
     int hn = n > 0 ? snprintf(size, sizeof size, "%zx\r\n", (size_t)n) : 0;
     Py_ssize_t total = r->head_len + (n > 0 ? hn + n + 2 : 0) + (ending ? 5 : 0);
     PyObject *bytes = PyBytes_FromStringAndSize(NULL, total);
@@ -733,7 +733,7 @@ static int flush_out(Reader *r, int ending)
         r->head_len = 0;
     }
     if (n > 0) {
-        const char *content = r->out + HEAD_ROOM;
+        const char *content = r->out;
         memcpy(w, size, (size_t)hn);
         memcpy(w + hn, content, (size_t)n);
         memcpy(w + hn + n, "\r\n", 2);
