@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway.config import config_from_dict
 from gateway.config.proxy import FRONT_ENV
 from gateway.errors import InvalidRequest
-from gateway.front.head import MAX_FIELDS, MAX_HEAD, MAX_LINE, read_head
+from gateway.front.head import MAX_FIELDS, MAX_HEAD, MAX_LINE
 from gateway.front.protocol import LeanRoute
 from gateway.front.request import LeanRequest
 from gateway.front.server import Front
@@ -312,39 +312,6 @@ async def test_a_handler_that_fails_before_its_stream_sent_anything_answers_500(
         assert status == 500 and b"Internal Server Error" in body
         assert headers["connection"] == "close"
         assert await c.closed()
-
-
-class _Recording:
-    """The lean request's connection, recording its transport's writes."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.transport = self
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    async def drained(self) -> None:
-        return None
-
-
-async def test_a_streamed_head_goes_out_with_the_first_bytes() -> None:
-    conn = _Recording()
-    head = read_head(post("/stream", b""), {b"/stream"}, cors=False)
-    assert head is not None
-    request = LeanRequest(conn, head)  # type: ignore[arg-type]
-    assert await request.open_stream(200, {"Content-Type": "text/event-stream"})
-    assert conn.writes == []  # kept for the first bytes
-    await request.write(b"data: 1\n\n")
-    assert len(conn.writes) == 1
-    assert conn.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
-    assert conn.writes[0].endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n")
-    assert request.take_head() == b""  # it went out
-    await request.end_stream()
-    assert conn.writes[1:] == [b"0\r\n\r\n"] and request.keep_alive
 
 
 async def test_connection_close_is_honoured() -> None:
