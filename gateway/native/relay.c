@@ -927,17 +927,11 @@ static int Reader_clear(Reader *r)
     return 0;
 }
 
-static PyObject *Reader_feed(Reader *r, PyObject *const *args, Py_ssize_t nargs)
+/* One read of the unit's bytes at the loop's time `now`: the flags (feed's and the Tap's). */
+static PyObject *feed_read(Reader *r, PyObject *data, double now)
 {
     Py_buffer view;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "feed(data, now) takes 2 arguments");
-        return NULL;
-    }
-    double now = PyFloat_AsDouble(args[1]);
-    if (now == -1.0 && PyErr_Occurred())
-        return NULL;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     r->now = now;
     borrow(r);
@@ -982,6 +976,18 @@ done:
     give_back(r);
     PyBuffer_Release(&view);
     return res;
+}
+
+static PyObject *Reader_feed(Reader *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "feed(data, now) takes 2 arguments");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    return feed_read(r, args[0], now);
 }
 
 static PyObject *Reader_relay(Reader *r, PyObject *args)
@@ -1179,6 +1185,181 @@ static PyTypeObject ReaderType = {
     .tp_getset = Reader_getset,
 };
 
+/* -- the Tap: the connection's protocol, so that no Python frame runs per read ---------------
+ *
+ * The event loop calls its protocol's `data_received` for every read. With the Tap as the
+ * protocol, a read of an answer's body goes from the loop straight to `feed_read`: the
+ * connection's Python `data_received` (gateway/proxy/connection.py) runs only while the
+ * connection has no Reader (the response head), and its `_native_flags` only when the read
+ * needs Python, exactly when that method would have called it. Every other protocol call
+ * goes to the connection as it is. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *conn;  /* the UpstreamConnection */
+    PyObject *clock; /* its loop's `time` */
+} Tap;
+
+static PyObject *s_reader, *s_events, *s_last_data, *s_native_flags, *s_data_received,
+    *s_connection_made, *s_connection_lost, *s_eof_received, *s_pause_writing,
+    *s_resume_writing, *s_loop, *s_time;
+
+static int Tap_init(Tap *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"conn", NULL};
+    PyObject *conn;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &conn))
+        return -1;
+    PyObject *loop = PyObject_GetAttr(conn, s_loop);
+    if (loop == NULL)
+        return -1;
+    PyObject *clock = PyObject_GetAttr(loop, s_time);
+    Py_DECREF(loop);
+    if (clock == NULL)
+        return -1;
+    Py_XSETREF(t->conn, Py_NewRef(conn));
+    Py_XSETREF(t->clock, clock);
+    return 0;
+}
+
+static void Tap_dealloc(Tap *t)
+{
+    PyObject_GC_UnTrack(t);
+    Py_CLEAR(t->conn);
+    Py_CLEAR(t->clock);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static int Tap_traverse(Tap *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->conn);
+    Py_VISIT(t->clock);
+    return 0;
+}
+
+static int Tap_clear(Tap *t)
+{
+    Py_CLEAR(t->conn);
+    Py_CLEAR(t->clock);
+    return 0;
+}
+
+static int tap_ready(Tap *t)
+{
+    if (t->conn != NULL)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "Tap() was not initialised with its connection");
+    return -1;
+}
+
+/* What UpstreamConnection.data_received does once the connection has a Reader, in C. */
+static PyObject *Tap_data_received(Tap *t, PyObject *data)
+{
+    if (tap_ready(t) < 0)
+        return NULL;
+    PyObject *reader = PyObject_GetAttr(t->conn, s_reader);
+    if (reader == NULL)
+        return NULL;
+    if (!Py_IS_TYPE(reader, &ReaderType)) { /* the head: httptools, in Python */
+        Py_DECREF(reader);
+        return PyObject_CallMethodOneArg(t->conn, s_data_received, data);
+    }
+    PyObject *res = NULL, *flags = NULL, *events = NULL;
+    PyObject *now = PyObject_CallNoArgs(t->clock);
+    if (now == NULL)
+        goto done;
+    double when = PyFloat_AsDouble(now);
+    if ((when == -1.0 && PyErr_Occurred()) || PyObject_SetAttr(t->conn, s_last_data, now) < 0)
+        goto done;
+    flags = feed_read((Reader *)reader, data, when);
+    if (flags == NULL)
+        goto done;
+    int any = PyObject_IsTrue(flags);
+    if (any < 0)
+        goto done;
+    if (!any) {
+        events = PyObject_GetAttr(t->conn, s_events);
+        if (events == NULL)
+            goto done;
+    }
+    if (any || events == Py_None) /* no relay yet: the request task may be waiting */
+        res = PyObject_CallMethodOneArg(t->conn, s_native_flags, flags);
+    else
+        res = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(events);
+    Py_XDECREF(flags);
+    Py_XDECREF(now);
+    Py_DECREF(reader);
+    return res;
+}
+
+static PyObject *tap_forward(Tap *t, PyObject *name, PyObject *arg)
+{
+    if (tap_ready(t) < 0)
+        return NULL;
+    if (arg == NULL)
+        return PyObject_CallMethodNoArgs(t->conn, name);
+    return PyObject_CallMethodOneArg(t->conn, name, arg);
+}
+
+static PyObject *Tap_connection_made(Tap *t, PyObject *transport)
+{
+    return tap_forward(t, s_connection_made, transport);
+}
+static PyObject *Tap_connection_lost(Tap *t, PyObject *exc)
+{
+    return tap_forward(t, s_connection_lost, exc);
+}
+static PyObject *Tap_eof_received(Tap *t, PyObject *Py_UNUSED(ignored))
+{
+    return tap_forward(t, s_eof_received, NULL);
+}
+static PyObject *Tap_pause_writing(Tap *t, PyObject *Py_UNUSED(ignored))
+{
+    return tap_forward(t, s_pause_writing, NULL);
+}
+static PyObject *Tap_resume_writing(Tap *t, PyObject *Py_UNUSED(ignored))
+{
+    return tap_forward(t, s_resume_writing, NULL);
+}
+static PyObject *Tap_get_conn(Tap *t, void *c)
+{
+    if (tap_ready(t) < 0)
+        return NULL;
+    return Py_NewRef(t->conn);
+}
+
+static PyMethodDef Tap_methods[] = {
+    {"data_received", (PyCFunction)Tap_data_received, METH_O,
+     "data_received(data): a read; the body's go to the connection's Reader here"},
+    {"connection_made", (PyCFunction)Tap_connection_made, METH_O, "the connection's"},
+    {"connection_lost", (PyCFunction)Tap_connection_lost, METH_O, "the connection's"},
+    {"eof_received", (PyCFunction)Tap_eof_received, METH_NOARGS, "the connection's"},
+    {"pause_writing", (PyCFunction)Tap_pause_writing, METH_NOARGS, "the connection's"},
+    {"resume_writing", (PyCFunction)Tap_resume_writing, METH_NOARGS, "the connection's"},
+    {NULL},
+};
+
+static PyGetSetDef Tap_getset[] = {
+    {"conn", (getter)Tap_get_conn, NULL, "the UpstreamConnection this is the protocol of", NULL},
+    {NULL},
+};
+
+static PyTypeObject TapType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.native._relay.Tap",
+    .tp_basicsize = sizeof(Tap),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Tap(conn): an UpstreamConnection's protocol, reading its answer's body in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Tap_init,
+    .tp_dealloc = (destructor)Tap_dealloc,
+    .tp_traverse = (traverseproc)Tap_traverse,
+    .tp_clear = (inquiry)Tap_clear,
+    .tp_methods = Tap_methods,
+    .tp_getset = Tap_getset,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gateway.native._relay",
@@ -1205,12 +1386,25 @@ PyMODINIT_FUNC PyInit__relay(void)
     INTERN(s_write, "write");
     INTERN(s_is_closing, "is_closing");
     INTERN(s_buffer_size, "get_write_buffer_size");
-    if (PyType_Ready(&ReaderType) < 0)
+    INTERN(s_reader, "reader");
+    INTERN(s_events, "events");
+    INTERN(s_last_data, "last_data");
+    INTERN(s_native_flags, "_native_flags");
+    INTERN(s_data_received, "data_received");
+    INTERN(s_connection_made, "connection_made");
+    INTERN(s_connection_lost, "connection_lost");
+    INTERN(s_eof_received, "eof_received");
+    INTERN(s_pause_writing, "pause_writing");
+    INTERN(s_resume_writing, "resume_writing");
+    INTERN(s_loop, "loop");
+    INTERN(s_time, "time");
+    if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&TapType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Reader", (PyObject *)&ReaderType) < 0 ||
+        PyModule_AddObjectRef(m, "Tap", (PyObject *)&TapType) < 0 ||
         PyModule_AddIntConstant(m, "GONE", F_GONE) < 0 ||
         PyModule_AddIntConstant(m, "FAILED", F_FAILED) < 0 ||
         PyModule_AddIntConstant(m, "COMPLETE", F_COMPLETE) < 0 ||

@@ -9,6 +9,9 @@ switch per event, and the request task sleeps until the answer ends or needs att
 With the native relay (gateway/native), httptools parses only the answer's head: the body's
 bytes go to a compiled `Reader`, one call per read, which de-frames them and, once a relay has
 attached, relays them to the client itself and returns flags only when something happened.
+The connection's protocol is then the compiled `Tap` (`tapped`), which hands each read of the
+body to the Reader itself: this class's `data_received` runs for the head alone, and
+`_native_flags` only for a read that needs Python.
 
 A connection serves one request at a time; pool.py keeps idle ones per leader.
 """
@@ -34,6 +37,20 @@ _HEADERS_READ = frozenset((b"content-type", b"content-length", b"transfer-encodi
 
 # The longest answer head the native path waits for (httptools' own bound is about 80 KB).
 MAX_HEAD = 64 * 1024
+
+
+def tapped(conn: UpstreamConnection) -> Any:
+    """The protocol to connect `conn` with: with the native relay, the compiled `Tap` in front
+    of it, which reads the answer's body with no Python frame per read; else `conn` itself."""
+    return conn if conn.native is None else conn.native.Tap(conn)
+
+
+def connection_of(protocol: Any) -> UpstreamConnection:
+    """The connection behind what `tapped` gave."""
+    conn: UpstreamConnection = (
+        protocol if isinstance(protocol, UpstreamConnection) else protocol.conn
+    )
+    return conn
 
 
 class ConnectionBroken(ConnectionError):

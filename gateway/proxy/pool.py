@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from gateway.proxy.connection import UpstreamConnection
+from gateway.proxy.connection import UpstreamConnection, connection_of, tapped
 from gateway.tls import client_context
 
 
@@ -121,12 +121,13 @@ class ConnectionPool:
         async with asyncio.timeout(self.connect_timeout) as deadline:
             stretch = None if self.lag is None else _Stretch(self.lag, deadline, loop)
             try:
-                _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(loop, self.native),
+                _, protocol = await loop.create_connection(
+                    lambda: tapped(UpstreamConnection(loop, self.native)),
                     endpoint.host,
                     endpoint.port,
                     ssl=endpoint.ssl,
                 )
+                conn = connection_of(protocol)
             finally:
                 if stretch is not None:
                     stretch.cancel()

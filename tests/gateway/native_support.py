@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.native import module
 from gateway.observability.histogram import Histogram
-from gateway.proxy.connection import UpstreamConnection
+from gateway.proxy.connection import UpstreamConnection, tapped
 from gateway.proxy.names import Renamer
 from gateway.proxy.pump import attach
 from gateway.proxy.tracker import StreamTracker
@@ -145,26 +145,29 @@ def relay_reads(
     served: str | None = None,
     client: ClientSide | None = None,
     lean: bool = False,
+    tap: bool = True,
 ) -> Outcome:
     """Relay one answer that arrives as `reads`, with the native relay or (None) in Python.
     `served`: the unit's own name for the model "public" (its answers are renamed); `lean`:
     as the lean front has it, the pump sends the client's head (CLIENT_HEAD) and ends a
-    cleanly ended stream itself."""
+    cleanly ended stream itself. `tap`: the reads reach the connection through the protocol
+    the pool connects it with (the native relay's Tap), else its own `data_received`."""
     loop = Clock()
     conn = UpstreamConnection(loop, native_module)  # type: ignore[arg-type]
+    protocol = tapped(conn) if tap else conn
     unit = UnitSide()
-    conn.connection_made(unit)  # type: ignore[arg-type]
+    protocol.connection_made(unit)
     tracker = StreamTracker(chat, client_ids, include_usage) if tracked else None
     usage = None if tracked else UsageReader()
     names = Renamer(served, "public") if served is not None else None
     client = client or ClientSide()
     pending = iter(reads)
     for data in pending:  # the dispatcher's wait for the first bytes
-        conn.data_received(data)
+        protocol.data_received(data)
         if conn.error is not None or _ready(conn):
             break
     else:
-        conn.connection_lost(None)
+        protocol.connection_lost(None)
     if conn.error is not None or not _ready(conn):
         return _outcome(client, "no-answer", tracker, usage, Histogram(), conn, unit)
     first = b"".join(conn.body)  # what the dispatcher's Answer holds, relayed first
@@ -176,10 +179,10 @@ def relay_reads(
     for data in pending:
         if pump.settled() or conn.error is not None:
             break
-        conn.data_received(data)
+        protocol.data_received(data)
     else:
         if not pump.settled() and conn.error is None:
-            conn.connection_lost(None)  # the unit closed after its last bytes
+            protocol.connection_lost(None)  # the unit closed after its last bytes
     pump.finish()
     if pump.gone:
         end = "gone"

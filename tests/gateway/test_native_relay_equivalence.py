@@ -55,8 +55,10 @@ def both(reads: list[bytes], **kwargs: Any) -> tuple[Outcome, Outcome]:
     return py, nat
 
 
-def assert_same(py: Outcome, nat: Outcome) -> None:
-    assert (py.pump, nat.pump) in {("PythonPump", "NativePump"), ("", "")}  # "": no answer
+def assert_same(
+    py: Outcome, nat: Outcome, pumps: tuple[str, str] = ("PythonPump", "NativePump")
+) -> None:
+    assert (py.pump, nat.pump) in {pumps, ("", "")}  # "": no answer
     assert [unframe(w) for w in nat.writes] == [unframe(w) for w in py.writes]
     assert nat.writes == py.writes
     assert (nat.end, nat.tracker, nat.usage) == (py.end, py.tracker, py.usage)
@@ -65,6 +67,24 @@ def assert_same(py: Outcome, nat: Outcome) -> None:
     if py.ended:  # only a clean end ends the client's stream
         assert py.end == "complete" and py.tracker.get("done", True)
         assert py.writes[-1].endswith(b"0\r\n\r\n")
+
+
+@pytest.mark.parametrize(("name", "body", "opts"), RECORDED, ids=[r[0] for r in RECORDED])
+def test_the_tap_reads_as_the_connection_would(
+    name: str, body: bytes, opts: dict[str, Any]
+) -> None:
+    """The compiled Tap (the protocol the pool connects with) hands each read to the Reader
+    itself: what it does must be what the connection's own data_received does, read for read
+    (each event its own read, then the same bytes in reads of 97 bytes)."""
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+    per_event = [CHUNKED + b"%x\r\n%b\r\n" % (len(events[0]), events[0])]
+    per_event += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
+    whole = b"".join(per_event)
+    for reads in (per_event, split(whole, list(range(97, len(whole), 97)))):
+        for tracked in (True, False):
+            tap = relay_reads(native(), reads, tracked=tracked, **opts)
+            own = relay_reads(native(), reads, tracked=tracked, tap=False, **opts)
+            assert_same(own, tap, pumps=("NativePump", "NativePump"))
 
 
 def test_the_recorded_corpus_covers_all_three_servers() -> None:

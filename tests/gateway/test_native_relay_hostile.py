@@ -10,7 +10,7 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.proxy.connection import UpstreamConnection
+from gateway.proxy.connection import UpstreamConnection, tapped
 from gateway.proxy.sse import MAX_EVENT, TOO_LONG
 from tests.gateway.native_support import (
     SSE_HEAD,
@@ -30,9 +30,10 @@ START = CHUNKED + b"%x\r\n%b\r\n" % (len(FIRST), FIRST)
 def broken_reason(reads: list[bytes]) -> str:
     """Feed a connection reading with the native relay; what broke it."""
     conn = UpstreamConnection(Clock(), native())  # type: ignore[arg-type]
-    conn.connection_made(UnitSide())  # type: ignore[arg-type]
+    protocol = tapped(conn)  # as the pool connects it
+    protocol.connection_made(UnitSide())
     for data in reads:
-        conn.data_received(data)
+        protocol.data_received(data)
         if conn.error is not None:
             break
     return str(conn.error)
