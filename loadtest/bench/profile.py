@@ -14,10 +14,18 @@ for `--relay native` and `--relay python` to see the native relay's before and a
 point, the yardstick beside the gateway, and `--relay nginx` or `--relay router` one of the
 benchmark's peers, configured as it runs them (with `--perf` or `--syscalls`: py-spy sees only
 Python); `--perf` samples with Linux perf instead of py-spy,
-which sees C and kernel frames (the event loop, syscalls), and `perf report -i FILE --sort dso`
-splits the time by library; `--syscalls` counts the system calls per request with strace
+which sees C and kernel frames (the event loop, syscalls), and prints the relay's CPU per
+request split by library (the Python interpreter, the kernel, the event loop, the native
+relay...): each library's share of the samples times the CPU per request read from /proc.
+Set beside the floor relay's, that split says where a relay's extra CPU goes: in the kernel
+(syscalls, which the floor pays alike), in the interpreter (Python run per request or per
+read), or in compiled code. `--syscalls` counts the system calls per request with strace
 (which slows the relay, so reads coalesce more than they would). Each run prints the relay's
 user and system CPU per request.
+
+`--tokens N` sets the answers' length (64 by default): 16 tokens at 80 ms make streams as
+long as 64 at 20 ms with a quarter of the reads, which tells what a relay spends per read
+from what it spends per request and per second a stream is open.
 
 `--idle S` profiles an idle gateway for S seconds instead (its background work: probes, the
 loop-lag timer, the breakers). The collapsed stacks are written to `--out` for flame graphs.
@@ -30,6 +38,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +77,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--resume", choices=("on", "off"), default="on")
     p.add_argument("--itl", type=float, default=20.0, help="ms between tokens")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=TOKENS,
+        help="tokens per answer (fewer at a longer ITL: streams as long, fewer reads)",
+    )
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--idle", type=float, default=0.0, help="profile an idle gateway instead")
@@ -86,7 +101,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.relay in PEERS and not (args.perf or args.syscalls):
         p.error(f"--relay {args.relay} is not Python: sample it with --perf or --syscalls")
+    if args.tokens < 1:
+        p.error(f"--tokens must be at least 1, not {args.tokens}")
     return args
+
+
+# A line of `perf report --sort dso --stdio`: "    45.14%  libpython3.11.so.1.0".
+_DSO_LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S.*?)\s*$")
 
 
 def _pyspy() -> str:
@@ -96,14 +117,16 @@ def _pyspy() -> str:
     return found
 
 
-async def _load(relay: dict[str, Any], itl: float, conc: int, n: int) -> tuple[float, str]:
-    """Seconds the measured loop took, and the relay's CPU per request over it."""
+async def _load(relay: dict[str, Any], args: argparse.Namespace) -> tuple[float, float, str]:
+    """Seconds the measured loop took, and the relay's CPU us per request over it (a number,
+    and a line saying it with the throughput and TTFT)."""
     url, pid = relay["public"], int(relay["pid"])
-    spread = TOKENS * itl / 1e3
+    conc, n, tokens = args.concurrency, args.requests, args.tokens
+    spread = tokens * args.itl / 1e3
     async with open_session(conc) as session:
-        await closed_loop(session, (url,), 2 * conc, conc, spread)  # warm-up
+        await closed_loop(session, (url,), 2 * conc, conc, spread, tokens)  # warm-up
         t0, before = time.perf_counter(), cpu_times(pid)
-        loop = await closed_loop(session, (url,), n, conc, spread)
+        loop = await closed_loop(session, (url,), n, conc, spread, tokens)
         after = cpu_times(pid)
         failed = sum(1 for r in loop.records if not r.ok)
         if failed:
@@ -112,10 +135,8 @@ async def _load(relay: dict[str, Any], itl: float, conc: int, n: int) -> tuple[f
         took = time.perf_counter() - t0
         ttft = sorted(r.ttft for r in loop.records if r.ttft is not None)
         p50, p99 = (ttft[min(len(ttft) - 1, int(q * len(ttft)))] * 1e3 for q in (0.5, 0.99))
-        return took, (
-            f"user {user:,.0f} us + system {system:,.0f} us per request, {n / took:.0f} req/s,"
-            f" TTFT p50 {p50:.1f} ms, p99 {p99:.1f} ms"
-        )
+        said = f"user {user:,.0f} us + system {system:,.0f} us per request, {n / took:.0f} req/s"
+        return took, user + system, f"{said}, TTFT p50 {p50:.1f} ms, p99 {p99:.1f} ms"
 
 
 @contextlib.contextmanager
@@ -174,6 +195,37 @@ def _report(stacks: Path, label: str) -> None:
             print(f"  {100 * n / max(samples, 1):6.2f}%  {frame[:150]}")
 
 
+def library_shares(report: str) -> list[tuple[str, float]]:
+    """`perf report --sort dso --stdio` as (library, % of samples), in the report's order
+    (largest first); a kernel's symbol table is named "kernel"."""
+    shares = []
+    for line in report.splitlines():
+        match = _DSO_LINE.match(line)
+        if match is not None:
+            name = match.group(2)
+            shares.append(("kernel" if name == "[kernel.kallsyms]" else name, float(match[1])))
+    return shares
+
+
+def _libraries(data: Path, label: str, cpu_us: float) -> None:
+    """The relay's CPU per request by library: perf's shares of the samples (the warm-up's
+    included) times the CPU per request /proc gave for the measured loop."""
+    argv = ["perf", "report", "-i", str(data), "--no-children", "--sort", "dso", "--stdio"]
+    report = subprocess.run([*argv, "-g", "none"], capture_output=True, text=True, check=False)
+    shares = library_shares(report.stdout)
+    if not shares:
+        print(f"perf report gave no samples: {report.stderr.strip()[:300]}", file=sys.stderr)
+        return
+    if cpu_us > 0:
+        print(f"\n{label}: CPU per request by library (perf's share x /proc's CPU per request)")
+    else:  # idle: no requests to share it among
+        print(f"\n{label}: CPU by library (% of perf's samples)")
+    for name, share in shares[:TOP]:
+        if share >= 0.5:
+            us = f"{share * cpu_us / 100:7.0f} us  " if cpu_us > 0 else ""
+            print(f"  {share:6.2f}%  {us}{name[:80]}")
+
+
 def _syscalls(table: Path, label: str, requests: int) -> None:
     """strace -c's table, as calls per request (the warm-up's requests counted in)."""
     print(f"\n{label}: system calls per request ({requests} requests, warm-up included)")
@@ -190,13 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {pins.load})
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.relay}-resume-{args.resume}-itl{args.itl:g}-c{args.concurrency}"
+    if args.tokens != TOKENS:
+        tag += f"-tokens{args.tokens}"
     if args.idle:
         tag = f"{args.relay}-idle"
     stacks = args.out / f"profile-{tag}.txt"
     with tempfile.TemporaryDirectory(prefix="unitgate-profile-") as tmp_name:
         tmp = Path(tmp_name)
         sim_argv = ["loadtest.simunits", "--units", "2", "--followers", "0", "--ttft-ms", "0"]
-        sim_argv += ["--itl-ms", f"{args.itl:g}", "--tokens", str(TOKENS)]
+        sim_argv += ["--itl-ms", f"{args.itl:g}", "--tokens", str(args.tokens)]
         sim_argv += ["--ready-file", str(tmp / "sim.json")]
         with child(sim_argv, tmp / "sim.json", None, "simulator") as sim:
             relay_cpu = None if pins is None else pins.relay
@@ -212,11 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(1.0)  # py-spy attached
                     if args.idle:
                         time.sleep(args.idle)
-                        took = args.idle
+                        took, cpu_us = args.idle, 0.0
                     else:
-                        took, cpu = asyncio.run(
-                            _load(gw, args.itl, args.concurrency, args.requests)
-                        )
+                        took, cpu_us, cpu = asyncio.run(_load(gw, args))
                         print(f"{tag}: {cpu} (from /proc, sampler attached)")
                 finally:
                     spy.send_signal(2)  # SIGINT: py-spy writes what it has
@@ -229,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.perf:
         print(f"{tag}: {took:.1f} s; perf samples in {stacks} (perf report -i {stacks})")
+        _libraries(stacks, tag, cpu_us)
         return 0
     print(f"{tag}: {took:.1f} s; collapsed stacks in {stacks}")
     _report(stacks, tag)

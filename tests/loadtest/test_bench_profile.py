@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.profile import _parse
+from loadtest.bench.profile import _parse, library_shares
 
 
 @pytest.mark.parametrize("peer", ["nginx", "router"])
@@ -23,3 +23,37 @@ def test_the_gateway_and_the_floor_take_py_spy() -> None:
     for relay in ("native", "python", "floor"):
         args = _parse(["--relay", relay])
         assert args.relay == relay and not args.perf and not args.syscalls
+
+
+def test_perf_reports_split_by_library() -> None:
+    report = """# To display the perf.data header info, please use --header/--header-only options.
+#
+# Samples: 2K of event 'cpu-clock:pppH'
+# Event count (approx.): 1441000000
+#
+# Overhead  Shared Object
+# ........  .......................
+#
+    45.14%  libpython3.11.so.1.0
+    38.01%  [kernel.kallsyms]
+     0.97%  _relay-ce63a5db10ca862d.cpython-311-x86_64-linux-gnu.so
+
+
+#
+# (Tip: see the header with: perf report --header-only)
+#
+"""
+    assert library_shares(report) == [
+        ("libpython3.11.so.1.0", 45.14),
+        ("kernel", 38.01),
+        ("_relay-ce63a5db10ca862d.cpython-311-x86_64-linux-gnu.so", 0.97),
+    ]
+    assert library_shares("Error:\nThe perf.data data has no samples!\n") == []
+
+
+def test_the_answers_length_is_a_positive_count(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _parse(["--tokens", "16", "--itl", "80"]).tokens == 16
+    assert _parse([]).tokens == 64
+    with pytest.raises(SystemExit):
+        _parse(["--tokens", "0"])
+    assert "--tokens must be at least 1, not 0" in capsys.readouterr().err

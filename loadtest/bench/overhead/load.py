@@ -58,7 +58,7 @@ class Loop:
 
 
 async def _worker(
-    session: aiohttp.ClientSession, base: str, count: int, delay: float, seed: int
+    session: aiohttp.ClientSession, base: str, count: int, delay: float, seed: int, tokens: int
 ) -> list[RequestRecord]:
     """One loadtest.gen closed loop of concurrency 1, started `delay` seconds late, on the
     mode's shared session: the warm-up's connections serve the measured run."""
@@ -71,7 +71,7 @@ async def _worker(
         timeout=REQUEST_TIMEOUT_S,
         seed=seed,
     )
-    workload = Workload(WorkloadConfig(MODEL, max_tokens=TOKENS, seed=seed))
+    workload = Workload(WorkloadConfig(MODEL, max_tokens=tokens, seed=seed))
     state = await Runner(config, workload, session).run()
     return state.records
 
@@ -82,19 +82,25 @@ async def closed_loop(
     count: int,
     concurrency: int,
     spread: float,
+    tokens: int = TOKENS,
 ) -> Loop:
     """`concurrency` loadtest.gen workers, started `spread` seconds apart in total: streams of
     equal length started together stay in lockstep, and every TTFT would then measure a burst
     of `concurrency` arrivals. loadtest.gen starts its workers together, hence one Runner per
-    worker; worker i sends to bases[i % len(bases)] and its share of `count`. Requests never
-    sent because the deadline struck are counted: the run is short.
+    worker; worker i sends to bases[i % len(bases)] and its share of `count`, each asking for
+    `tokens`. Requests never sent because the deadline struck are counted: the run is short.
     """
     share, extra = divmod(count, concurrency)
     t0 = time.perf_counter()
     per_worker = await asyncio.gather(
         *(
             _worker(
-                session, bases[i % len(bases)], share + (i < extra), spread * i / concurrency, i
+                session,
+                bases[i % len(bases)],
+                share + (i < extra),
+                spread * i / concurrency,
+                i,
+                tokens,
             )
             for i in range(concurrency)
             if share + (i < extra)
