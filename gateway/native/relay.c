@@ -8,7 +8,14 @@
  * the events that report usage (handed to the Python usage reader), writes what goes to the
  * client framed as one HTTP chunk, and keeps the gap and pace bookkeeping and the bucket
  * counts of the gaps between writes. Python runs only when something happens: the call
- * returns 0 on an ordinary read, else flags saying what.
+ * returns 0 on an ordinary read, else flags saying what. An ordinary read touches no Python
+ * object but the client's transport (its write, is_closing and buffer size, looked up once)
+ * and the tracker's buffer of raw ids: the tracker's other state is read once after attach
+ * and after each call into its Python, and its counts are written back before its Python
+ * runs, with any flags, and at `settle` (the pump's end), when Python may look at them.
+ *
+ * A `Tap` is the upstream connection's protocol: it hands each read of an answer's body to
+ * its Reader with no Python frame between the event loop and this code.
  *
  * gateway/proxy/tracker.py and pump.py are the reference: what this writes to the client,
  * and what it leaves in the tracker, must be byte for byte what they do (tests/gateway/
@@ -67,14 +74,19 @@ typedef struct {
     int attached, chat, client_ids, mid_event;
     int last_chunk; /* a clean end also writes the chunked coding's last chunk */
     PyObject *client, *tracker, *usage, *names;
+    /* the client transport's methods a read calls, looked up once at attach */
+    PyObject *c_write, *c_is_closing, *c_buffer_size;
     /* the response head, still to go out ahead of this call's write (relay's `head`) */
     const char *head;
     Py_ssize_t head_len;
-    /* The tracker's state, read once per read and after each call into it (only its Python
-     * side and this change it): whether events are skipped (done, or an error), whether the
-     * token-chunk path applies (capable, not continuing), its counts, and its buffer of
-     * raw ids. `dirty`: the counts changed here and are written back before Python runs. */
-    int t_skip, t_fast, t_dirty;
+    /* The tracker's state, read at the first read after `attach` and after each call into
+     * its Python (only that and this change it while a relay is attached): whether events
+     * are skipped (done, or an error), whether it has an error, whether the token-chunk path
+     * applies (capable, not continuing), its counts, and its buffer of raw ids. `synced`:
+     * this state is the tracker's. `dirty`: the counts changed here and are written back
+     * before its Python runs, before a read returns flags (Python will look), and when the
+     * pump settles (`settle`). */
+    int t_skip, t_error, t_fast, t_synced, t_dirty;
     Py_ssize_t t_produced, t_committed;
     PyObject *t_unparsed;
     Py_ssize_t high_water;
@@ -511,7 +523,9 @@ static int sync_in(Reader *r)
     }
     Py_XSETREF(r->t_unparsed, v);
     r->t_skip = done || errored;
+    r->t_error = errored;
     r->t_fast = capable && !continuing;
+    r->t_synced = 1;
     r->t_dirty = 0;
     return 0;
 }
@@ -628,7 +642,7 @@ static int set_failure(Reader *r, const char *why)
             return -1;
         int bad = PyObject_SetAttr(r->tracker, s_error, msg);
         Py_DECREF(msg);
-        r->t_skip = 1;
+        r->t_skip = r->t_error = 1;
         return bad;
     }
     Py_XSETREF(r->failure, PyUnicode_FromString(why));
@@ -743,7 +757,7 @@ static int flush_out(Reader *r, int ending)
     }
     if (ending)
         memcpy(w, "0\r\n\r\n", 5);
-    PyObject *res = PyObject_CallMethodOneArg(r->client, s_write, bytes);
+    PyObject *res = PyObject_CallOneArg(r->c_write, bytes);
     Py_DECREF(bytes);
     if (res == NULL)
         return -1;
@@ -766,7 +780,7 @@ static int tracker_done(Reader *r)
 /* pump.py's PythonPump.push, for the body spans of one read (`complete`: the answer ended). */
 static PyObject *relay(Reader *r, int complete)
 {
-    int closing = truthy(PyObject_CallMethodNoArgs(r->client, s_is_closing));
+    int closing = truthy(PyObject_CallNoArgs(r->c_is_closing));
     if (closing < 0)
         return NULL;
     if (closing)
@@ -775,7 +789,7 @@ static PyObject *relay(Reader *r, int complete)
     r->out_len = 0;
     int names = r->names != Py_None;
     if (r->nspans > 0 || (complete && names)) {
-        if (r->tracker != Py_None && sync_in(r) < 0)
+        if (r->tracker != Py_None && !r->t_synced && sync_in(r) < 0)
             return NULL;
         if (names) {
             PyObject *joined = PyBytes_FromStringAndSize(NULL, 0);
@@ -821,21 +835,14 @@ static PyObject *relay(Reader *r, int complete)
             }
         }
         r->nspans = 0;
-        if (r->tracker != Py_None && sync_out(r) < 0)
-            return NULL;
         if (r->tail_len > MAX_EVENT) {
             r->tail_len = 0;
             if (set_failure(r, "the unit sent an SSE event longer than 8 MiB") < 0)
                 return NULL;
             failed = 1;
         }
-        if (r->tracker != Py_None) {
-            PyObject *v = PyObject_GetAttr(r->tracker, s_error);
-            if (v == NULL)
-                return NULL;
-            failed |= v != Py_None;
-            Py_DECREF(v);
-        }
+        if (r->tracker != Py_None)
+            failed |= r->t_error;
     }
     int ending = 0;
     if (complete && r->last_chunk && !failed) {
@@ -845,18 +852,20 @@ static PyObject *relay(Reader *r, int complete)
     }
     if (flush_out(r, ending) < 0)
         return NULL;
-    if (failed)
-        return PyLong_FromLong(F_FAILED);
-    if (complete)
-        return PyLong_FromLong(F_COMPLETE | (ending ? F_ENDED : 0));
-    PyObject *size = PyObject_CallMethodNoArgs(r->client, s_buffer_size);
-    if (size == NULL)
+    long flags = failed ? F_FAILED : complete ? F_COMPLETE | (ending ? F_ENDED : 0) : 0;
+    if (!flags) {
+        PyObject *size = PyObject_CallNoArgs(r->c_buffer_size);
+        if (size == NULL)
+            return NULL;
+        Py_ssize_t buffered = PyLong_AsSsize_t(size);
+        Py_DECREF(size);
+        if (buffered == -1 && PyErr_Occurred())
+            return NULL;
+        flags = buffered > r->high_water ? F_PAUSE : 0;
+    }
+    if (flags && r->tracker != Py_None && sync_out(r) < 0) /* Python will look */
         return NULL;
-    Py_ssize_t buffered = PyLong_AsSsize_t(size);
-    Py_DECREF(size);
-    if (buffered == -1 && PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLong(buffered > r->high_water ? F_PAUSE : 0);
+    return PyLong_FromLong(flags);
 }
 
 /* -- the type ------------------------------------------------------------------------------ */
@@ -893,6 +902,9 @@ static void Reader_dealloc(Reader *r)
     Py_CLEAR(r->failure);
     Py_CLEAR(r->body);
     Py_CLEAR(r->client);
+    Py_CLEAR(r->c_write);
+    Py_CLEAR(r->c_is_closing);
+    Py_CLEAR(r->c_buffer_size);
     Py_CLEAR(r->tracker);
     Py_CLEAR(r->usage);
     Py_CLEAR(r->names);
@@ -909,6 +921,9 @@ static int Reader_traverse(Reader *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->body);
     Py_VISIT(r->client);
+    Py_VISIT(r->c_write);
+    Py_VISIT(r->c_is_closing);
+    Py_VISIT(r->c_buffer_size);
     Py_VISIT(r->tracker);
     Py_VISIT(r->usage);
     Py_VISIT(r->names);
@@ -920,6 +935,9 @@ static int Reader_clear(Reader *r)
 {
     Py_CLEAR(r->body);
     Py_CLEAR(r->client);
+    Py_CLEAR(r->c_write);
+    Py_CLEAR(r->c_is_closing);
+    Py_CLEAR(r->c_buffer_size);
     Py_CLEAR(r->tracker);
     Py_CLEAR(r->usage);
     Py_CLEAR(r->names);
@@ -997,6 +1015,13 @@ static PyObject *Reader_relay(Reader *r, PyObject *args)
     double now;
     if (!PyArg_ParseTuple(args, "y*pd|py*", &view, &complete, &now, &counted, &head))
         return NULL;
+    if (!r->attached) {
+        PyBuffer_Release(&view);
+        if (head.buf != NULL)
+            PyBuffer_Release(&head);
+        PyErr_SetString(PyExc_RuntimeError, "relay() before attach(): no client to relay to");
+        return NULL;
+    }
     r->now = now;
     r->uncounted = !counted;
     r->head = head.buf;
@@ -1037,11 +1062,21 @@ static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
                                      &usage, &names, &bounds, &high_water, &now, &chat,
                                      &client_ids, &tail, &last_chunk))
         return NULL;
-    PyObject *seq = PySequence_Fast(bounds, "bounds must be a sequence of floats");
+    PyObject *write = PyObject_GetAttr(client, s_write);
+    PyObject *is_closing = write ? PyObject_GetAttr(client, s_is_closing) : NULL;
+    PyObject *buffer_size = is_closing ? PyObject_GetAttr(client, s_buffer_size) : NULL;
+    PyObject *seq = buffer_size ? PySequence_Fast(bounds, "bounds must be a sequence of floats")
+                                : NULL;
     if (seq == NULL) {
+        Py_XDECREF(write);
+        Py_XDECREF(is_closing);
+        Py_XDECREF(buffer_size);
         PyBuffer_Release(&tail);
         return NULL;
     }
+    Py_XSETREF(r->c_write, write);
+    Py_XSETREF(r->c_is_closing, is_closing);
+    Py_XSETREF(r->c_buffer_size, buffer_size);
     Py_ssize_t nb = PySequence_Fast_GET_SIZE(seq);
     double *b = PyMem_Calloc((size_t)nb + 1, sizeof(double));
     unsigned long long *c = PyMem_Calloc((size_t)nb + 1, sizeof(unsigned long long));
@@ -1085,6 +1120,7 @@ static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
     r->last = r->now = now;
     Py_SETREF(r->client, Py_NewRef(client));
     Py_SETREF(r->tracker, Py_NewRef(tracker));
+    r->t_synced = 0; /* read it at the first read */
     Py_SETREF(r->usage, Py_NewRef(usage));
     Py_SETREF(r->names, Py_NewRef(names));
     r->high_water = high_water;
@@ -1092,6 +1128,13 @@ static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
     r->client_ids = client_ids;
     r->last_chunk = last_chunk;
     r->attached = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_settle(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    if (r->tracker != NULL && r->tracker != Py_None && sync_out(r) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1123,6 +1166,7 @@ static PyObject *Reader_get_body(Reader *r, void *c) { return Py_NewRef(r->body)
 static PyObject *Reader_get_complete(Reader *r, void *c) { return PyBool_FromLong(r->complete); }
 static PyObject *Reader_get_mid_event(Reader *r, void *c) { return PyBool_FromLong(r->mid_event); }
 static PyObject *Reader_get_last(Reader *r, void *c) { return PyFloat_FromDouble(r->last); }
+static PyObject *Reader_get_heard(Reader *r, void *c) { return PyFloat_FromDouble(r->now); }
 static PyObject *Reader_get_gap(Reader *r, void *c)
 {
     if (!r->has_gap)
@@ -1148,6 +1192,7 @@ static PyGetSetDef Reader_getset[] = {
     {"mid_event", (getter)Reader_get_mid_event, (setter)Reader_set_mid_event,
      "the last bytes written end inside an SSE event", NULL},
     {"last", (getter)Reader_get_last, NULL, "monotonic time of the last write", NULL},
+    {"heard", (getter)Reader_get_heard, NULL, "the loop's time of the last read", NULL},
     {"gap", (getter)Reader_get_gap, NULL, "running estimate of the gap between writes", NULL},
     {"pending", (getter)Reader_get_pending, NULL, "bytes of an SSE event still incomplete", NULL},
     {NULL},
@@ -1166,6 +1211,8 @@ static PyMethodDef Reader_methods[] = {
     {"attach", (PyCFunction)(void (*)(void))Reader_attach, METH_VARARGS | METH_KEYWORDS,
      "attach(client, tracker, usage, names, bounds, high_water, now, chat, client_ids, tail,\n"
      "last_chunk): `last_chunk`: a clean end writes the stream's last chunk (flag ENDED)"},
+    {"settle", (PyCFunction)Reader_settle, METH_NOARGS,
+     "settle(): write the counts kept here since the last look back to the tracker"},
     {"gaps", (PyCFunction)Reader_gaps, METH_NOARGS,
      "gaps() -> (bucket counts, sum): the gaps between writes since attach"},
     {NULL},
@@ -1191,8 +1238,9 @@ static PyTypeObject ReaderType = {
  * protocol, a read of an answer's body goes from the loop straight to `feed_read`: the
  * connection's Python `data_received` (gateway/proxy/connection.py) runs only while the
  * connection has no Reader (the response head), and its `_native_flags` only when the read
- * needs Python, exactly when that method would have called it. Every other protocol call
- * goes to the connection as it is. */
+ * needs Python, exactly when that method would have called it. The time of the read stays
+ * in the Reader (`heard`), where the connection's method keeps it on itself (`last_data`).
+ * Every other protocol call goes to the connection as it is. */
 
 typedef struct {
     PyObject_HEAD
@@ -1200,7 +1248,7 @@ typedef struct {
     PyObject *clock; /* its loop's `time` */
 } Tap;
 
-static PyObject *s_reader, *s_events, *s_last_data, *s_native_flags, *s_data_received,
+static PyObject *s_reader, *s_events, *s_native_flags, *s_data_received,
     *s_connection_made, *s_connection_lost, *s_eof_received, *s_pause_writing,
     *s_resume_writing, *s_loop, *s_time;
 
@@ -1269,7 +1317,7 @@ static PyObject *Tap_data_received(Tap *t, PyObject *data)
     if (now == NULL)
         goto done;
     double when = PyFloat_AsDouble(now);
-    if ((when == -1.0 && PyErr_Occurred()) || PyObject_SetAttr(t->conn, s_last_data, now) < 0)
+    if (when == -1.0 && PyErr_Occurred())
         goto done;
     flags = feed_read((Reader *)reader, data, when);
     if (flags == NULL)
@@ -1388,7 +1436,6 @@ PyMODINIT_FUNC PyInit__relay(void)
     INTERN(s_buffer_size, "get_write_buffer_size");
     INTERN(s_reader, "reader");
     INTERN(s_events, "events");
-    INTERN(s_last_data, "last_data");
     INTERN(s_native_flags, "_native_flags");
     INTERN(s_data_received, "data_received");
     INTERN(s_connection_made, "connection_made");

@@ -188,7 +188,9 @@ class NativePump(Pump):
 
     @property
     def last(self) -> float:
-        last: float = self.reader.last
+        """The later of the last write and the last read: the Tap (the connection's protocol)
+        keeps a read's time in the Reader, not in the connection's `last_data`."""
+        last: float = max(self.reader.last, self.reader.heard)
         return last
 
     @property
@@ -196,6 +198,7 @@ class NativePump(Pump):
         return bool(self.reader.mid_event)
 
     def finish(self) -> None:
+        self.reader.settle()  # the tracker's counts, kept in the Reader between reads
         counts, total = self.reader.gaps()
         if total or any(counts):
             self.itl.merge(counts, total)

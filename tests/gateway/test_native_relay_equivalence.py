@@ -268,3 +268,17 @@ def test_only_events_that_name_a_usage_reach_python(monkeypatch: pytest.MonkeyPa
         out = relay_reads(relay, split(CHUNKED + chunked(body, [40]), [90, 200]), tracked=False)
         assert out.usage[:2] == (3, 5)
         assert parsed == [last], relay
+
+
+def test_a_stream_cut_off_mid_answer_leaves_the_trackers_counts_as_python_does() -> None:
+    """The native relay keeps the tracker's counts between reads and writes them back when
+    Python looks: here the unit's connection closes after a few token chunks, with no flag
+    from any read, and resumption reads the counts from the tracker."""
+    name, body, opts = next(r for r in RECORDED if r[0].startswith("sim_") and r[2]["chat"])
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e][:6]
+    reads = [CHUNKED + b"%x\r\n%b\r\n" % (len(events[0]), events[0])]
+    reads += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]]  # no last chunk: cut off
+    for lean in (False, True):
+        py, nat = both(reads, lean=lean, **opts)
+        assert_same(py, nat)
+        assert py.end == "broken" and py.tracker["produced"] >= 4, (name, py.end, py.tracker)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +121,13 @@ def test_garbled_chunk_headers_never_crash(sizes: list[str], cuts: list[int]) ->
     raw = START + b"".join(s.encode() + b"\r\n" + FIRST + b"\r\n" for s in sizes)
     out = relay_reads(native(), split(raw, cuts), tracked=True)
     assert out.end in {"complete", "failed", "broken", "open", "no-answer"}
+
+
+def test_relaying_before_a_client_is_attached_is_refused_not_a_crash() -> None:
+    reader = native().Reader(0)
+    with pytest.raises(RuntimeError, match="before attach"):
+        reader.relay(b"data: x\n\n", False, 1.0)
+    with pytest.raises(AttributeError):  # a client without a transport's methods
+        reader.attach(object(), None, None, None, (0.1,), 1024, 1.0)
+    with pytest.raises(RuntimeError, match="before attach"):
+        reader.relay(b"data: x\n\n", False, 1.0)
