@@ -841,8 +841,7 @@ static PyObject *relay(Reader *r, int complete)
                 return NULL;
             failed = 1;
         }
-        if (r->tracker != Py_None)
-            failed |= r->t_error;
+        failed |= r->t_error; /* set only with a tracker */
     }
     int ending = 0;
     if (complete && r->last_chunk && !failed) {
@@ -1165,7 +1164,6 @@ static PyObject *Reader_get_failure(Reader *r, void *c)
 static PyObject *Reader_get_body(Reader *r, void *c) { return Py_NewRef(r->body); }
 static PyObject *Reader_get_complete(Reader *r, void *c) { return PyBool_FromLong(r->complete); }
 static PyObject *Reader_get_mid_event(Reader *r, void *c) { return PyBool_FromLong(r->mid_event); }
-static PyObject *Reader_get_last(Reader *r, void *c) { return PyFloat_FromDouble(r->last); }
 static PyObject *Reader_get_heard(Reader *r, void *c) { return PyFloat_FromDouble(r->now); }
 static PyObject *Reader_get_gap(Reader *r, void *c)
 {
@@ -1191,7 +1189,6 @@ static PyGetSetDef Reader_getset[] = {
     {"complete", (getter)Reader_get_complete, NULL, "the answer's body ended", NULL},
     {"mid_event", (getter)Reader_get_mid_event, (setter)Reader_set_mid_event,
      "the last bytes written end inside an SSE event", NULL},
-    {"last", (getter)Reader_get_last, NULL, "monotonic time of the last write", NULL},
     {"heard", (getter)Reader_get_heard, NULL, "the loop's time of the last read", NULL},
     {"gap", (getter)Reader_get_gap, NULL, "running estimate of the gap between writes", NULL},
     {"pending", (getter)Reader_get_pending, NULL, "bytes of an SSE event still incomplete", NULL},

@@ -120,7 +120,7 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_data = now = self.loop.time()
         reader = self.reader
-        if reader is not None:
+        if reader is not None:  # the Tap does this in C (the reference it is tested against)
             flags = reader.feed(data, now)
             if flags or self.events is None:  # no relay yet: the request task may be waiting
                 self._native_flags(flags)

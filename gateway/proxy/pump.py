@@ -188,10 +188,10 @@ class NativePump(Pump):
 
     @property
     def last(self) -> float:
-        """The later of the last write and the last read: the Tap (the connection's protocol)
-        keeps a read's time in the Reader, not in the connection's `last_data`."""
-        last: float = max(self.reader.last, self.reader.heard)
-        return last
+        """The time of the last read (every write follows one), which the Tap (the connection's
+        protocol) keeps in the Reader, not in the connection's `last_data`."""
+        heard: float = self.reader.heard
+        return heard
 
     @property
     def mid_event(self) -> bool:
