@@ -4,7 +4,9 @@
  * came off the socket and de-frames them (HTTP/1.1 chunked, a Content-Length, or until the
  * close). Until a relay attaches, the body bytes are appended to a list (`body`); once one
  * has (`attach`), the same call also cuts SSE events, tracks and strips a resumable stream's
- * token ids (the common token chunk; every other event goes to the Python tracker), finds
+ * token ids (the common token chunk, the finish and usage chunks, [DONE]: after its first
+ * event an answer as the servers send it needs no Python; any other event goes to the Python
+ * tracker), finds
  * the events that report usage (handed to the Python usage reader), writes what goes to the
  * client framed as one HTTP chunk, and keeps the gap and pace bookkeeping and the bucket
  * counts of the gaps between writes. Python runs only when something happens: the call
@@ -165,17 +167,24 @@ static void give_back(Reader *r)
 }
 
 static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_committed,
-    *s_unparsed, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
+    *s_unparsed, *s_finish_reason, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
 
 static const char IDS[] = ",\"token_ids\":[";
 static const char NULL_FINISH[] = "\"finish_reason\":null";
+static const char FINISH[] = "\"finish_reason\":\"";
+static const char STOP_NULL[] = ",\"stop_reason\":null";
 static const char VLLM_PROMPT[] = ",\"prompt_token_ids\":null";
-static const char VLLM_TAIL[] =
-    "\"finish_reason\":null,\"stop_reason\":null,\"prompt_token_ids\":null";
 static const char END_A[] = "}]}\n\n";
 static const char END_B[] = "}],\"usage\":null}\n\n";
 static const char TEXT_CHAT[] = "\"delta\":{\"content\":\"";
 static const char TEXT_PLAIN[] = "\"text\":\"";
+static const char EMPTY_DELTA[] = "\"delta\":{}";
+static const char CHOICES[] = "\"choices\"";
+static const char NO_CHOICES[] = "\"choices\":[]";
+static const char USAGE_OBJECT[] = "\"usage\":{";
+static const char ERROR_KEY[] = "\"error\"";
+static const char ANY_IDS[] = "token_ids\"";
+static const char DONE[] = "data: [DONE]\n\n";
 static const char USAGE[] = "\"usage\"";
 static const char DATA_OBJ[] = "data: {";
 #define LIT(s) (s), ((Py_ssize_t)sizeof(s) - 1)
@@ -407,22 +416,56 @@ static int deframe(Reader *r, const char *p, Py_ssize_t n)
     return 0;
 }
 
-/* -- the tracker's common event, in C (tracker.py's _token_chunk) ----------------------- */
+/* -- the tracker's common events, in C (tracker.py's _known_shape) ---------------------- */
 
-/* 1: handled (out has what goes to the client); 0: not this shape; -1: a Python error. */
-static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
+/* Whether e[0:at] ends with the `n` bytes of `s`. */
+static int ends_with(const char *e, Py_ssize_t at, const char *s, Py_ssize_t n)
 {
-    Py_ssize_t ids_len = (Py_ssize_t)sizeof(IDS) - 1, nf_len = (Py_ssize_t)sizeof(NULL_FINISH) - 1;
+    return at >= n && memcmp(e + at - n, s, (size_t)n) == 0;
+}
+
+/* The finish reason ending just before `at` when it is a plain word (tracker.py's
+ * _finish_before): its length, with *word where it starts; 0 when it is not one. */
+static Py_ssize_t finish_before(const char *e, Py_ssize_t at, Py_ssize_t *word)
+{
+    if (at < 1 || e[at - 1] != '"')
+        return 0;
+    Py_ssize_t w = at - 1;
+    while (w > at - 33 && w > 0 && ((e[w - 1] >= 'a' && e[w - 1] <= 'z') || e[w - 1] == '_'))
+        w--;
+    if (w == at - 1 || !ends_with(e, w, LIT(FINISH)))
+        return 0;
+    *word = w;
+    return at - 1 - w;
+}
+
+/* tracker.py's _is_usage_chunk. */
+static int is_usage_chunk(const char *e, Py_ssize_t n)
+{
+    Py_ssize_t at = find(e, n, LIT(CHOICES));
+    return at >= 0 && find(e + at + 1, n - at - 1, LIT(CHOICES)) < 0 &&
+           find(e + at, n - at, LIT(NO_CHOICES)) == 0 && find(e, n, LIT(USAGE_OBJECT)) >= 0 &&
+           find(e, n, LIT(ERROR_KEY)) < 0 && find(e, n, LIT(ANY_IDS)) < 0;
+}
+
+/* 1: handled (out has what goes to the client); 0: not a known shape; -1: a Python error. */
+static int known_shape(Reader *r, const char *e, Py_ssize_t n)
+{
+    Py_ssize_t ids_len = (Py_ssize_t)sizeof(IDS) - 1;
     Py_ssize_t start = rfind(e, n, LIT(IDS));
     if (start < 0)
-        return 0;
-    Py_ssize_t cut = start; /* where what the client does not see begins */
-    if (start < nf_len || memcmp(e + start - nf_len, NULL_FINISH, (size_t)nf_len) != 0) {
-        /* vLLM's completion chunks: a null stop_reason and null prompt ids in between */
-        Py_ssize_t tail_len = (Py_ssize_t)sizeof(VLLM_TAIL) - 1;
-        if (start < tail_len || memcmp(e + start - tail_len, VLLM_TAIL, (size_t)tail_len) != 0)
+        return is_usage_chunk(e, n) ? (out_add(r, e, n) < 0 ? -1 : 1) : 0;
+    /* Before the ids: the finish reason (null, or a plain word), then perhaps vLLM's null
+     * stop_reason, then perhaps its null prompt ids (which the client does not see). */
+    Py_ssize_t cut = start, at = start, word = 0, finish = 0;
+    if (ends_with(e, at, LIT(VLLM_PROMPT)))
+        cut = at = at - ((Py_ssize_t)sizeof(VLLM_PROMPT) - 1);
+    if (ends_with(e, at, LIT(STOP_NULL)))
+        at -= (Py_ssize_t)sizeof(STOP_NULL) - 1;
+    if (!ends_with(e, at, LIT(NULL_FINISH))) {
+        finish = finish_before(e, at, &word);
+        if (finish == 0)
             return 0;
-        cut = start - ((Py_ssize_t)sizeof(VLLM_PROMPT) - 1);
     }
     Py_ssize_t from = start + ids_len;
     const char *close = memchr(e + from, ']', (size_t)(n - from));
@@ -439,9 +482,11 @@ static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
     Py_ssize_t text_len = r->chat ? (Py_ssize_t)sizeof(TEXT_CHAT) - 1
                                   : (Py_ssize_t)sizeof(TEXT_PLAIN) - 1;
     Py_ssize_t text_at = find(e, n, text, text_len);
-    if (text_at < 0)
-        return 0;
-    int has_text = e[text_at + text_len] != '"';
+    int has_text = 0;
+    if (text_at >= 0)
+        has_text = e[text_at + text_len] != '"';
+    else if (!(finish > 0 && r->chat && find(e, n, LIT(EMPTY_DELTA)) >= 0))
+        return 0; /* (a chat finish chunk's empty delta has no text) */
     Py_ssize_t listed = end - from;
     if (listed > 0) {
         Py_ssize_t commas = 0;
@@ -460,9 +505,18 @@ static int token_chunk(Reader *r, const char *e, Py_ssize_t n)
         r->t_committed = r->t_produced;
         r->t_dirty = 1;
     }
+    if (finish > 0) { /* once an answer: set on the tracker at once */
+        PyObject *reason = PyUnicode_FromStringAndSize(e + word, finish);
+        if (reason == NULL)
+            return -1;
+        int bad = PyObject_SetAttr(r->tracker, s_finish_reason, reason);
+        Py_DECREF(reason);
+        if (bad < 0)
+            return -1;
+    }
     if (r->client_ids)
         return out_add(r, e, n) < 0 ? -1 : 1;
-    if (!has_text)
+    if (!has_text && finish == 0)
         return 1; /* a chunk that only carried token ids the client did not ask for */
     if (out_add(r, e, cut) < 0 || out_add(r, e + end + 1, n - end - 1) < 0)
         return -1;
@@ -555,9 +609,16 @@ static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
     if (r->t_skip)
         return 0; /* nothing follows the end, or an error the gateway will handle */
     if (r->t_fast && n >= (Py_ssize_t)sizeof(DATA_OBJ) - 1 && memcmp(e, LIT(DATA_OBJ)) == 0) {
-        int handled = token_chunk(r, e, n);
+        int handled = known_shape(r, e, n);
         if (handled != 0)
             return handled < 0 ? -1 : 0;
+    }
+    if (n == (Py_ssize_t)sizeof(DONE) - 1 && memcmp(e, LIT(DONE)) == 0) {
+        /* the answer's end, as _event takes it: nothing after it is relayed */
+        if (PyObject_SetAttr(r->tracker, s_done, Py_True) < 0)
+            return -1;
+        r->t_skip = 1;
+        return out_add(r, e, n);
     }
     if (sync_out(r) < 0)
         return -1;
@@ -1419,6 +1480,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__relay(void)
 {
     INTERN(s_done, "done");
+    INTERN(s_finish_reason, "finish_reason");
     INTERN(s_error, "error");
     INTERN(s_capable, "capable");
     INTERN(s_continuing, "continuing");

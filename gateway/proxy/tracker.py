@@ -32,15 +32,25 @@ _IDS = b',"token_ids":['
 _IDS_LEN = len(_IDS)
 _NULL_FINISH = b'"finish_reason":null'
 _NULL_FINISH_LEN = len(_NULL_FINISH)
-# vLLM's completion chunks put these between the finish reason and the ids; the null prompt
-# ids go with the ids (the parsing path deletes both keys, and keeps stop_reason).
+_FINISH = b'"finish_reason":"'
+_FINISH_LEN = len(_FINISH)
+# vLLM's chunks may put these between the finish reason and the ids: a null stop_reason (kept,
+# as the parsing path keeps it) and, in completion chunks, null prompt ids (which go with the
+# ids: the parsing path deletes both keys).
+_STOP_NULL = b',"stop_reason":null'
+_STOP_NULL_LEN = len(_STOP_NULL)
 _VLLM_PROMPT = b',"prompt_token_ids":null'
-_VLLM_TAIL = _NULL_FINISH + b',"stop_reason":null' + _VLLM_PROMPT
-_VLLM_TAIL_LEN = len(_VLLM_TAIL)
+_VLLM_PROMPT_LEN = len(_VLLM_PROMPT)
 _ENDINGS = (b"}]}\n\n", b'}],"usage":null}\n\n')
 _TEXT = {True: b'"delta":{"content":"', False: b'"text":"'}
+_EMPTY_DELTA = b'"delta":{}'
 _QUOTE = ord('"')
 _DONE = b"data: [DONE]\n\n"
+# The last chunk of an answer whose client asked for usage: no choices, nothing to strip.
+_CHOICES = b'"choices"'
+_NO_CHOICES = b'"choices":[]'
+_USAGE_OBJECT = b'"usage":{'
+_NOT_IN_USAGE_CHUNK = (b'"error"', b'token_ids"')
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -117,8 +127,8 @@ class StreamTracker:
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the client for `data` read from the unit (whole events only).
 
-        gateway/native/relay.c does the same (the splitting and `_token_chunk`) in C and
-        calls `_event` for the rest: the two must stay alike, byte for byte."""
+        gateway/native/relay.c does the same (the splitting, `_known_shape` and [DONE]) in C
+        and calls `_event` for the rest: the two must stay alike, byte for byte."""
         # The common read: one whole token chunk, taken as `_event` would take it.
         if (
             self.capable
@@ -130,7 +140,7 @@ class StreamTracker:
             and data.find(b"\n\n") == len(data) - 2
             and b"\n\r\n" not in data
         ):
-            fast = self._token_chunk(data)
+            fast = self._known_shape(data)
             if fast is not None:
                 return fast
         out = b"".join([self._event(event) for event in self.splitter.feed(data)])
@@ -142,7 +152,7 @@ class StreamTracker:
         if self.done or self.error is not None:
             return b""  # nothing follows the end, or an error the gateway will handle
         if self.capable and not self.continuing and event.startswith(b"data: {"):
-            fast = self._token_chunk(event)
+            fast = self._known_shape(event)
             if fast is not None:
                 return fast
         payload = data_of(event)
@@ -170,29 +180,38 @@ class StreamTracker:
             return b""
         return self._continued(obj) if self.continuing else self._original(obj, event)
 
-    def _token_chunk(self, event: bytes) -> bytes | None:
-        """The common event, one token of the one choice, read and stripped without parsing
-        the JSON (a parse and a re-serialisation cost as much as relaying the event). It
-        knows two shapes: token_ids right after a null finish_reason, closing the only choice
-        (the builtin engine's, the simulated units', vLLM's chat chunks), and vLLM's
-        completion chunks, with a null stop_reason and null prompt_token_ids in between.
-        Anything else (a finish, another key order) returns None and takes the parsing path;
-        what this returns is what that path would (byte for byte on vLLM's compact JSON)."""
+    def _known_shape(self, event: bytes) -> bytes | None:
+        """The common events, read and stripped without parsing the JSON (a parse and a
+        re-serialisation cost as much as relaying the event): one choice's token chunk, its
+        finish chunk, and the usage chunk after it. Anything else (another key order, a
+        second choice, an error) returns None and takes the parsing path; what this returns,
+        and leaves in the tracker, is what that path would (byte for byte on compact JSON:
+        the builtin engine's, the simulated units', vLLM's)."""
         start = event.rfind(_IDS)  # near the end: scanning from there is shorter
         if start < 0:
-            return None
-        cut = start  # where what the client does not see begins
-        if event[start - _NULL_FINISH_LEN : start] != _NULL_FINISH:
-            if event[start - _VLLM_TAIL_LEN : start] != _VLLM_TAIL:
+            return event if _is_usage_chunk(event) else None
+        # What sits before the ids: the finish reason (null, or a plain word), then perhaps
+        # vLLM's null stop_reason, then perhaps its null prompt ids.
+        cut = at = start  # `cut`: where what the client does not see begins
+        if event[at - _VLLM_PROMPT_LEN : at] == _VLLM_PROMPT:
+            cut = at = at - _VLLM_PROMPT_LEN
+        if event[at - _STOP_NULL_LEN : at] == _STOP_NULL:
+            at -= _STOP_NULL_LEN
+        finish: str | None = None
+        if event[at - _NULL_FINISH_LEN : at] != _NULL_FINISH:
+            finish = _finish_before(event, at)
+            if finish is None:
                 return None
-            cut = start - len(_VLLM_PROMPT)
         end = event.find(b"]", start + _IDS_LEN)
         if end < 0 or event[end + 1 :] not in _ENDINGS or event.count(_IDS) != 1:
             return None
         text_at = event.find(_TEXT[self.chat])
-        if text_at < 0:
+        if text_at >= 0:
+            has_text = event[text_at + len(_TEXT[self.chat])] != _QUOTE
+        elif finish is not None and self.chat and _EMPTY_DELTA in event:
+            has_text = False  # a chat finish chunk's empty delta
+        else:
             return None
-        has_text = event[text_at + len(_TEXT[self.chat])] != _QUOTE
         listed = event[start + _IDS_LEN : end]
         if listed:
             self.unparsed += listed
@@ -200,9 +219,11 @@ class StreamTracker:
             self.produced += listed.count(b",") + 1
         if has_text:
             self.committed = self.produced
+        if finish is not None:
+            self.finish_reason = finish
         if self.client_ids:
             return event
-        if not has_text:
+        if not has_text and finish is None:
             return b""  # a chunk that only carried token ids the client did not ask for
         return event[:cut] + event[end + 1 :]
 
@@ -327,6 +348,30 @@ class StreamTracker:
             out += self._usage_chunk(self.produced)
         self.done = True
         return out + _DONE
+
+
+def _finish_before(event: bytes, at: int) -> str | None:
+    """The finish reason that ends just before `at`, when it is a plain word of at most 32
+    lowercase letters and underscores (`stop`, `length`, `tool_calls`), else None."""
+    if event[at - 1 : at] != b'"':
+        return None
+    word = at - 1
+    while word > at - 33 and (97 <= event[word - 1] <= 122 or event[word - 1] == 95):
+        word -= 1
+    if word == at - 1 or event[word - _FINISH_LEN : word] != _FINISH:
+        return None
+    return event[word : at - 1].decode()
+
+
+def _is_usage_chunk(event: bytes) -> bool:
+    """Whether `event` is an answer's usage chunk as the units send it: no choices, a usage
+    object, no ids to strip, no error (the parsing path would return it as it is)."""
+    return (
+        event.count(_CHOICES) == 1
+        and _NO_CHOICES in event
+        and _USAGE_OBJECT in event
+        and not any(word in event for word in _NOT_IN_USAGE_CHUNK)
+    )
 
 
 def _ids(value: object) -> list[int] | None:

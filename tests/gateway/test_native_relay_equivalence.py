@@ -113,6 +113,37 @@ def test_recorded_stream_event_per_read(name: str, body: bytes, opts: dict[str, 
         assert py.writes  # the relay wrote, not only the first bytes
 
 
+TRACKED = [r for r in RECORDED if b',"token_ids":[' in r[1]]
+
+
+@pytest.mark.parametrize(("name", "body", "opts"), TRACKED, ids=[r[0] for r in TRACKED])
+def test_after_its_first_event_a_recorded_answer_needs_no_python(
+    monkeypatch: pytest.MonkeyPatch, name: str, body: bytes, opts: dict[str, Any]
+) -> None:
+    """The native relay calls the Python tracker for an answer's first event (its prompt
+    ids) and for nothing else the servers send: token chunks, the finish chunk, the usage
+    chunk and [DONE] are read in C (an error event, which breaks the stream, goes to Python)."""
+    from gateway.proxy.tracker import StreamTracker
+
+    called: list[bytes] = []
+    event = StreamTracker._event
+
+    def counting(self: StreamTracker, data: bytes) -> bytes:
+        called.append(data)
+        return event(self, data)
+
+    monkeypatch.setattr(StreamTracker, "_event", counting)
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+    reads = [CHUNKED + b"%x\r\n%b\r\n" % (len(e), e) for e in events[:1]]
+    reads += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
+    out = relay_reads(native(), reads, **opts)
+    assert out.pump == "NativePump" and len(called) >= 1
+    errors = [e for e in events if b'"error"' in e]
+    assert called[1:] == errors[:1], called[1:]
+    if not errors and b"data: [DONE]" in body:  # (one recording is cut off before its end)
+        assert out.end == "complete" and out.tracker["done"] and out.tracker["finish_reason"]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     which=st.integers(0, len(RECORDED) - 1),
@@ -140,13 +171,22 @@ TEXT = st.text(
 IDS = st.lists(st.integers(0, 60_000), min_size=0, max_size=3)
 
 
-def _chunk(shape: str, chat: bool, text: str, ids: list[int], finish: str | None) -> bytes:
-    """One token chunk in the key order of the server `shape` names."""
+def _chunk(
+    shape: str,
+    chat: bool,
+    text: str | None,
+    ids: list[int],
+    finish: str | None,
+    stop: str = "null",
+) -> bytes:
+    """One token chunk in the key order of the server `shape` names (`text` None: a chat
+    finish chunk's empty delta; `stop`: vLLM's stop_reason, as JSON)."""
     head = '{"id":"c1","object":"chat.completion.chunk","created":1,"model":"served",'
     if chat:
-        choice = '"index":0,"delta":{"content":' + orjson.dumps(text).decode() + "}"
+        content = "" if text is None else '"content":' + orjson.dumps(text).decode()
+        choice = '"index":0,"delta":{' + content + "}"
     else:
-        choice = '"index":0,"text":' + orjson.dumps(text).decode()
+        choice = '"index":0,"text":' + orjson.dumps(text or "").decode()
     fin = orjson.dumps(finish).decode()
     listed = orjson.dumps(ids).decode()
     if shape == "builtin":
@@ -155,12 +195,37 @@ def _chunk(shape: str, chat: bool, text: str, ids: list[int], finish: str | None
         body = (
             f'{choice},"logprobs":null,"finish_reason":{fin},"token_ids":{listed}}}],"usage":null}}'
         )
+    elif shape == "vllm_chat":  # a stop_reason, no prompt ids
+        body = (
+            f'{choice},"logprobs":null,"finish_reason":{fin},"stop_reason":{stop},'
+            f'"token_ids":{listed}}}]}}'
+        )
     else:  # vLLM's completions order
         body = (
-            f'{choice},"logprobs":null,"finish_reason":{fin},"stop_reason":null,'
+            f'{choice},"logprobs":null,"finish_reason":{fin},"stop_reason":{stop},'
             f'"prompt_token_ids":null,"token_ids":{listed}}}]}}'
         )
     return ("data: " + head + '"choices":[{' + body + "\n\n").encode()
+
+
+# Finish reasons: the common words, and what must not be read as one without parsing.
+FINISH = st.sampled_from(
+    [None, None, None, "stop", "length", "tool_calls", "Stop", "", 'st"op', "x" * 33]
+)
+STOP = st.sampled_from(["null", "null", '"\\n"', "7"])
+USAGE = '{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'
+USAGE_CHUNKS = st.sampled_from(
+    [
+        f'data: {{"id":"c1","choices":[],"usage":{USAGE}}}\n\n',
+        f'data: {{"id":"c1","choices":[],"usage":{USAGE},"system_fingerprint":"v"}}\n\n',
+        f'data: {{"id":"c1","choices":[],"usage":{USAGE},"error":"late"}}\n\n',
+        f'data: {{"id":"c1","choices":[],"usage":{USAGE},"prompt_token_ids":[1]}}\n\n',
+        f'data: {{"id":"c1","choices":[],"choices":[],"usage":{USAGE}}}\n\n',
+        # a choice with text, and another object's empty choices
+        'data: {"id":"c1","choices":[{"index":0,"text":"a","delta":{"content":"a"},'
+        f'"finish_reason":null,"x":{{"choices":[]}}}}],"usage":{USAGE}}}\n\n',
+    ]
+).map(str.encode)
 
 
 @st.composite
@@ -173,12 +238,13 @@ def events(draw: st.DrawFn, chat: bool) -> list[bytes]:
         f'"prompt_token_ids":{prompt}}}\n\n'
     ).encode()
     out = [opening]
-    shapes = st.sampled_from(["builtin", "builtin_usage", "vllm"])
+    shapes = st.sampled_from(["builtin", "builtin_usage", "vllm", "vllm_chat"])
     for _ in range(draw(st.integers(0, 12))):
         kind = draw(st.integers(0, 20))
         if kind <= 14:
-            finish = draw(st.sampled_from([None, None, None, "stop", "length"]))
-            out.append(_chunk(draw(shapes), chat, draw(TEXT), draw(IDS), finish))
+            finish = draw(FINISH)
+            text = draw(st.one_of(st.none(), TEXT) if finish is not None else TEXT)
+            out.append(_chunk(draw(shapes), chat, text, draw(IDS), finish, draw(STOP)))
         elif kind == 15:
             out.append(b": keep-alive\n\n")
         elif kind == 16:
@@ -187,8 +253,7 @@ def events(draw: st.DrawFn, chat: bool) -> list[bytes]:
         elif kind == 17:
             out.append(b'data: {"error":{"message":"boom","code":"engine_error"}}\n\n')
         elif kind == 18:
-            usage = '{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}'
-            out.append(f'data: {{"id":"c1","choices":[],"usage":{usage}}}\n\n'.encode())
+            out.append(draw(USAGE_CHUNKS))
         elif kind == 19:
             out.append(b"data: not json\n\n")
         else:
@@ -222,6 +287,37 @@ def test_generated_streams(data: st.DataObject, chat: bool, client_ids: bool, us
     opts = {"chat": chat, "client_ids": client_ids, "include_usage": usage}
     py, nat = both(reads, tracked=tracked, served=served, lean=data.draw(st.booleans()), **opts)
     assert_same(py, nat)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), chat=st.booleans(), client_ids=st.booleans(), usage=st.booleans())
+def test_the_shapes_read_without_parsing_read_as_the_parser_does(
+    data: st.DataObject, chat: bool, client_ids: bool, usage: bool
+) -> None:
+    """Both relays read the common events without the JSON parser (the tracker's
+    `_known_shape`, and its copy in C): over generated streams, what that gives the client and
+    leaves in the tracker is what parsing every event gives."""
+    from gateway.proxy.tracker import StreamTracker
+
+    class Parsing(StreamTracker):
+        __slots__ = ()
+
+        def _known_shape(self, event: bytes) -> bytes | None:
+            return None
+
+    events_ = data.draw(events(chat))
+
+    def run(shapes: bool) -> tuple[object, ...]:
+        tracker = (StreamTracker if shapes else Parsing)(chat, client_ids, usage)
+        out = b"".join(tracker.feed(e) for e in events_)
+        try:
+            ids: object = tracker.generated
+        except ValueError:
+            ids = "not integers"
+        state = (tracker.committed, tracker.produced, tracker.finish_reason, tracker.done)
+        return out, ids, *state, tracker.error, tracker.capable
+
+    assert run(True) == run(False)
 
 
 @settings(max_examples=100, deadline=None)

@@ -79,16 +79,22 @@ def test_a_client_that_asked_for_token_ids_gets_them_verbatim() -> None:
 
 def test_ids_are_parsed_only_when_asked_for_and_keep_their_order() -> None:
     """The fast path keeps each event's ids as bytes; a chunk the parsing path takes (here one
-    with a finish reason and ids) lands after them, and a multi-id chunk counts each id."""
+    with its ids before its finish reason) lands after them, and a multi-id chunk counts each
+    id."""
+
+    def reordered(ids: list[int]) -> bytes:
+        choice = {"index": 0, "delta": {"content": ""}, "token_ids": ids, "finish_reason": "length"}
+        return sse({**BASE, "system_fingerprint": None, "choices": [choice]})
+
     tracker = StreamTracker(chat=True, client_ids=False, include_usage=False)
     tracker.feed(role_chunk(True))
     tracker.feed(chat_chunk("a", [10]) + chat_chunk("b", [11, 12]))
     tracker.feed(chat_chunk("c", [13]))
     assert tracker.unparsed and tracker.produced == 4 and tracker.committed == 4
-    tracker.feed(chat_chunk("", [14], "length"))  # parsed: the fast path knows no finish
+    tracker.feed(reordered([14]))  # parsed: the fast path knows no such key order
     assert tracker.unparsed and tracker.produced == 5  # its ids join the unparsed ones
     assert tracker.generated == [10, 11, 12, 13, 14] and not tracker.unparsed
-    tracker.feed(chat_chunk("", [15, 16], "length"))  # with none unparsed: parsed ids
+    tracker.feed(reordered([15, 16]))  # with none unparsed: parsed ids
     assert not tracker.unparsed and tracker.generated == [10, 11, 12, 13, 14, 15, 16]
     assert tracker.resume_point() == [*PROMPT, 10, 11, 12, 13]
 
@@ -292,13 +298,13 @@ def test_the_unparsed_fast_path_agrees_with_parsing(
         size = 1 if reads == "one event" else 3
         pieces = [b"".join(events[i : i + size]) for i in range(0, len(events), size)]
 
-    def run() -> tuple[bytes, list[int], int]:
+    def run() -> tuple[bytes, list[int], int, str | None, bool]:
         tracker = StreamTracker(chat=True, client_ids=client_ids, include_usage=include_usage)
         out = b"".join(tracker.feed(piece) for piece in pieces)
-        return out, tracker.generated, tracker.committed
+        return out, tracker.generated, tracker.committed, tracker.finish_reason, tracker.done
 
     fast = run()
-    monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, event: None)
+    monkeypatch.setattr(StreamTracker, "_known_shape", lambda self, event: None)
     assert run() == fast
 
 
@@ -313,20 +319,124 @@ def test_vllm_completion_chunks_take_the_fast_path_to_the_same_bytes(
     reason and the ids) are read without parsing, to the bytes and state parsing reaches."""
     stream = (Path(__file__).parent.parent / "data" / "vllm" / name).read_bytes()
     taken = []
-    original = StreamTracker._token_chunk
+    original = StreamTracker._known_shape
 
     def spy(self: StreamTracker, event: bytes) -> bytes | None:
         out = original(self, event)
         taken.append(out is not None)
         return out
 
-    def run() -> tuple[bytes, list[int], int, int]:
+    def run() -> tuple[bytes, list[int], int, int, str | None]:
         tracker = StreamTracker(chat=False, client_ids=client_ids, include_usage=True)
         out = b"".join(tracker.feed(e + b"\n\n") for e in stream.split(b"\n\n") if e)
-        return out, tracker.generated, tracker.committed, tracker.produced
+        return out, tracker.generated, tracker.committed, tracker.produced, tracker.finish_reason
 
-    monkeypatch.setattr(StreamTracker, "_token_chunk", spy)
+    monkeypatch.setattr(StreamTracker, "_known_shape", spy)
     fast = run()
     assert sum(taken) >= 10  # the token chunks took the fast path
-    monkeypatch.setattr(StreamTracker, "_token_chunk", lambda self, event: None)
+    monkeypatch.setattr(StreamTracker, "_known_shape", lambda self, event: None)
     assert run() == fast
+
+
+def _recorded_streams() -> list[tuple[str, bytes, dict[str, bool]]]:
+    """The recorded answers of the builtin engine, the simulated units and stock vLLM that
+    carry token ids, with the options they were recorded with."""
+    data = Path(__file__).parent.parent / "data"
+    out = []
+    for entry in orjson.loads((data / "streams" / "index.json").read_bytes()):
+        opts = {k: entry[k] for k in ("chat", "client_ids", "include_usage")}
+        out.append((entry["file"], (data / "streams" / entry["file"]).read_bytes(), opts))
+    for path in sorted((data / "vllm").glob("*.sse")):
+        if b',"token_ids":[' not in path.read_bytes():
+            continue  # asked for no ids (or another API): relayed verbatim, never tracked
+        opts = {"chat": path.name.startswith(("chat", "multinode")), "client_ids": False}
+        out.append((path.name, path.read_bytes(), {**opts, "include_usage": True}))
+    return out
+
+
+RECORDED = _recorded_streams()
+
+
+@pytest.mark.parametrize(("name", "body", "opts"), RECORDED, ids=[r[0] for r in RECORDED])
+def test_only_an_answers_first_event_is_parsed(
+    monkeypatch: pytest.MonkeyPatch, name: str, body: bytes, opts: dict[str, bool]
+) -> None:
+    """Every later event the servers send (token chunks, the finish chunk, the usage chunk,
+    [DONE]) is read without the JSON parser, to the bytes and state parsing reaches."""
+    parsed: list[bytes] = []
+    original = StreamTracker._original
+
+    def spy(self: StreamTracker, obj: dict[str, Any], event: bytes) -> bytes:
+        parsed.append(event)
+        return original(self, obj, event)
+
+    def run() -> tuple[bytes, list[int], int, int, str | None, bool, str | None]:
+        parsed.clear()
+        tracker = StreamTracker(**opts)
+        out = b"".join(tracker.feed(e + b"\n\n") for e in body.split(b"\n\n") if e)
+        state = (tracker.committed, tracker.produced, tracker.finish_reason, tracker.done)
+        return out, tracker.generated, *state, tracker.error
+
+    monkeypatch.setattr(StreamTracker, "_original", spy)
+    fast = run()
+    assert len(parsed) == 1, parsed[1:]
+    monkeypatch.setattr(StreamTracker, "_known_shape", lambda self, event: None)
+    assert run() == fast
+    assert len(parsed) > 1  # the parsing path did read the rest this time
+
+
+@pytest.mark.parametrize(
+    ("before", "why"),
+    [
+        (b'"finish_reason":"Stop"', "not a lowercase word"),
+        (b'"finish_reason":"st\\u006fp"', "an escape"),
+        (b'"finish_reason":""', "empty"),
+        (b'"finish_reason":"' + b"x" * 33 + b'"', "longer than 32"),
+        (b'"finish_reason":"stop","stop_reason":"\\n"', "a stop string"),
+        (b'"finish_reason":"stop","stop_reason":7', "a stop token"),
+        (b'"reason":"stop"', "another key"),
+    ],
+)
+def test_a_finish_chunk_of_another_shape_is_parsed(before: bytes, why: str) -> None:
+    """Only a plain-word finish reason, with at most vLLM's null stop_reason and null prompt
+    ids after it, is read without parsing; the parsing path reads the rest the same way."""
+    event = b'data: {"id":"c","choices":[{"index":0,"text":"a","logprobs":null,%b' % before
+    event += b',"token_ids":[9]}]}\n\n'
+    tracker = StreamTracker(chat=False, client_ids=False, include_usage=False)
+    tracker.capable = True
+    tracker.template = {"id": "c"}
+    assert tracker._known_shape(event) is None, why
+    out = tracker._event(event)
+    assert tracker.generated == [9] and b"token_ids" not in out, why
+
+
+USAGE = b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}'
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (b'data: {"id":"c","choices":[],%b,"error":"late"}\n\n' % USAGE, "an error"),
+        (b'data: {"id":"c","choices":[],%b,"prompt_token_ids":[1]}\n\n' % USAGE, "prompt ids"),
+        (
+            b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},"x":{"choices":[]}'
+            b"}],%b}\n\n" % USAGE,
+            "a choice, and another object's empty choices",
+        ),
+        (b'data: {"id":"c","choices":[],"usage":null}\n\n', "no usage"),
+    ],
+)
+def test_a_usage_chunk_of_another_shape_is_parsed(event: bytes, why: str) -> None:
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=True)
+    tracker.capable = True
+    tracker.template = {"id": "c"}
+    assert tracker._known_shape(event) is None, why
+    tracker._event(event)  # the parsing path reads it, and does not fail
+
+
+def test_a_usage_chunk_is_relayed_as_it_came() -> None:
+    event = b'data: {"id":"c","choices":[],%b,"system_fingerprint":"v"}\n\n' % USAGE
+    tracker = StreamTracker(chat=True, client_ids=False, include_usage=True)
+    tracker.capable = True
+    tracker.template = {"id": "c"}
+    assert tracker._known_shape(event) == event == tracker._event(event)
