@@ -11,6 +11,7 @@ relay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.errors import UpstreamError
@@ -104,68 +105,107 @@ class Observer:
         return None
 
 
+# The hooks `Signals` fans out (token_gaps apart: it asks until one answers).
+_HOOKS = (
+    "received",
+    "validated",
+    "rejected",
+    "admitted",
+    "attempt_started",
+    "attempt_opened",
+    "attempt_failed",
+    "retried",
+    "budget_exhausted",
+    "first_byte",
+    "answer_ended",
+    "resumed",
+    "ended",
+)
+
+
 class Signals(Observer):
-    """Fans every hook out to the subscribers, in subscription order."""
+    """Fans every hook out to the subscribers that implement it, in subscription order (a
+    hook an observer leaves as Observer's no-op is not called: most observers need two or
+    three of the thirteen, and each runs for every request)."""
 
     def __init__(self) -> None:
         self._observers: list[Observer] = []
+        self._received: tuple[Callable[[Call], None], ...] = ()
+        self._validated: tuple[Callable[[Call], None], ...] = ()
+        self._rejected: tuple[Callable[[Call, str], None], ...] = ()
+        self._admitted: tuple[Callable[[Call, float], None], ...] = ()
+        self._attempt_started: tuple[Callable[[Call, UnitState], None], ...] = ()
+        self._attempt_opened: tuple[Callable[[Call, UnitState, int], None], ...] = ()
+        self._attempt_failed: tuple[
+            Callable[[Call, UnitState, UpstreamError, float], None], ...
+        ] = ()
+        self._retried: tuple[Callable[[Failure], None], ...] = ()
+        self._budget_exhausted: tuple[Callable[[], None], ...] = ()
+        self._first_byte: tuple[Callable[[Call, UnitState, float], None], ...] = ()
+        self._answer_ended: tuple[Callable[[Call, UnitState, End, float | None], None], ...] = ()
+        self._resumed: tuple[Callable[[Call, UnitState, Resumption, str], None], ...] = ()
+        self._ended: tuple[Callable[[Call], None], ...] = ()
 
     def subscribe(self, observer: Observer) -> None:
         self._observers.append(observer)
+        for name in _HOOKS:
+            if getattr(type(observer), name) is not getattr(Observer, name):
+                hooks = getattr(self, "_" + name)
+                setattr(self, "_" + name, (*hooks, getattr(observer, name)))
 
     def received(self, call: Call) -> None:
-        for o in self._observers:
-            o.received(call)
+        for hook in self._received:
+            hook(call)
 
     def validated(self, call: Call) -> None:
-        for o in self._observers:
-            o.validated(call)
+        for hook in self._validated:
+            hook(call)
 
     def rejected(self, call: Call, code: str) -> None:
-        for o in self._observers:
-            o.rejected(call, code)
+        for hook in self._rejected:
+            hook(call, code)
 
     def admitted(self, call: Call, waited: float) -> None:
-        for o in self._observers:
-            o.admitted(call, waited)
+        for hook in self._admitted:
+            hook(call, waited)
 
     def attempt_started(self, call: Call, unit: UnitState) -> None:
-        for o in self._observers:
-            o.attempt_started(call, unit)
+        for hook in self._attempt_started:
+            hook(call, unit)
 
     def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
-        for o in self._observers:
-            o.attempt_opened(call, unit, status)
+        for hook in self._attempt_opened:
+            hook(call, unit, status)
 
     def attempt_failed(
         self, call: Call, unit: UnitState, error: UpstreamError, started: float
     ) -> None:
-        for o in self._observers:
-            o.attempt_failed(call, unit, error, started)
+        for hook in self._attempt_failed:
+            hook(call, unit, error, started)
 
     def retried(self, kind: Failure) -> None:
-        for o in self._observers:
-            o.retried(kind)
+        for hook in self._retried:
+            hook(kind)
 
     def budget_exhausted(self) -> None:
-        for o in self._observers:
-            o.budget_exhausted()
+        for hook in self._budget_exhausted:
+            hook()
 
     def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
-        for o in self._observers:
-            o.first_byte(call, unit, ttft)
+        for hook in self._first_byte:
+            hook(call, unit, ttft)
 
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
-        for o in self._observers:
-            o.answer_ended(call, unit, end, gap)
+        for hook in self._answer_ended:
+            hook(call, unit, end, gap)
 
     def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
-        for o in self._observers:
-            o.resumed(call, broken, outcome, detail)
+        for hook in self._resumed:
+            hook(call, broken, outcome, detail)
 
     def ended(self, call: Call) -> None:
-        for o in self._observers:
-            o.ended(call)
+        for hook in self._ended:
+            hook(call)
 
     def token_gaps(self, unit_id: str) -> GapSink:
         """The first subscriber's sink (one per answer, asked once), else one that discards."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway.config import UnitConfig
 from gateway.errors import UpstreamError
 from gateway.health.feed import BreakerFeed
@@ -45,6 +47,34 @@ def test_every_subscriber_hears_every_signal_in_order() -> None:
     signals.ended(call())  # a hook nobody overrides does nothing
     assert log == ["a:saturated", "b:saturated"]
     assert signals.token_gaps("u0") is sink
+
+
+def test_every_hook_is_fanned_out_to_exactly_the_observers_that_implement_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Signals calls each hook only on the subscribers that override it (inherited overrides
+    count): Observer's own no-ops are never called, and no hook is left out of the fan-out."""
+    from gateway.proxy import signals as module
+
+    hooks = {n for n, v in vars(Observer).items() if callable(v) and not n.startswith("_")}
+    assert hooks - {"token_gaps"} == set(module._HOOKS)
+    noops: list[str] = []
+    for name in module._HOOKS:
+        monkeypatch.setattr(Observer, name, lambda self, *a, _n=name: noops.append(_n))
+    log: list[str] = []
+
+    class Inherits(Seen):  # its `rejected` comes from Seen
+        def ended(self, call: Call) -> None:
+            log.append(f"{self.name}:ended")
+
+    signals = Signals()
+    signals.subscribe(Seen("a", log))
+    signals.subscribe(Inherits("b", log))
+    signals.rejected(call(), "saturated")
+    signals.ended(call())
+    signals.received(call())
+    assert log == ["a:saturated", "b:saturated", "b:ended"]
+    assert noops == []
 
 
 def feed(flowing: bool) -> tuple[BreakerFeed, list[bool]]:
