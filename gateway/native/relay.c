@@ -4,9 +4,9 @@
  * came off the socket and de-frames them (HTTP/1.1 chunked, a Content-Length, or until the
  * close). Until a relay attaches, the body bytes are appended to a list (`body`); once one
  * has (`attach`), the same call also cuts SSE events, tracks and strips a resumable stream's
- * token ids (the common token chunk, the finish and usage chunks, [DONE]: after its first
- * event an answer as the servers send it needs no Python; any other event goes to the Python
- * tracker), finds
+ * token ids (the first event with the prompt's ids, token chunks, the finish and usage
+ * chunks, [DONE]: an answer as the servers send it needs no Python; any other event goes to
+ * the Python tracker), finds
  * the events that report usage (handed to the Python usage reader), writes what goes to the
  * client framed as one HTTP chunk, and keeps the gap and pace bookkeeping and the bucket
  * counts of the gaps between writes. Python runs only when something happens: the call
@@ -88,7 +88,7 @@ typedef struct {
      * this state is the tracker's. `dirty`: the counts changed here and are written back
      * before its Python runs, before a read returns flags (Python will look), and when the
      * pump settles (`settle`). */
-    int t_skip, t_error, t_fast, t_synced, t_dirty;
+    int t_skip, t_error, t_fast, t_first, t_synced, t_dirty;
     Py_ssize_t t_produced, t_committed;
     PyObject *t_unparsed;
     Py_ssize_t high_water;
@@ -167,7 +167,7 @@ static void give_back(Reader *r)
 }
 
 static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_committed,
-    *s_unparsed, *s_finish_reason, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
+    *s_unparsed, *s_finish_reason, *s_prompt_ids, *s_template, *s_choices, *s_prompt_key, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
 
 static const char IDS[] = ",\"token_ids\":[";
 static const char NULL_FINISH[] = "\"finish_reason\":null";
@@ -185,6 +185,17 @@ static const char USAGE_OBJECT[] = "\"usage\":{";
 static const char ERROR_KEY[] = "\"error\"";
 static const char ANY_IDS[] = "token_ids\"";
 static const char DONE[] = "data: [DONE]\n\n";
+static const char PROMPT_KEY[] = "\"prompt_token_ids\"";
+static const char ROLE_DELTA[] = "\"delta\":{\"role\":\"";
+static const char FIRST_CHOICE[] = "\"choices\":[{";
+/* tracker.py's _TEMPLATE_KEYS, in its order: what a continuation's chunks take from the
+ * answer's first event. */
+#define N_TEMPLATE 5
+static const char *const TEMPLATE_KEYS[N_TEMPLATE] = {"id", "object", "created", "model",
+                                                      "system_fingerprint"};
+static PyObject *s_template_keys[N_TEMPLATE];
+static PyObject *g_loads, *g_dumps; /* orjson's */
+static PyObject *g_array; /* array.array */
 static const char USAGE[] = "\"usage\"";
 static const char DATA_OBJ[] = "data: {";
 #define LIT(s) (s), ((Py_ssize_t)sizeof(s) - 1)
@@ -559,7 +570,7 @@ static int sync_in(Reader *r)
     v = PyObject_GetAttr(r->tracker, s_capable);
     if (v == NULL)
         return -1;
-    int capable = v == Py_True;
+    int capable = v == Py_True, unknown = v == Py_None;
     Py_DECREF(v);
     int continuing = attr_true(r->tracker, s_continuing);
     if (continuing < 0)
@@ -579,6 +590,7 @@ static int sync_in(Reader *r)
     r->t_skip = done || errored;
     r->t_error = errored;
     r->t_fast = capable && !continuing;
+    r->t_first = unknown && !continuing;
     r->t_synced = 1;
     r->t_dirty = 0;
     return 0;
@@ -602,6 +614,178 @@ static int sync_out(Reader *r)
     return 0;
 }
 
+/* -- an answer's first event, in C (tracker.py's _original, for the servers' shapes) ----- */
+
+/* The JSON list of ints at p[0:n] (just past its `[`) as 32-bit ints in `ids` (room for n/2+1):
+ * how many, with *end at its `]`; -1 when it is anything else (empty, a space, a float, a
+ * leading zero, past 32 bits: the parser's path then decides, as it would for any list). */
+static Py_ssize_t int_list(const char *p, Py_ssize_t n, int32_t *ids, Py_ssize_t *end)
+{
+    Py_ssize_t i = 0, count = 0;
+    for (;;) {
+        int negative = i < n && p[i] == '-';
+        i += negative;
+        if (i >= n || p[i] < '0' || p[i] > '9' || (p[i] == '0' && i + 1 < n && p[i + 1] >= '0' &&
+                                                   p[i + 1] <= '9'))
+            return -1;
+        int64_t v = 0;
+        int digits = 0;
+        while (i < n && p[i] >= '0' && p[i] <= '9' && digits <= 10) {
+            v = v * 10 + (p[i++] - '0');
+            digits++;
+        }
+        v = negative ? -v : v;
+        if (digits > 10 || v > INT32_MAX || v < INT32_MIN)
+            return -1;
+        ids[count++] = (int32_t)v;
+        if (i < n && p[i] == ',') {
+            i++;
+            continue;
+        }
+        if (i < n && p[i] == ']') {
+            *end = i;
+            return count;
+        }
+        return -1;
+    }
+}
+
+/* `obj`'s value at `key` when it is a list (a borrowed reference), else NULL. */
+static PyObject *list_at(PyObject *obj, PyObject *key)
+{
+    PyObject *v = PyDict_Check(obj) ? PyDict_GetItemWithError(obj, key) : NULL;
+    return v != NULL && PyList_Check(v) ? v : NULL;
+}
+
+/* The first event's template (tracker.py's, from the parsed event `obj`): a new dict. */
+static PyObject *template_of(PyObject *obj)
+{
+    PyObject *template = PyDict_New();
+    for (int k = 0; template != NULL && k < N_TEMPLATE; k++) {
+        PyObject *v = PyDict_GetItemWithError(obj, s_template_keys[k]);
+        if ((v == NULL && PyErr_Occurred()) ||
+            (v != NULL && PyDict_SetItem(template, s_template_keys[k], v) < 0))
+            Py_CLEAR(template);
+    }
+    return template;
+}
+
+/* Whether e[0:n] is a chat answer's opening chunk: one choice, whose delta has a role and no
+ * finish reason, and no token ids (tracker.py's _is_opening, for this shape). */
+static int opening(const char *e, Py_ssize_t n)
+{
+    Py_ssize_t at = find(e, n, LIT(FIRST_CHOICE));
+    return at >= 0 && find(e + at + 1, n - at - 1, LIT(FIRST_CHOICE)) < 0 &&
+           find(e, n, LIT(ROLE_DELTA)) >= 0 && find(e, n, LIT(NULL_FINISH)) >= 0 &&
+           find(e, n, LIT(ANY_IDS)) < 0;
+}
+
+/* The answer's first event when it carries the prompt's ids as the servers send them: at the
+ * top level (chat) or in the one choice (completions), once, a list of 32-bit ints. The
+ * event is parsed (orjson, as the Python path parses it: what is not JSON goes there), the
+ * tracker gets its template, its prompt ids and `capable`; what is left once the prompt ids
+ * are cut out is a token chunk (known_shape) or a chat answer's opening chunk. 1: handled;
+ * 0: not this shape (the Python tracker reads it); -1: a Python error. */
+static int first_event(Reader *r, const char *e, Py_ssize_t n)
+{
+    Py_ssize_t key = find(e, n, LIT(PROMPT_KEY));
+    Py_ssize_t key_len = (Py_ssize_t)sizeof(PROMPT_KEY) - 1;
+    if (key < 1 || e[key - 1] != ',' || find(e + key + 1, n - key - 1, LIT(PROMPT_KEY)) >= 0)
+        return 0;
+    if (key + key_len + 2 > n || e[key + key_len] != ':' || e[key + key_len + 1] != '[')
+        return 0;
+    if (e[n - 3] != '}' || memchr(e, '\n', (size_t)(n - 2)) != NULL ||
+        memchr(e, '\r', (size_t)n) != NULL)
+        return 0; /* one `data:` line, one object */
+    Py_ssize_t from = key + key_len + 2, close = 0;
+    int32_t *ids = PyMem_Malloc((size_t)((n - from) / 2 + 1) * sizeof(int32_t));
+    char *cut = PyMem_Malloc((size_t)n);
+    PyObject *view = NULL, *obj = NULL, *template = NULL, *prompt = NULL;
+    int result = -1;
+    if (ids == NULL || cut == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = 0;
+    Py_ssize_t count = int_list(e + from, n - from, ids, &close);
+    if (count <= 0)
+        goto done;
+    close += from;
+    /* the event without `,"prompt_token_ids":[...]` */
+    Py_ssize_t head = key - 1, rest = n - close - 1, m = head + rest;
+    memcpy(cut, e, (size_t)head);
+    memcpy(cut + head, e + close + 1, (size_t)rest);
+    result = -1;
+    view = PyMemoryView_FromMemory((char *)e + 6, n - 8, PyBUF_READ); /* the `data:` payload */
+    if (view == NULL)
+        goto done;
+    obj = PyObject_CallOneArg(g_loads, view);
+    if (obj == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError)) { /* not JSON: the parser's path says */
+            PyErr_Clear();
+            result = 0;
+        }
+        goto done;
+    }
+    PyObject *choices = list_at(obj, s_choices);
+    PyObject *first = choices != NULL && PyList_GET_SIZE(choices) > 0
+                          ? PyList_GET_ITEM(choices, 0) : NULL;
+    int at_top = list_at(obj, s_prompt_key) != NULL;
+    int in_choice = !at_top && first != NULL && list_at(first, s_prompt_key) != NULL;
+    if (PyErr_Occurred())
+        goto done;
+    if (!at_top && !in_choice) {
+        result = 0; /* the ids are somewhere else: not this shape */
+        goto done;
+    }
+    /* Cutting bytes out gives what the Python path's re-serialisation gives only when the
+     * unit wrote what orjson writes (compact, its escapes): else that path takes it. */
+    PyObject *again = PyObject_CallOneArg(g_dumps, obj);
+    if (again == NULL)
+        goto done;
+    int same = PyBytes_GET_SIZE(again) == n - 8 &&
+               memcmp(PyBytes_AS_STRING(again), e + 6, (size_t)(n - 8)) == 0;
+    Py_DECREF(again);
+    result = 0;
+    if (!same)
+        goto done;
+    Py_ssize_t before = r->out_len;
+    if (find(cut, m, LIT(IDS)) >= 0) {
+        result = known_shape(r, cut, m);
+    } else if (r->chat && opening(cut, m)) {
+        result = out_add(r, cut, m) < 0 ? -1 : 1; /* relayed: it has no ids to strip */
+    }
+    if (result != 1)
+        goto done;
+    if (r->client_ids) { /* the client asked for ids: the event goes as it came */
+        r->out_len = before;
+        if (out_add(r, e, n) < 0) {
+            result = -1;
+            goto done;
+        }
+    }
+    result = -1;
+    template = template_of(obj);
+    prompt = template == NULL ? NULL
+                              : PyObject_CallFunction(g_array, "sy#", "i", (const char *)ids,
+                                                      count * (Py_ssize_t)sizeof(int32_t));
+    if (prompt == NULL || PyObject_SetAttr(r->tracker, s_template, template) < 0 ||
+        PyObject_SetAttr(r->tracker, s_prompt_ids, prompt) < 0 ||
+        PyObject_SetAttr(r->tracker, s_capable, Py_True) < 0)
+        goto done;
+    r->t_first = 0;
+    r->t_fast = 1;
+    result = 1;
+done:
+    Py_XDECREF(view);
+    Py_XDECREF(obj);
+    Py_XDECREF(template);
+    Py_XDECREF(prompt);
+    PyMem_Free(ids);
+    PyMem_Free(cut);
+    return result;
+}
+
 /* One whole event of a resumable stream: the C path when it is the common token chunk, else
  * the Python tracker's `_event`. */
 static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
@@ -610,6 +794,11 @@ static int tracked_event(Reader *r, const char *e, Py_ssize_t n)
         return 0; /* nothing follows the end, or an error the gateway will handle */
     if (r->t_fast && n >= (Py_ssize_t)sizeof(DATA_OBJ) - 1 && memcmp(e, LIT(DATA_OBJ)) == 0) {
         int handled = known_shape(r, e, n);
+        if (handled != 0)
+            return handled < 0 ? -1 : 0;
+    }
+    if (r->t_first && n >= (Py_ssize_t)sizeof(DATA_OBJ) - 1 && memcmp(e, LIT(DATA_OBJ)) == 0) {
+        int handled = first_event(r, e, n);
         if (handled != 0)
             return handled < 0 ? -1 : 0;
     }
@@ -1504,6 +1693,21 @@ PyMODINIT_FUNC PyInit__relay(void)
     INTERN(s_resume_writing, "resume_writing");
     INTERN(s_loop, "loop");
     INTERN(s_time, "time");
+    INTERN(s_prompt_ids, "prompt_ids");
+    INTERN(s_template, "template");
+    INTERN(s_choices, "choices");
+    INTERN(s_prompt_key, "prompt_token_ids");
+    for (int k = 0; k < N_TEMPLATE; k++)
+        INTERN(s_template_keys[k], TEMPLATE_KEYS[k]);
+    PyObject *orjson = PyImport_ImportModule("orjson");
+    PyObject *array = orjson == NULL ? NULL : PyImport_ImportModule("array");
+    g_loads = orjson == NULL ? NULL : PyObject_GetAttrString(orjson, "loads");
+    g_dumps = orjson == NULL ? NULL : PyObject_GetAttrString(orjson, "dumps");
+    g_array = array == NULL ? NULL : PyObject_GetAttrString(array, "array");
+    Py_XDECREF(orjson);
+    Py_XDECREF(array);
+    if (g_loads == NULL || g_dumps == NULL || g_array == NULL)
+        return NULL;
     if (PyType_Ready(&ReaderType) < 0 || PyType_Ready(&TapType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

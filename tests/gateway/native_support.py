@@ -227,6 +227,7 @@ def _outcome(
             "prompt_ids": tracker.prompt_ids,
             "capable": tracker.capable,
             "template": tracker.template,
+            "template_keys": list(tracker.template),  # their order is a continuation's
         }
     read = (None, None, None) if usage is None else (usage.prompt, usage.completion, usage.error)
     return Outcome(

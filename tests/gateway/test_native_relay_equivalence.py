@@ -117,12 +117,12 @@ TRACKED = [r for r in RECORDED if b',"token_ids":[' in r[1]]
 
 
 @pytest.mark.parametrize(("name", "body", "opts"), TRACKED, ids=[r[0] for r in TRACKED])
-def test_after_its_first_event_a_recorded_answer_needs_no_python(
+def test_a_recorded_answer_needs_no_python_tracker(
     monkeypatch: pytest.MonkeyPatch, name: str, body: bytes, opts: dict[str, Any]
 ) -> None:
-    """The native relay calls the Python tracker for an answer's first event (its prompt
-    ids) and for nothing else the servers send: token chunks, the finish chunk, the usage
-    chunk and [DONE] are read in C (an error event, which breaks the stream, goes to Python)."""
+    """The native relay calls the Python tracker for nothing the servers send: the first event
+    (its prompt ids), token chunks, the finish chunk, the usage chunk and [DONE] are read in
+    C; an error event, which breaks the stream, goes to Python."""
     from gateway.proxy.tracker import StreamTracker
 
     called: list[bytes] = []
@@ -136,12 +136,14 @@ def test_after_its_first_event_a_recorded_answer_needs_no_python(
     events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
     reads = [CHUNKED + b"%x\r\n%b\r\n" % (len(e), e) for e in events[:1]]
     reads += [b"%x\r\n%b\r\n" % (len(e), e) for e in events[1:]] + [b"0\r\n\r\n"]
-    out = relay_reads(native(), reads, **opts)
-    assert out.pump == "NativePump" and len(called) >= 1
-    errors = [e for e in events if b'"error"' in e]
-    assert called[1:] == errors[:1], called[1:]
-    if not errors and b"data: [DONE]" in body:  # (one recording is cut off before its end)
-        assert out.end == "complete" and out.tracker["done"] and out.tracker["finish_reason"]
+    for client_ids in (False, True):
+        called.clear()
+        out = relay_reads(native(), reads, **{**opts, "client_ids": client_ids})
+        assert out.pump == "NativePump" and out.tracker["capable"]
+        errors = [e for e in events if b'"error"' in e]
+        assert called == errors[:1], called
+        if not errors and b"data: [DONE]" in body:  # (one recording is cut off before its end)
+            assert out.end == "complete" and out.tracker["done"] and out.tracker["finish_reason"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -228,15 +230,51 @@ USAGE_CHUNKS = st.sampled_from(
 ).map(str.encode)
 
 
+# The prompt's ids as units might list them: what the native relay reads itself (ints that fit
+# in 32 bits, compact), and what it leaves to the parser (which then decides as it would).
+PROMPT_IDS = st.one_of(
+    st.lists(st.integers(0, 99), min_size=1, max_size=4).map(
+        lambda ids: orjson.dumps(ids).decode()
+    ),
+    st.sampled_from(["[]", "[01]", "[-3,2]", "[2147483648]", "[-2147483648]", "[1.0]", "[1, 2]"]),
+)
+
+
+@st.composite
+def opening_event(draw: st.DrawFn, chat: bool) -> bytes:
+    """An answer's first event, with its prompt's ids: at the top level after the role chunk
+    (chat), or in the one choice with the first token's (completions, both servers' orders);
+    now and then written as orjson would not (a space, an escape)."""
+    prompt = draw(PROMPT_IDS)
+    head = '{"id":"c1","object":"chat.completion.chunk","created":1,"model":"served",'
+    if chat or draw(st.booleans()):
+        role = '"delta":{"role":"assistant","content":""}' if chat else '"text":""'
+        body = (
+            f'"choices":[{{"index":0,{role},"logprobs":null,"finish_reason":null}}],'
+            f'"prompt_token_ids":{prompt}}}'
+        )
+    elif draw(st.booleans()):  # the builtin engine's completions order
+        body = (
+            '"choices":[{"index":0,"text":" Paris","logprobs":null,"finish_reason":null,'
+            f'"token_ids":[7042],"prompt_token_ids":{prompt}}}],"usage":null}}'
+        )
+    else:  # vLLM's
+        body = (
+            '"choices":[{"index":0,"text":" Paris","logprobs":null,"finish_reason":null,'
+            f'"stop_reason":null,"prompt_token_ids":{prompt},"token_ids":[7042]}}]}}'
+        )
+    event = head + body
+    style = draw(st.sampled_from(["compact", "compact", "compact", "space", "escape"]))
+    if style == "space":
+        event = event.replace('"created":1', '"created": 1')
+    elif style == "escape":
+        event = event.replace('"id":"c1"', '"id":"c\\u00e91"')
+    return ("data: " + event + "\n\n").encode()
+
+
 @st.composite
 def events(draw: st.DrawFn, chat: bool) -> list[bytes]:
-    prompt = orjson.dumps(draw(st.lists(st.integers(0, 99), min_size=1, max_size=4))).decode()
-    role = '"delta":{"role":"assistant","content":""}' if chat else '"text":""'
-    opening = (
-        'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"served",'
-        f'"choices":[{{"index":0,{role},"logprobs":null,"finish_reason":null}}],'
-        f'"prompt_token_ids":{prompt}}}\n\n'
-    ).encode()
+    opening = draw(opening_event(chat))
     out = [opening]
     shapes = st.sampled_from(["builtin", "builtin_usage", "vllm", "vllm_chat"])
     for _ in range(draw(st.integers(0, 12))):
