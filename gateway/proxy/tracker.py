@@ -127,8 +127,9 @@ class StreamTracker:
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the client for `data` read from the unit (whole events only).
 
-        gateway/native/relay.c does the same (the splitting, `_known_shape` and [DONE]) in C
-        and calls `_event` for the rest: the two must stay alike, byte for byte."""
+        gateway/native/relay.c does the same (the splitting, `_known_shape`, [DONE], and
+        `_original` for a first event as the servers write it) in C and calls `_event` for
+        the rest: the two must stay alike, byte for byte."""
         # The common read: one whole token chunk, taken as `_event` would take it.
         if (
             self.capable
