@@ -167,7 +167,8 @@ static void give_back(Reader *r)
 }
 
 static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_committed,
-    *s_unparsed, *s_finish_reason, *s_prompt_ids, *s_template, *s_choices, *s_prompt_key, *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
+    *s_unparsed, *s_finish_reason, *s_prompt_ids, *s_template, *s_choices, *s_prompt_key,
+    *s_event, *s_feed, *s_flush, *s_write, *s_is_closing, *s_buffer_size;
 
 static const char IDS[] = ",\"token_ids\":[";
 static const char NULL_FINISH[] = "\"finish_reason\":null";
@@ -206,6 +207,13 @@ static Py_ssize_t find(const char *h, Py_ssize_t hn, const char *n, Py_ssize_t n
         return -1;
     const char *at = memmem(h, (size_t)hn, n, (size_t)nn);
     return at == NULL ? -1 : at - h;
+}
+
+/* Where `n[0:nn]` stands in h[0:hn] when it stands there exactly once, else -1. */
+static Py_ssize_t find_once(const char *h, Py_ssize_t hn, const char *n, Py_ssize_t nn)
+{
+    Py_ssize_t at = find(h, hn, n, nn);
+    return at >= 0 && find(h + at + 1, hn - at - 1, n, nn) < 0 ? at : -1;
 }
 
 static Py_ssize_t rfind(const char *h, Py_ssize_t hn, const char *n, Py_ssize_t nn)
@@ -453,10 +461,10 @@ static Py_ssize_t finish_before(const char *e, Py_ssize_t at, Py_ssize_t *word)
 /* tracker.py's _is_usage_chunk. */
 static int is_usage_chunk(const char *e, Py_ssize_t n)
 {
-    Py_ssize_t at = find(e, n, LIT(CHOICES));
-    return at >= 0 && find(e + at + 1, n - at - 1, LIT(CHOICES)) < 0 &&
-           find(e + at, n - at, LIT(NO_CHOICES)) == 0 && find(e, n, LIT(USAGE_OBJECT)) >= 0 &&
-           find(e, n, LIT(ERROR_KEY)) < 0 && find(e, n, LIT(ANY_IDS)) < 0;
+    Py_ssize_t at = find_once(e, n, LIT(CHOICES));
+    return at >= 0 && find(e + at, n - at, LIT(NO_CHOICES)) == 0 &&
+           find(e, n, LIT(USAGE_OBJECT)) >= 0 && find(e, n, LIT(ERROR_KEY)) < 0 &&
+           find(e, n, LIT(ANY_IDS)) < 0;
 }
 
 /* 1: handled (out has what goes to the client); 0: not a known shape; -1: a Python error. */
@@ -674,10 +682,8 @@ static PyObject *template_of(PyObject *obj)
  * finish reason, and no token ids (tracker.py's _is_opening, for this shape). */
 static int opening(const char *e, Py_ssize_t n)
 {
-    Py_ssize_t at = find(e, n, LIT(FIRST_CHOICE));
-    return at >= 0 && find(e + at + 1, n - at - 1, LIT(FIRST_CHOICE)) < 0 &&
-           find(e, n, LIT(ROLE_DELTA)) >= 0 && find(e, n, LIT(NULL_FINISH)) >= 0 &&
-           find(e, n, LIT(ANY_IDS)) < 0;
+    return find_once(e, n, LIT(FIRST_CHOICE)) >= 0 && find(e, n, LIT(ROLE_DELTA)) >= 0 &&
+           find(e, n, LIT(NULL_FINISH)) >= 0 && find(e, n, LIT(ANY_IDS)) < 0;
 }
 
 /* The answer's first event when it carries the prompt's ids as the servers send them: at the
@@ -688,9 +694,9 @@ static int opening(const char *e, Py_ssize_t n)
  * 0: not this shape (the Python tracker reads it); -1: a Python error. */
 static int first_event(Reader *r, const char *e, Py_ssize_t n)
 {
-    Py_ssize_t key = find(e, n, LIT(PROMPT_KEY));
+    Py_ssize_t key = find_once(e, n, LIT(PROMPT_KEY));
     Py_ssize_t key_len = (Py_ssize_t)sizeof(PROMPT_KEY) - 1;
-    if (key < 1 || e[key - 1] != ',' || find(e + key + 1, n - key - 1, LIT(PROMPT_KEY)) >= 0)
+    if (key < 1 || e[key - 1] != ',')
         return 0;
     if (key + key_len + 2 > n || e[key + key_len] != ':' || e[key + key_len + 1] != '[')
         return 0;
