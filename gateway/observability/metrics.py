@@ -335,7 +335,8 @@ class _LagCollector(Collector):
         h = self.lag.histogram
         family = HistogramMetricFamily(
             "unitgate_event_loop_lag_seconds",
-            "How late the gateway's event loop ran a 50 ms timer: its own saturation.",
+            "How late the gateway's event loop ran its lag timer (due 50 ms after a late tick, up "
+            "to 0.5 s apart while on time): its own saturation.",
         )
         family.add_metric([], h.cumulative(), h.sum)
         yield family

@@ -42,6 +42,9 @@ class LagTotal(Protocol):
     @property
     def total(self) -> float: ...
 
+    def hurry(self, until: float) -> None:
+        """Sample the lag at its shortest interval until loop time `until`."""
+
 
 # A connect timeout stretched for the gateway's own lag ends at most this many timeouts in.
 MAX_STRETCH = 4.0
@@ -137,7 +140,8 @@ class ConnectionPool:
 
 class _Stretch:
     """Just before a deadline, moves it on by the loop lag accrued since the last look (the
-    lag ticks every 50 ms, so it has been sampled by then), up to MAX_STRETCH timeouts."""
+    lag ticks every 50 ms while a connect is out, so it has been sampled by then), up to
+    MAX_STRETCH timeouts."""
 
     __slots__ = ("deadline", "handle", "lag", "limit", "loop", "seen")
 
@@ -148,6 +152,7 @@ class _Stretch:
         assert when is not None
         self.lag, self.deadline, self.loop, self.seen = lag, deadline, loop, lag.total
         self.limit = loop.time() + MAX_STRETCH * (when - loop.time())
+        lag.hurry(self.limit)  # sampled every 50 ms while the connect is out
         self.handle = loop.call_at(when - 0.001, self._check)
 
     def _check(self) -> None:

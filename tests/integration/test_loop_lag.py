@@ -30,7 +30,7 @@ async def listening() -> AsyncIterator[Endpoint]:
 
 
 async def test_the_lag_is_how_late_the_loop_runs_its_timers() -> None:
-    lag = LoopLag(every=0.01)
+    lag = LoopLag(every=0.01, idle_every=0.01)  # a tick every 10 ms, on time or not
     lag.start()
     try:
         await asyncio.sleep(0.05)
@@ -68,6 +68,26 @@ async def test_a_connect_is_not_timed_out_by_the_gateways_own_lag(listening: End
     finally:
         lag.stop()
         blind.close()
+        aware.close()
+
+
+async def test_a_connect_gets_the_lag_sampled_though_the_loop_was_idle(
+    listening: Endpoint,
+) -> None:
+    """An idle loop's lag ticks far apart (0.64 s here); a connect out asks for the short
+    gap, so a stall shorter than the idle gap is still counted before its deadline."""
+    lag = LoopLag(every=0.01, idle_every=1.0)
+    lag.start()
+    aware = ConnectionPool(0.1, 30.0, 0, lag)
+    loop = asyncio.get_running_loop()
+    try:
+        deadline = loop.time() + 5.0
+        while lag.histogram.count < 6 and loop.time() < deadline:  # ticks 10, 20 ... 320 ms apart
+            await asyncio.sleep(0.005)
+        assert lag.histogram.count >= 6
+        assert await connect_while_stuck(aware, listening, 0.25)
+    finally:
+        lag.stop()
         aware.close()
 
 
