@@ -31,6 +31,7 @@ from gateway.config.proxy import TimeoutConfig
 from gateway.health.breaker import BreakerState
 from gateway.health.states import Health
 from gateway.observability import process
+from gateway.observability.counter import CounterFamily
 from gateway.observability.fairness import Shares, merged
 from gateway.observability.fleet import Fleet
 from gateway.observability.histogram import HistogramFamily, reaching
@@ -54,7 +55,8 @@ class Metrics:
         """`longest`: `[timeouts].total`, where the latency histograms' buckets reach."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
+        # Incremented by every request: lock-free (counter.py).
+        self.requests = CounterFamily(
             "unitgate_requests",
             "Requests answered, by serving unit, model and HTTP status (unit and model `none`"
             " when refused before either was known).",
@@ -92,7 +94,7 @@ class Metrics:
             ["unit", "kind"],
             registry=r,
         )
-        self.tokens = Counter(
+        self.tokens = CounterFamily(
             "unitgate_tokens",
             "Tokens by serving unit, model and type (prompt, completion): a resumable stream's"
             " counted from the token ids its units sent, any other answer's as its own usage"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client import Counter
-
 from gateway.errors import UpstreamError
+from gateway.observability.counter import CounterChild
 from gateway.observability.histogram import Histogram
 from gateway.observability.metrics import Metrics
 from gateway.outcomes import End, Failure, Resumption
@@ -39,7 +38,7 @@ class MetricsObserver(Observer):
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
         self._series: dict[tuple[str, str], _Series] = {}
-        self._requests: dict[tuple[str, str, int], Counter] = {}
+        self._requests: dict[tuple[str, str, int], CounterChild] = {}
         self._waits: dict[str, Histogram] = {}
 
     def _of(self, unit: str, model: str) -> _Series:

@@ -21,25 +21,27 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.observability.counter import CounterChild, CounterFamily
 from gateway.observability.fairness import Shares, TokenWindow, index
 from gateway.observability.tenant_labels import OTHER, TenantLabels
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 
-Child = Counter  # a labelled child, as .labels() returns it
+Child = CounterChild  # a labelled child, as .labels() returns it
 
 
 class TenantFamilies:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.requests = Counter(
+        # Incremented by every request: lock-free (counter.py).
+        self.requests = CounterFamily(
             "unitgate_tenant_requests",
             "Requests answered, by tenant (the top [metrics].tenants_top, else 'other'),"
             " priority class and HTTP status.",
             ["tenant", "class", "status"],
             registry=r,
         )
-        self.tokens = Counter(
+        self.tokens = CounterFamily(
             "unitgate_tenant_tokens",
             "Tokens served, by tenant (top N, else 'other'), priority class and type (prompt,"
             " completion), as the answers' usage says.",
@@ -67,7 +69,7 @@ class TenantObserver(Observer):
         self.f, self.labels, self.window, self.clock = families, labels, window, clock
         self._requests: dict[tuple[str, str, int], Child] = {}
         self._tokens: dict[tuple[str, str], tuple[Child, Child]] = {}
-        self._rejections: dict[tuple[str, str], Child] = {}
+        self._rejections: dict[tuple[str, str], Counter] = {}
 
     def shares(self) -> Shares:
         """Tokens per tenant per class over the fairness window, as of now."""
