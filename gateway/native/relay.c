@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -985,13 +986,30 @@ static void observe(Reader *r, double t)
 
 /* Send the client, in one write, the response head if it is still to go, out[] as one chunk
  * if it holds anything, and the last chunk if `ending`. */
+/* "%zx\r\n" of `n` into `out` (SIZE_LINE bytes), without printf's machinery; its length. */
+static int size_line(char *out, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    char digits[16];
+    int k = 0;
+    do {
+        digits[k++] = hex[n & 15];
+        n >>= 4;
+    } while (n > 0);
+    for (int i = 0; i < k; i++)
+        out[i] = digits[k - 1 - i];
+    out[k] = '\r';
+    out[k + 1] = '\n';
+    return k + 2;
+}
+
 static int flush_out(Reader *r, int ending)
 {
     Py_ssize_t n = r->out_len;
     if (n == 0 && r->head_len == 0 && !ending)
         return 0;
-    char size[SIZE_LINE + 1];
-    int hn = n > 0 ? snprintf(size, sizeof size, "%zx\r\n", (size_t)n) : 0;
+    char size[SIZE_LINE];
+    int hn = n > 0 ? size_line(size, (size_t)n) : 0;
     Py_ssize_t total = r->head_len + (n > 0 ? hn + n + 2 : 0) + (ending ? 5 : 0);
     PyObject *bytes = PyBytes_FromStringAndSize(NULL, total);
     if (bytes == NULL)
@@ -1499,11 +1517,45 @@ typedef struct {
     PyObject_HEAD
     PyObject *conn;  /* the UpstreamConnection */
     PyObject *clock; /* its loop's `time` */
+    /* Where the connection keeps `reader` and `events`: the byte offsets of its __slots__,
+     * read with no attribute lookup per read (-1: not a plain slot, looked up by name). */
+    Py_ssize_t reader_at, events_at;
 } Tap;
 
 static PyObject *s_reader, *s_events, *s_native_flags, *s_data_received,
     *s_connection_made, *s_connection_lost, *s_eof_received, *s_pause_writing,
     *s_resume_writing, *s_loop, *s_time;
+
+/* The offset of `name` in instances of `type` when it is a plain object slot (__slots__),
+ * else -1: a property, a dict attribute or anything else is read by name. */
+static Py_ssize_t slot_offset(PyTypeObject *type, PyObject *name)
+{
+    PyObject *descr = PyObject_GetAttr((PyObject *)type, name); /* a slot's: its descriptor */
+    if (descr == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t at = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && (member->flags & READONLY) == 0)
+            at = member->offset;
+    }
+    Py_DECREF(descr);
+    return at;
+}
+
+/* A new reference to the connection's `name` (its slot at `at`, or by name); NULL with an
+ * exception when it is unset, as the attribute lookup would raise. */
+static PyObject *conn_attr(Tap *t, Py_ssize_t at, PyObject *name)
+{
+    if (at < 0)
+        return PyObject_GetAttr(t->conn, name);
+    PyObject *value = *(PyObject **)((char *)t->conn + at);
+    if (value == NULL)
+        return PyObject_GetAttr(t->conn, name); /* unset: its AttributeError */
+    return Py_NewRef(value);
+}
 
 static int Tap_init(Tap *t, PyObject *args, PyObject *kwds)
 {
@@ -1520,6 +1572,8 @@ static int Tap_init(Tap *t, PyObject *args, PyObject *kwds)
         return -1;
     Py_XSETREF(t->conn, Py_NewRef(conn));
     Py_XSETREF(t->clock, clock);
+    t->reader_at = slot_offset(Py_TYPE(conn), s_reader);
+    t->events_at = slot_offset(Py_TYPE(conn), s_events);
     return 0;
 }
 
@@ -1558,7 +1612,7 @@ static PyObject *Tap_data_received(Tap *t, PyObject *data)
 {
     if (tap_ready(t) < 0)
         return NULL;
-    PyObject *reader = PyObject_GetAttr(t->conn, s_reader);
+    PyObject *reader = conn_attr(t, t->reader_at, s_reader);
     if (reader == NULL)
         return NULL;
     if (!Py_IS_TYPE(reader, &ReaderType)) { /* the head: httptools, in Python */
@@ -1579,7 +1633,7 @@ static PyObject *Tap_data_received(Tap *t, PyObject *data)
     if (any < 0)
         goto done;
     if (!any) {
-        events = PyObject_GetAttr(t->conn, s_events);
+        events = conn_attr(t, t->events_at, s_events);
         if (events == NULL)
             goto done;
     }

@@ -90,3 +90,47 @@ def test_a_tap_without_its_connection_says_so() -> None:
         bare.data_received(b"x")
     with pytest.raises(AttributeError):
         native.Tap(object())  # not a connection: it has no loop
+
+
+class _PlainConnection:
+    """A connection whose `reader` and `events` are ordinary attributes, not __slots__: the
+    Tap reads them by name (it reads a slotted connection's at their offsets)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.reader: object = None
+        self.events: object = None
+        self.heads: list[bytes] = []
+        self.flags: list[int] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.heads.append(data)
+
+    def _native_flags(self, flags: int) -> None:
+        self.flags.append(flags)
+
+
+async def test_a_connection_without_slots_is_read_by_attribute() -> None:
+    native = module()
+    conn = _PlainConnection(asyncio.get_running_loop())
+    tap = native.Tap(conn)
+    tap.data_received(b"head")  # no Reader yet: the connection's Python
+    assert conn.heads == [b"head"]
+    conn.reader = native.Reader(0)  # chunked
+    tap.data_received(chunk(b"data: 1\n\n"))
+    assert b"".join(conn.reader.body) == b"data: 1\n\n"  # type: ignore[attr-defined]
+    assert conn.flags == [0]  # no relay attached (events None): told, as the Python path does
+    conn.events = object()
+    tap.data_received(chunk(b"data: 2\n\n"))
+    assert conn.flags == [0]  # an ordinary read with a relay attached needs no Python
+    tap.data_received(b"0\r\n\r\n")
+    assert conn.flags == [0, native.COMPLETE]
+
+
+async def test_an_unset_slot_raises_as_its_attribute_would() -> None:
+    native = module()
+    conn = UpstreamConnection(asyncio.get_running_loop(), native)
+    tap = tapped(conn)
+    del conn.reader
+    with pytest.raises(AttributeError, match="reader"):
+        tap.data_received(b"x")
