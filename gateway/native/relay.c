@@ -28,7 +28,6 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
 /* feed / relay flags: what the caller must look at (0: nothing). */
@@ -984,8 +983,6 @@ static void observe(Reader *r, double t)
     r->last = t;
 }
 
-/* Send the client, in one write, the response head if it is still to go, out[] as one chunk
- * if it holds anything, and the last chunk if `ending`. */
 /* "%zx\r\n" of `n` into `out` (SIZE_LINE bytes), without printf's machinery; its length. */
 static int size_line(char *out, size_t n)
 {
@@ -1003,6 +1000,8 @@ static int size_line(char *out, size_t n)
     return k + 2;
 }
 
+/* Send the client, in one write, the response head if it is still to go, out[] as one chunk
+ * if it holds anything, and the last chunk if `ending`. */
 static int flush_out(Reader *r, int ending)
 {
     Py_ssize_t n = r->out_len;
