@@ -3,46 +3,10 @@ loop is on time (up to 0.5 s), and 50 ms while a deadline that reads the total i
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from gateway.observability.looplag import ON_TIME_S, LoopLag, next_gap
-
-
-class FakeHandle:
-    def __init__(self, when: float) -> None:
-        self.when, self.cancelled = when, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeLoop:
-    """time() and call_at(), nothing else: the timer runs when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.timers: list[tuple[FakeHandle, Any]] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Any) -> FakeHandle:
-        handle = FakeHandle(when)
-        self.timers.append((handle, callback))
-        return handle
-
-    def due(self) -> float:
-        (live,) = [h for h, _ in self.timers if not h.cancelled]
-        return live.when
-
-    def run_next(self, late: float = 0.0) -> None:
-        """Run the one armed timer, `late` seconds after it was due."""
-        (entry,) = [(h, cb) for h, cb in self.timers if not h.cancelled]
-        self.timers = []
-        self.now = entry[0].when + late
-        entry[1]()
+from tests.gateway.fake_loop import FakeLoop
 
 
 def started(every: float = 0.05, idle_every: float = 0.5) -> tuple[LoopLag, FakeLoop]:
@@ -84,7 +48,7 @@ def test_hurry_keeps_the_short_gap_until_the_deadline_has_passed() -> None:
     for _ in range(5):
         loop.run_next()
     assert loop.due() - loop.now == pytest.approx(0.5)
-    lag.hurry(loop.now + 0.3)
+    lag.hurry(loop.now + 0.27)  # between ticks: no float rounding at the boundary
     assert loop.due() == pytest.approx(loop.now + 0.05)  # re-armed sooner
     ticks = []
     for _ in range(8):
@@ -103,7 +67,7 @@ def test_hurry_never_puts_a_due_tick_off() -> None:
 
 def test_hurry_before_start_is_kept_for_the_first_ticks() -> None:
     lag, loop = LoopLag(), FakeLoop()
-    lag.hurry(1.0)
+    lag.hurry(loop.now + 1.0)
     lag.start(loop)  # type: ignore[arg-type]
     loop.run_next()
     assert loop.due() - loop.now == pytest.approx(0.05)

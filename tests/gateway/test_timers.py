@@ -5,54 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from gateway.proxy.timers import TimerSlots
-
-
-class _Handle:
-    def __init__(self, when: float, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
-        self.when, self.callback, self.args = when, callback, args
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class _FakeLoop:
-    """call_at and a clock: `advance` runs what is due, in time order."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.handles: list[_Handle] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[..., None], *args: Any) -> _Handle:
-        handle = _Handle(when, callback, args)
-        self.handles.append(handle)
-        return handle
-
-    def armed(self) -> list[_Handle]:
-        return [h for h in self.handles if not h.cancelled]
-
-    def advance(self, to: float) -> None:
-        while True:
-            due = sorted((h for h in self.armed() if h.when <= to), key=lambda h: h.when)
-            if not due:
-                break
-            handle = due[0]
-            self.now = handle.when
-            handle.cancelled = True  # ran: no longer armed
-            handle.callback(*handle.args)
-        self.now = to
+from tests.gateway.fake_loop import FakeLoop
 
 
 class _Entry:
-    def __init__(self, loop: _FakeLoop, name: str, seen: list[tuple[str, float]]) -> None:
+    def __init__(self, loop: FakeLoop, name: str, seen: list[tuple[str, float]]) -> None:
         self.loop, self.name, self.seen = loop, name, seen
         self.then: Callable[[], None] | None = None
 
@@ -62,8 +23,8 @@ class _Entry:
             self.then()
 
 
-def _slots(resolution: float = 0.05) -> tuple[_FakeLoop, TimerSlots, list[tuple[str, float]]]:
-    loop = _FakeLoop()
+def _slots(resolution: float = 0.05) -> tuple[FakeLoop, TimerSlots, list[tuple[str, float]]]:
+    loop = FakeLoop()
     return loop, TimerSlots(loop, resolution), []  # type: ignore[arg-type]
 
 
