@@ -21,10 +21,11 @@ class HealthConfig:
     stall_timeout: float = 1.5
     canary_every: int = 0  # every K rounds also run a 1-token completion; 0 = off
     canary_timeout: float = 2.0
-    # Probe timeouts are soft: while the unit's traffic flows (an answer began, or one of its
-    # streams got data, within max(traffic_window, pace_factor x that stream's own gap between
-    # reads)) they make the unit `slow`, not unhealthy. A slow unit gets `slow_weight` of its
-    # share of new requests, so for it the window is traffic_window / slow_weight (4 s).
+    # Probe timeouts are soft: while the unit's traffic flows (an answer began or completed, or
+    # one of its streams got data, within max(traffic_window, pace_factor x that stream's own
+    # gap between reads)) they make the unit `slow`, not unhealthy. A slow unit gets
+    # `slow_weight` of its share of new requests, so for it the window is traffic_window /
+    # slow_weight (4 s).
     traffic_window: float = 1.0
     pace_factor: float = 4.0
     slow_weight: float = 0.25  # a slow unit's routing weight, as a share of its own

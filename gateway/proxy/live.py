@@ -8,7 +8,7 @@ can fail on a loaded but working unit), and breaks only if it then goes quiet.
 
 The other way round, a unit whose probes time out while its streams keep flowing is busy,
 not dead: `flowing` answers that for the prober, from state the relay keeps anyway (the last
-read and the stream's own gap), so the request path pays nothing for it.
+read and the stream's own gap) and from when the unit's last answer began or completed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import asyncio
 from typing import Protocol
 
 from gateway.health.pace import is_quiet, quiet_after
+from gateway.outcomes import End
 from gateway.proxy.call import Call
 from gateway.proxy.signals import Observer
 from gateway.units import UnitState
@@ -33,13 +34,14 @@ class Live(Protocol):
 
 
 class LiveStreams(Observer):
-    """Subscribed to the request path's signals for one of them: an answer that opened in
-    time is the newest proof that its unit serves (`flowing`)."""
+    """Subscribed to the request path's signals for two of them: an answer that opened in
+    time, or one that came to its end, is the newest proof that its unit serves (`flowing`)."""
 
     def __init__(self, floor: float, factor: float) -> None:
         self.floor, self.factor = floor, factor
         self._by_unit: dict[str, set[Live]] = {}
-        self._began: dict[str, float] = {}  # unit -> when its last answer's first byte came
+        # unit -> when its last answer's first byte came, or an answer of it completed
+        self._heard: dict[str, float] = {}
 
     def add(self, unit_id: str, stream: Live) -> None:
         self._by_unit.setdefault(unit_id, set()).add(stream)
@@ -54,13 +56,22 @@ class LiveStreams(Observer):
     def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
         self.began(unit.id, asyncio.get_running_loop().time())
 
+    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
+        if end is End.COMPLETE:
+            self.completed(unit.id, asyncio.get_running_loop().time())
+
     def began(self, unit_id: str, now: float) -> None:
         """An answer from the unit started (its first byte arrived within its timeout)."""
-        self._began[unit_id] = now
+        self._heard[unit_id] = now
+
+    def completed(self, unit_id: str, now: float) -> None:
+        """An answer from the unit came to its end: a unit whose answers all just ended (a
+        wave of streams ended, the next not yet begun) still served a moment ago."""
+        self._heard[unit_id] = now
 
     def forget(self, unit_id: str) -> None:
         """The unit was removed."""
-        self._began.pop(unit_id, None)
+        self._heard.pop(unit_id, None)
 
     def count(self, unit_id: str | None = None) -> int:
         """Streams in flight on `unit_id`, or on every unit."""
@@ -70,8 +81,8 @@ class LiveStreams(Observer):
 
     def flowing(self, unit_id: str, now: float) -> bool:
         """Whether the unit's live traffic is arriving at its own pace right now."""
-        began = self._began.get(unit_id)
-        if began is not None and now - began <= self.floor:
+        heard = self._heard.get(unit_id)
+        if heard is not None and now - heard <= self.floor:
             return True
         for stream in self._by_unit.get(unit_id, ()):
             pace = stream.pace()
@@ -84,9 +95,9 @@ class LiveStreams(Observer):
         pace rule's own horizon, which a worker reports to its control plane (0: not
         flowing now)."""
         horizon = 0.0
-        began = self._began.get(unit_id)
-        if began is not None:
-            horizon = began + self.floor - now
+        heard = self._heard.get(unit_id)
+        if heard is not None:
+            horizon = heard + self.floor - now
         for stream in self._by_unit.get(unit_id, ()):
             pace = stream.pace()
             if pace is not None:

@@ -1,14 +1,19 @@
 """LiveStreams on an explicit clock: streams in flight per unit, what an ejection reaches, and
-whether a unit's traffic flows (an answer that began lately, or a stream keeping its own pace
-by the rule in health/pace.py)."""
+whether a unit's traffic flows (an answer that began or completed lately, or a stream keeping
+its own pace by the rule in health/pace.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
 
 from gateway.health.pace import is_quiet
+from gateway.outcomes import End
+from gateway.paths import COMPLETIONS_PATH
+from gateway.proxy.call import Call
+from gateway.proxy.lease import Lease
 from gateway.proxy.live import LiveStreams
 from gateway.server import Gateway
 from tests.support import gateway_config
@@ -85,6 +90,35 @@ def test_an_answer_that_began_within_the_floor_vouches_for_its_unit() -> None:
     live.forget("u0")  # the unit was removed
     assert not live.flowing("u0", 12.5)
     assert live.flowing("u1", 12.5)
+
+
+def test_an_answer_that_completed_within_the_floor_vouches_for_its_unit() -> None:
+    """A wave of streams that all just ended, the next not yet begun: no stream is in flight
+    and the last began over a floor ago, but the unit served a moment ago."""
+    live = LiveStreams(FLOOR, FACTOR)
+    live.began("u0", 10.0)
+    live.completed("u0", 11.5)
+    assert live.flowing("u0", 12.5) and not live.flowing("u0", 12.75)
+    assert live.flowing_for("u0", 12.0) == pytest.approx(0.5)
+    assert not live.flowing("u1", 12.0)  # per unit
+    live.forget("u0")
+    assert not live.flowing("u0", 12.0)
+
+
+async def test_only_an_answer_that_ended_complete_vouches() -> None:
+    """Through the gateway's own signals: its LiveStreams hears how answers end."""
+    units = [{"id": "u0", "leader": "http://127.0.0.1:1", "nodes": ["http://127.0.0.1:1"]}]
+    gateway = Gateway(gateway_config(units))
+    live, unit = gateway.live, gateway.units.units["u0"]
+    now = asyncio.get_running_loop().time()
+    start = now - 10.0
+    request = Call(COMPLETIONS_PATH, "r1", {}, start, start + 60, Lease(gateway.admission))
+    for end in End:
+        if end is not End.COMPLETE:
+            gateway.signals.answer_ended(request, unit, end, None)
+    assert not live.flowing("u0", now)  # a broken, cut or abandoned answer proves nothing
+    gateway.signals.answer_ended(request, unit, End.COMPLETE, None)
+    assert live.flowing("u0", now) and live.count("u0") == 0
 
 
 def test_began_uses_the_floor_it_was_built_with() -> None:
