@@ -70,7 +70,9 @@ class Trials:
     kill_readmitted: list[Seen] = field(default_factory=list)  # from the restart, informative
     freeze: list[Seen] = field(default_factory=list)
     recovery: list[Seen] = field(default_factory=list)  # from SIGCONT
-    bystander_flips: float = 0.0  # u1's transitions: a fault of u0 must not touch it
+    # u1's transitions after its first judgement (unknown -> healthy, at start-up): a fault
+    # of u0 must not touch it
+    bystander_flips: float = 0.0
     u0_down_flips: float = 0.0  # one per trial, or u0 flapped on its way back
     first_probed_s: float = 0.0
     seed: int = 0
@@ -239,6 +241,7 @@ def _trials(watch: Watch, follower: Follower, n: int, seed: int, pins: Pins | No
     out.seconds, out.cores = load.report()
     samples = scrape(watch.metrics)
     flips = "unitgate_health_transitions_total"
-    out.bystander_flips = total(samples, flips, unit="u1")
+    judged = min(1.0, total(samples, flips, unit="u1", to="healthy"))  # every unit starts unknown
+    out.bystander_flips = total(samples, flips, unit="u1") - judged
     out.u0_down_flips = total(samples, flips, unit="u0", to="unhealthy")
     return out
