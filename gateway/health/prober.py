@@ -3,24 +3,29 @@
 Nodes of a round are probed concurrently, so a round costs one probe timeout at worst and a
 dead follower is seen as soon as a leader would be. Rounds run start to start every
 `interval` +- `jitter`, so a thousand probers drift apart instead of hitting their units in
-lockstep. The prober is the only writer of its unit's health and of `unit.nodes`. A flip is
-applied once: the state (with its reason), one event (whose log line is the only one: steady
-state logs nothing), and one transition count. A round whose only problems are timeouts asks
-`traffic` whether the unit's live streams still flow (then it is slow, not dead).
+lockstep; within that window a round joins another prober's wake-up if one is planned, a few
+rounds a wake-up at most (ticks.py). The prober is the only writer of its unit's health and
+of `unit.nodes`. A flip is applied once: the state (with its reason), one event (whose log
+line is the only one: steady state logs nothing), and one transition count. A round whose
+only problems are timeouts asks `traffic` whether the unit's live streams still flow (then it
+is slow, not dead).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from asyncio import Future
+from collections.abc import Callable, Coroutine
 from random import Random
+from typing import Any
 
 from gateway.config import HealthConfig
 from gateway.health.kinds import node_probes
 from gateway.health.probe import canary
 from gateway.health.result import NodeReport
 from gateway.health.states import Health
+from gateway.health.ticks import ProbeTicks
 from gateway.health.verdict import Flip, GangVerdict, Round
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
@@ -61,8 +66,10 @@ class UnitProber:
         rng: Random,
         traffic: Traffic = no_traffic,
         own: Own | None = live_count,
+        ticks: ProbeTicks | None = None,
     ) -> None:
         self.unit, self.registry, self.events = unit, registry, events
+        self.ticks = ticks  # shared wake-ups with other probers; None: a timer of its own
         self.own = own  # None: [routing].engine_load is off, the leader's counts are not read
         self.pool, self.config, self.rng = pool, config, rng
         self.traffic = traffic
@@ -96,7 +103,7 @@ class UnitProber:
             except Exception:
                 # A bug must not silently freeze the unit's health in its last state.
                 log.exception("prober of unit %s: probe round failed", self.unit.id)
-            await asyncio.sleep(max(0.0, started + self._interval() - loop.time()))
+            await self._until_next(started, loop.time())
 
     async def probe_round(self) -> Round:
         h = self.config
@@ -111,16 +118,17 @@ class UnitProber:
                 own_then.append(self.own(self.unit))
             return report
 
-        followers = (probe(self.pool, h.timeout) for probe in self.probes[1:])
-        probes = asyncio.gather(leader(), *followers)
         canary_error: str | None = None
         if h.canary_every and self.rounds % h.canary_every == 0:
             model = self.unit.config.served_model or self.unit.models[0]
             canary_error, reports = await asyncio.gather(
-                canary(self.pool, self.leader, model, h.canary_timeout, self.extra), probes
+                canary(self.pool, self.leader, model, h.canary_timeout, self.extra),
+                self._all(leader()),
             )
+        elif len(self.probes) == 1:  # a lone leader (a `vllm serve`): no task to gather
+            reports = [await leader()]
         else:
-            reports = await probes
+            reports = await self._all(leader())
         self.rounds += 1
         now = asyncio.get_running_loop().time()
         # Asked only when it matters: a round whose problems are all timeouts.
@@ -133,6 +141,11 @@ class UnitProber:
         if result.flip is not None:
             self._apply(result.flip)
         return result
+
+    def _all(self, leader: Coroutine[Any, Any, NodeReport]) -> Future[list[NodeReport]]:
+        """The leader's probe and every follower's, concurrently."""
+        h = self.config
+        return asyncio.gather(leader, *(probe(self.pool, h.timeout) for probe in self.probes[1:]))
 
     def _record_nodes(self, reports: list[NodeReport], problems: tuple[str | None, ...]) -> None:
         for node, report, problem in zip(self.unit.nodes, reports, problems, strict=True):
@@ -150,6 +163,17 @@ class UnitProber:
         self.registry.set_health(self.unit.id, flip.health, flip.reason, flip.hard, "prober")
         self.events.record(self.unit.id, flip.health.value, flip.reason, "prober")
         self.transitions[flip.health].inc()
+
+    async def _until_next(self, started: float, now: float) -> None:
+        """Sleep until the next round's start, `interval` +- `jitter` after `started`."""
+        target = started + self._interval()
+        if self.ticks is None:
+            await asyncio.sleep(max(0.0, target - now))
+            return
+        h = self.config
+        spread = h.interval * h.jitter
+        lo, hi = started + h.interval - spread, started + h.interval + spread
+        await self.ticks.sleep_within(lo, hi, target)
 
     def _interval(self) -> float:
         h = self.config

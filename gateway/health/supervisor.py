@@ -15,6 +15,7 @@ from types import TracebackType
 
 from gateway.config import Config
 from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
+from gateway.health.ticks import ProbeTicks
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.proxy.pool import ConnectionPool
@@ -45,6 +46,7 @@ class HealthSupervisor:
         self.metrics = metrics
         self.rng = rng or Random()
         self._pool: ConnectionPool | None = None
+        self._ticks: ProbeTicks | None = None  # the probers' shared wake-ups
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ending: set[asyncio.Task[None]] = set()  # cancelled, not yet finished
         self._subscribed = False
@@ -52,6 +54,11 @@ class HealthSupervisor:
     @property
     def running(self) -> bool:
         return self._pool is not None
+
+    @property
+    def ticks(self) -> ProbeTicks | None:
+        """The probers' shared wake-ups while they run (for tests)."""
+        return self._ticks
 
     def task(self, unit_id: str) -> asyncio.Task[None] | None:
         """The prober task of a unit, if one runs (for the admin view and tests)."""
@@ -63,6 +70,7 @@ class HealthSupervisor:
         if not h.enabled or self.running:
             return
         self._pool = ConnectionPool(h.timeout, self.config.upstream.keepalive_timeout, 0)
+        self._ticks = ProbeTicks(asyncio.get_running_loop())
         if not self._subscribed:  # the registry has no unsubscribe: subscribe once
             self.registry.on_membership(self._membership)
             self._subscribed = True
@@ -75,10 +83,13 @@ class HealthSupervisor:
     async def stop(self) -> None:
         """Cancel every prober, wait for them (bounded), then close the probe connections."""
         pool, self._pool = self._pool, None
+        ticks, self._ticks = self._ticks, None
         tasks = [*self._tasks.values(), *self._ending]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
+        if ticks is not None:
+            ticks.close()
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
             if late:
@@ -121,6 +132,7 @@ class HealthSupervisor:
             self.rng,
             self.traffic,
             self.own if self.config.routing.engine_load else None,
+            self._ticks,
         )
         run = prober.run(first_after)
         self._tasks[unit.id] = asyncio.get_running_loop().create_task(
