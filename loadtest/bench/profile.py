@@ -4,8 +4,10 @@ Starts the simulator and one gateway (pinned as the overhead benchmark pins them
 overhead benchmark's closed loop at one point (ITL, concurrency), samples the gateway with
 py-spy while it does (pausing it for each sample: without pausing, py-spy put much of the
 Python code under the event loop's frame; a C call counts as the line that makes it), and
-prints the functions that hold the most samples, by self time and by total time. Run it
-for `--relay native` and `--relay python` to see the native relay's before and after:
+prints the functions that hold the most of its main thread's samples, by self time and by
+total time (other threads' samples apart: py-spy counts an idle thread pool worker as
+running). Run it for `--relay native` and `--relay python` to see the native relay's before
+and after:
 
     python -m loadtest.bench.profile --relay python --itl 20 --concurrency 128
     python -m loadtest.bench.profile --relay native --itl 20 --concurrency 128
@@ -176,23 +178,50 @@ def _sampler_argv(perf: bool, rate: int, pid: int, out: Path, syscalls: bool = F
     return [*argv, "--pid", str(pid), "-o", str(out)]
 
 
-def _report(stacks: Path, label: str) -> None:
-    own: collections.Counter[str] = collections.Counter()
-    total: collections.Counter[str] = collections.Counter()
-    samples = 0
-    for line in stacks.read_text().splitlines():
-        trace, _, count = line.rpartition(" ")
-        n = int(count)
-        samples += n
-        frames = trace.split(";")
-        own[frames[-1]] += n
+# A sample of a thread other than the main one starts in threading's bootstrap.
+THREAD_ROOT = "Thread._bootstrap ("
+
+
+class Tally:
+    """Samples, and their counts by innermost frame (self) and by every frame (total)."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.own: collections.Counter[str] = collections.Counter()
+        self.total: collections.Counter[str] = collections.Counter()
+
+    def add(self, frames: list[str], n: int) -> None:
+        self.samples += n
+        self.own[frames[-1]] += n
         for frame in set(frames):
-            total[frame] += n
-    print(f"\n{label}: {samples} samples")
-    for title, table in (("self", own), ("total", total)):
-        print(f"\n  top {TOP} by {title} time (% of samples)")
+            self.total[frame] += n
+
+
+def tally(lines: list[str]) -> tuple[Tally, Tally]:
+    """py-spy's collapsed stacks ("frame;frame;... count") as (the main thread's, the other
+    threads'). py-spy counts a thread pool's worker waiting
+    on its queue as running, so the other threads' samples (often all idle waits) are kept
+    apart: the main thread, which runs the event loop, is what the shares are of."""
+    main, others = Tally(), Tally()
+    for line in lines:
+        trace, _, count = line.rpartition(" ")
+        frames = trace.split(";")
+        side = others if frames[0].startswith(THREAD_ROOT) else main
+        side.add(frames, int(count))
+    return main, others
+
+
+def _report(stacks: Path, label: str) -> None:
+    main, others = tally(stacks.read_text().splitlines())
+    print(f"\n{label}: {main.samples} samples of the main thread")
+    for title, table in (("self", main.own), ("total", main.total)):
+        print(f"\n  top {TOP} by {title} time (% of the main thread's samples)")
         for frame, n in table.most_common(TOP):
-            print(f"  {100 * n / max(samples, 1):6.2f}%  {frame[:150]}")
+            print(f"  {100 * n / max(main.samples, 1):6.2f}%  {frame[:150]}")
+    if others.samples:
+        print(f"\n  other threads: {others.samples} samples (py-spy counts idle waits), by self")
+        for frame, n in others.own.most_common(5):
+            print(f"  {n:7d}  {frame[:150]}")
 
 
 def library_shares(report: str) -> list[tuple[str, float]]:

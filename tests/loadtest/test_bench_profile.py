@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.profile import _parse, library_shares
+from loadtest.bench.profile import _parse, library_shares, tally
 
 
 @pytest.mark.parametrize("peer", ["nginx", "router"])
@@ -57,3 +57,20 @@ def test_the_answers_length_is_a_positive_count(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         _parse(["--tokens", "0"])
     assert "--tokens must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_other_threads_samples_are_kept_apart_from_the_main_threads() -> None:
+    """An idle thread pool worker (py-spy counts its wait as running) must not dilute the main
+    thread's shares."""
+    lines = [
+        "<module> (gateway/__main__.py:7);run (uvloop/__init__.py:92) 50",
+        "<module> (gateway/__main__.py:7);run (uvloop/__init__.py:92);_proxy (h.py:84) 30",
+        "Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);"
+        "_worker (concurrent/futures/thread.py:81) 211",
+    ]
+    main, others = tally(lines)
+    assert main.samples == 80 and others.samples == 211
+    assert main.own["run (uvloop/__init__.py:92)"] == 50 and main.own["_proxy (h.py:84)"] == 30
+    assert main.total["<module> (gateway/__main__.py:7)"] == 80
+    assert "_worker (concurrent/futures/thread.py:81)" not in main.total
+    assert others.own == {"_worker (concurrent/futures/thread.py:81)": 211}
