@@ -179,6 +179,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.lag.start()
+        self.metrics.gc.install()
         g, m = self.config.gateway, self.config.metrics
         if self.role.control:
             self.breakers.start()
@@ -270,6 +271,7 @@ class Gateway:
         await self.health.stop()
         self.breakers.stop()
         self.lag.stop()
+        self.metrics.gc.uninstall()
         self.tracing.shutdown()
 
     async def _listen(

@@ -34,6 +34,7 @@ from gateway.observability import process
 from gateway.observability.counter import CounterFamily
 from gateway.observability.fairness import Shares, merged
 from gateway.observability.fleet import Fleet
+from gateway.observability.gcpause import GcPauses
 from gateway.observability.histogram import HistogramFamily, reaching
 from gateway.observability.looplag import LoopLag
 from gateway.observability.tenants import FairnessCollector, TenantFamilies
@@ -172,6 +173,9 @@ class Metrics:
         r.register(_HealthCollector(units))
         if lag is not None:
             r.register(_LagCollector(lag))
+        # Garbage collections and their pauses: timed once the gateway starts (install).
+        self.gc = GcPauses()
+        r.register(self.gc.family)
         process.register(r)
         # In a control plane: the workers' counters and histograms, summed in at render,
         # fresh from `refresh` (which asks them) before each scrape.

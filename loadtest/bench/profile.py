@@ -31,6 +31,10 @@ from what it spends per request and per second a stream is open.
 
 `--idle S` profiles an idle gateway for S seconds instead (its background work: probes, the
 loop-lag timer, the breakers). The collapsed stacks are written to `--out` for flame graphs.
+
+`--gc` runs the point with no sampler (one would pause the gateway inside its collections)
+and prints the garbage collector's collections and pause time per request, by generation,
+from the gateway's `unitgate_gc_pause_seconds` before and after the measured loop.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.bench.overhead import peers
 from loadtest.bench.overhead.load import closed_loop
@@ -99,14 +106,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="count system calls with strace instead (per request, warm-up included)",
     )
+    p.add_argument(
+        "--gc",
+        action="store_true",
+        help="no sampler: the garbage collector's collections and pauses per request, read from"
+        " the gateway's /metrics (unitgate_gc_pause_seconds) before and after the loop",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
+    if args.gc and (args.perf or args.syscalls or args.idle or args.relay not in PYTHON_RELAYS):
+        p.error("--gc reads a gateway under load: --relay native or python, no other sampler")
     if args.relay in PEERS and not (args.perf or args.syscalls):
         p.error(f"--relay {args.relay} is not Python: sample it with --perf or --syscalls")
     if args.tokens < 1:
         p.error(f"--tokens must be at least 1, not {args.tokens}")
     return args
 
+
+PYTHON_RELAYS = ("native", "python")  # the gateway's own: what has a /metrics
 
 # A line of `perf report --sort dso --stdio`: "    45.14%  libpython3.11.so.1.0".
 _DSO_LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S.*?)\s*$")
@@ -127,9 +144,12 @@ async def _load(relay: dict[str, Any], args: argparse.Namespace) -> tuple[float,
     spread = tokens * args.itl / 1e3
     async with open_session(conc) as session:
         await closed_loop(session, (url,), 2 * conc, conc, spread, tokens)  # warm-up
+        pauses = await gc_pauses(session, relay["metrics"]) if args.gc else {}
         t0, before = time.perf_counter(), cpu_times(pid)
         loop = await closed_loop(session, (url,), n, conc, spread, tokens)
         after = cpu_times(pid)
+        if args.gc:
+            _report_gc(pauses, await gc_pauses(session, relay["metrics"]), n)
         failed = sum(1 for r in loop.records if not r.ok)
         if failed:
             raise SystemExit(f"{failed} requests failed: the profile is not valid")
@@ -139,6 +159,44 @@ async def _load(relay: dict[str, Any], args: argparse.Namespace) -> tuple[float,
         p50, p99 = (ttft[min(len(ttft) - 1, int(q * len(ttft)))] * 1e3 for q in (0.5, 0.99))
         said = f"user {user:,.0f} us + system {system:,.0f} us per request, {n / took:.0f} req/s"
         return took, user + system, f"{said}, TTFT p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+
+
+async def gc_pauses(session: aiohttp.ClientSession, metrics: str) -> dict[str, tuple[float, float]]:
+    """The gateway's garbage collections so far: (count, seconds paused) by generation."""
+    async with session.get(metrics + "/metrics") as r:
+        return gc_totals(await r.text())
+
+
+def gc_totals(text: str) -> dict[str, tuple[float, float]]:
+    """`unitgate_gc_pause_seconds`' count and sum by generation, from a /metrics text."""
+    counts: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "unitgate_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            generation = sample.labels.get("generation", "")
+            if sample.name.endswith("_count"):
+                counts[generation] = sample.value
+            elif sample.name.endswith("_sum"):
+                sums[generation] = sample.value
+    return {g: (counts[g], sums.get(g, 0.0)) for g in sorted(counts)}
+
+
+def _report_gc(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], n: int
+) -> None:
+    if not after:
+        raise SystemExit("the gateway exports no unitgate_gc_pause_seconds: too old for --gc")
+    total = 0.0
+    print(f"garbage collection over {n} requests (the gateway's /metrics):")
+    for generation, (count, paused) in after.items():
+        count0, paused0 = before.get(generation, (0.0, 0.0))
+        runs, took = count - count0, paused - paused0
+        total += took
+        each = f", {took / runs * 1e3:.2f} ms each" if runs else ""
+        print(f"  generation {generation}: {runs:.0f} collections, {took * 1e3:.1f} ms{each}")
+    print(f"  {total * 1e6 / n:.1f} us of pause per request")
 
 
 @contextlib.contextmanager
@@ -288,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                     stacks = stacks.with_suffix(".perf.data")
                 if args.syscalls:
                     stacks = stacks.with_suffix(".strace.txt")
+                if args.gc:  # no sampler: it would pause the process inside the collections
+                    took, _, cpu = asyncio.run(_load(gw, args))
+                    print(f"{tag}: {cpu} (from /proc, no sampler)")
+                    return 0
                 spy = subprocess.Popen(
                     _sampler_argv(args.perf, args.rate, int(gw["pid"]), stacks, args.syscalls)
                 )

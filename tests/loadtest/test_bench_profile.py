@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.profile import _parse, library_shares, tally
+from loadtest.bench.profile import _parse, gc_totals, library_shares, tally
 
 
 @pytest.mark.parametrize("peer", ["nginx", "router"])
@@ -74,3 +74,31 @@ def test_other_threads_samples_are_kept_apart_from_the_main_threads() -> None:
     assert main.total["<module> (gateway/__main__.py:7)"] == 80
     assert "_worker (concurrent/futures/thread.py:81)" not in main.total
     assert others.own == {"_worker (concurrent/futures/thread.py:81)": 211}
+
+
+def test_gc_is_read_from_a_gateway_with_no_other_sampler(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _parse(["--gc"]).gc and _parse(["--gc", "--relay", "python"]).gc
+    refused = (["--relay", "floor"], ["--relay", "router", "--perf"], ["--perf"], ["--idle", "5"])
+    for argv in refused:
+        with pytest.raises(SystemExit):
+            _parse(["--gc", *argv])
+        assert "--gc reads a gateway under load" in capsys.readouterr().err
+
+
+def test_gc_totals_by_generation_from_metrics_text() -> None:
+    text = """# HELP unitgate_gc_pause_seconds Python garbage collections.
+# TYPE unitgate_gc_pause_seconds histogram
+unitgate_gc_pause_seconds_bucket{generation="0",le="0.001"} 150.0
+unitgate_gc_pause_seconds_bucket{generation="0",le="+Inf"} 153.0
+unitgate_gc_pause_seconds_count{generation="0"} 153.0
+unitgate_gc_pause_seconds_sum{generation="0"} 0.013
+unitgate_gc_pause_seconds_bucket{generation="2",le="+Inf"} 1.0
+unitgate_gc_pause_seconds_count{generation="2"} 1.0
+unitgate_gc_pause_seconds_sum{generation="2"} 0.00046
+# TYPE unitgate_requests_total counter
+unitgate_requests_total{unit="u0",model="m",status="200"} 7.0
+"""
+    assert gc_totals(text) == {"0": (153.0, 0.013), "2": (1.0, 0.00046)}
+    assert gc_totals("# nothing here\n") == {}
