@@ -15,24 +15,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.observability.histogram import Histogram, HistogramFamily
+from gateway.observability.histogram import LATENCY_BUCKETS, Histogram, HistogramFamily
 
-# From a young collection of a few hundred objects to a full one over a large heap.
+# From a young collection of a few hundred objects to a full one over a large heap: finer
+# steps below the latency buckets' first, theirs up to 0.25 s, then 1 s.
 PAUSE_BUCKETS = (
     0.00001,
     0.000025,
     0.00005,
     0.0001,
     0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
+    *(b for b in LATENCY_BUCKETS if b <= 0.25),
     1.0,
 )
 GENERATIONS = ("0", "1", "2")
