@@ -71,10 +71,26 @@ def _compare(runs: dict[str, Run]) -> dict[str, float]:
         row[f"{key}_ttft_p99_ms"] = _pct(run.ttft_ms, 99) if run else math.nan
     row["gateway_py_router_cpu_ratio"] = _ratio(row["gateway_py_cpu_us_per_request"], router_cpu)
     row["plain_py_nginx_cpu_ratio"] = _ratio(row["gateway_plain_py_cpu_us_per_request"], nginx_cpu)
+    row |= _room(floor_cpu, gw_cpu, plain_cpu, router_cpu, nginx_cpu)
     row["router_ttft_p99_ms"] = _pct(router.ttft_ms, 99) if router else math.nan
     row["nginx_ttft_p99_ms"] = _pct(nginx.ttft_ms, 99) if nginx else math.nan
     row["failures"] = sum(run.failures for run in runs.values())
     return row
+
+
+def _room(
+    floor: float, gateway: float, plain: float, router: float, nginx: float
+) -> dict[str, float]:
+    """What each aim leaves a relay above the floor relay, in CPU us per request, and what the
+    gateway spends there. The floor forwards bytes and does nothing per request, so an aim
+    whose room is near zero or below it asks for less than any relay with per-request work
+    (parsing, admission, routing, metering) can pay on the same event loop."""
+    return {
+        "router_aim_room_us": TARGET_ROUTER_RATIO * router - floor,
+        "nginx_aim_room_us": TARGET_NGINX_RATIO * nginx - floor,
+        "gateway_above_floor_us": gateway - floor,
+        "plain_above_floor_us": plain - floor,
+    }
 
 
 def rows(runs: Sequence[Run]) -> list[dict[str, float]]:
@@ -175,6 +191,33 @@ def print_relays(table_rows: list[dict[str, float]]) -> None:
         " [resume] off; native / python = [upstream] relay. Aims at every point: native"
         f" resumable <= {TARGET_ROUTER_RATIO:g}x vllm-router, native plain <="
         f" {TARGET_NGINX_RATIO:g}x nginx, TTFT p99 <= vllm-router's."
+    )
+
+
+ROOM_COLUMNS = (
+    "ITL ms", "c", "floor", "room under the resumable aim", "resumable native above floor",
+    "room under the plain aim", "plain native above floor",
+)  # fmt: skip
+
+
+def print_room(table_rows: list[dict[str, float]]) -> None:
+    """Each aim as room above the floor relay: what a relay may spend on its own work."""
+    table = [list(ROOM_COLUMNS)]
+    for r in table_rows:
+        table.append([
+            f"{r['itl_ms']:g}", f"{r['concurrency']:g}", f"{r['floor_cpu_us_per_request']:.0f}",
+            f"{r['router_aim_room_us']:.0f}", f"{r['gateway_above_floor_us']:.0f}",
+            f"{r['nginx_aim_room_us']:.0f}", f"{r['plain_above_floor_us']:.0f}",
+        ])  # fmt: skip
+    widths = [max(len(line[i]) for line in table) for i in range(len(ROOM_COLUMNS))]
+    print()
+    for line in table:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    print(
+        "CPU us per streamed request. Room = the aim's CPU (resumable: "
+        f"{TARGET_ROUTER_RATIO:g}x vllm-router's; plain: {TARGET_NGINX_RATIO:g}x nginx's) minus"
+        " the floor relay's, which forwards bytes and does nothing per request: what the aim"
+        " leaves for parsing, admission, routing and metering (nan: peer not installed)."
     )
 
 
