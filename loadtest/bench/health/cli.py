@@ -121,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = report.scale_rows(s, misses)
         report.print_scale(s, rows)
         out["scale"] = s.to_json()
-        if s.flips_window or s.flips_before_window:
+        print(report.start_up(s))
+        if s.flips_window or s.flips_settling:
             report.loud(
                 f"HEALTH FLIPS with no fault injected: {s.flips_window} in the window,"
-                f" {s.flips_before_window} before it; reasons {s.flip_reasons}."
+                f" {s.flips_settling} while settling before it; reasons {s.flip_reasons}."
                 f" {report.flip_onset(s)}"
             )
         if s.scrape_flips:

@@ -88,7 +88,7 @@ def scale_rows(s: Scale, misses: list[str]) -> list[Row]:
         ),
         (
             "health flips in window (gateway log)",
-            f"{s.flips_window} (before it: {s.flips_before_window})",
+            f"{s.flips_window} (settling before it: {s.flips_settling})",
             "== 0",
             _verdict(s.flips_window == 0, misses, "health flips in window"),
         ),
@@ -139,6 +139,20 @@ def scale_rows(s: Scale, misses: list[str]) -> list[Row]:
 def _peaks(s: Scale) -> dict[str, float]:
     cpus = s.other_load_timeline[0].keys() if s.other_load_timeline else ()
     return {cpu: max(second[cpu] for second in s.other_load_timeline) for cpu in cpus}
+
+
+def start_up(s: Scale) -> str:
+    """The start-up's flips, and whose CPU was busy meanwhile: the gateway's first connects to
+    every node land on one simulator process, whose core can be full for a second or two."""
+    busiest = {
+        who: max((second[who] for second in s.start_up_cores), default=0.0)
+        for who in ("sim", "probing")
+    }
+    return (
+        f"start-up ({s.ready_after_s:.1f} s until every unit was healthy, probes at the full"
+        f" rate): {s.flips_start_up} health flips, not counted; busiest second: simulator"
+        f" {busiest['sim']:.2f} core, probing gateway {busiest['probing']:.2f} core"
+    )
 
 
 def flip_onset(s: Scale) -> str:

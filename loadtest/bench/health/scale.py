@@ -81,9 +81,13 @@ class Scale:
     gateway_wchar: int
     sim_rchar: int
     sim_wchar: int
-    # From the gateway's log (flips.py): no scrape disturbed these.
-    flips_before_window: int
+    # From the gateway's log (flips.py): no scrape disturbed these. Start-up: from the gateway's
+    # start until every unit was healthy with probes at the full rate (its first connects);
+    # settling: from then until the window.
+    flips_start_up: int
+    flips_settling: int
     flips_window: int
+    start_up_cores: list[dict[str, float]]  # per second of start-up: process -> cores
     # From the scrape after the window: counters since the gateway started.
     flips_since_start: float
     failures_since_start: float
@@ -98,7 +102,7 @@ class Scale:
     cores: dict[str, dict[str, float]]  # per CPU, in cores: task, irq, steal, ours, other
     flip_timeline: dict[str, int]  # flips per second, from the window's start
     other_load_timeline: list[dict[str, float]]  # per second of the window: cpu -> cores
-    flip_reasons: dict[str, int]
+    flip_reasons: dict[str, int]  # of the flips after start-up
 
     @property
     def expected_probes_per_s(self) -> float:
@@ -156,7 +160,7 @@ def run(tmp: Path, pins: Pins | None, units: int, followers: int, window: float)
     with contextlib.ExitStack() as stack:
         sim = stack.enter_context(child(sim_argv, tmp / "sim.json", sim_cpu, "simulator"))
         gws: dict[str, dict[str, Any]] = {}
-        for name, enabled in (("probing", True), ("idle", False)):
+        for name, enabled in (("idle", False), ("probing", True)):
             toml = tmp / f"gw-{name}.toml"
             toml.write_text(gateway_toml(sim["units"], enabled))
             ready = tmp / f"gw-{name}.json"
@@ -173,6 +177,14 @@ def run(tmp: Path, pins: Pins | None, units: int, followers: int, window: float)
     raise AssertionError("unreachable: ExitStack does not swallow exceptions")
 
 
+@dataclass(frozen=True)
+class StartUp:
+    after_s: float  # from the wait's start to readiness (or to giving up)
+    ready: bool
+    at: float  # wall clock (time.time()) when it ended
+    cores: list[dict[str, float]]  # per second waited: "sim" and "probing" -> cores
+
+
 def _wait_ready(
     pids: dict[str, int],
     expected: float,
@@ -180,13 +192,14 @@ def _wait_ready(
     log: Path,
     alive: Callable[[], None],
     units: int,
-) -> tuple[float, bool]:
+) -> StartUp:
     """Every unit healthy (by the log) and probes written and read at the full rate (by /proc)
     for two seconds running: readiness without a scrape that would stall the gateway.
     Not ready by the deadline is returned, not raised: the window's numbers still tell why."""
     started = time.monotonic()
     steady, last, before = 0, started, (counters(pids["probing"]), counters(pids["sim"]))
     logged = log.stat().st_size
+    seconds: list[dict[str, float]] = []
     for _ in range(int(READY_WITHIN_S) + 1):
         time.sleep(1.0)
         alive()
@@ -195,15 +208,21 @@ def _wait_ready(
         grown, logged = size - logged, size
         written = (after[0].wchar - before[0].wchar - grown) / head / (now - last)
         read = (after[1].rchar - before[1].rchar) / head / (now - last)
+        seconds.append(
+            {
+                "sim": round(before[1].cpu_s(after[1]) / (now - last), 2),
+                "probing": round(before[0].cpu_s(after[0]) / (now - last), 2),
+            }
+        )
         flowing = min(written, read) >= STEADY_SHARE * expected
         all_in = len(flips.routable(flips.read(log))) == units
         steady = steady + 1 if flowing and all_in else 0
         if steady >= 2:
-            return now - started, True
+            return StartUp(now - started, True, time.time(), seconds)
         if now - started > READY_WITHIN_S:
             break
         last, before = now, after
-    return time.monotonic() - started, False
+    return StartUp(time.monotonic() - started, False, time.time(), seconds)
 
 
 def _unhealthy(samples: list[Sample]) -> int:
@@ -251,7 +270,7 @@ def _measure(
     heads = [len(Target(url).head) for u in units for url in u["nodes"]]
     head = sum(heads) / len(heads)
     alive = functools.partial(ensure_alive, *pids.values())
-    ready_s, ready = _wait_ready(pids, nodes / INTERVAL_S, head, log, alive, len(units))
+    start_up = _wait_ready(pids, nodes / INTERVAL_S, head, log, alive, len(units))
     time.sleep(SETTLE_S)
     before = {k: counters(pid) for k, pid in pids.items()}
     cores_before, logged = cores(merge=pins is None), log.stat().st_size
@@ -275,8 +294,8 @@ def _measure(
         interval_s=INTERVAL_S,
         window_s=elapsed,
         settle_s=SETTLE_S,
-        ready_after_s=ready_s,
-        ready=ready,
+        ready_after_s=start_up.after_s,
+        ready=start_up.ready,
         gateway_cpu_s=cpu_s["probing"],
         idle_cpu_s=cpu_s["idle"],
         sim_cpu_s=cpu_s["sim"],
@@ -285,8 +304,10 @@ def _measure(
         gateway_wchar=after["probing"].wchar - before["probing"].wchar - logged,
         sim_rchar=after["sim"].rchar - before["sim"].rchar,
         sim_wchar=after["sim"].wchar - before["sim"].wchar,
-        flips_before_window=flips.between(seen, 0.0, wall),
+        flips_start_up=flips.between(seen, 0.0, start_up.at),
+        flips_settling=flips.between(seen, start_up.at, wall),
         flips_window=flips.between(seen, wall, wall_end),
+        start_up_cores=start_up.cores,
         flips_since_start=total(last, counted),
         failures_since_start=total(last, failures),
         nodes_healthy=count(last, "unitgate_node_healthy", 1.0),
@@ -299,5 +320,5 @@ def _measure(
         cores=foreign(cores_before, cores_after, _ours(pins, cpu_s, elapsed), elapsed),
         flip_timeline=flips.timeline(seen, wall),
         other_load_timeline=other,
-        flip_reasons=flips.reasons(seen),
+        flip_reasons=flips.reasons([f for f in seen if f.at >= start_up.at]),
     )
