@@ -152,6 +152,7 @@ def start_up(s: Scale) -> str:
         f"start-up ({s.ready_after_s:.1f} s until every unit was healthy, probes at the full"
         f" rate): {s.flips_start_up} health flips, not counted; busiest second: simulator"
         f" {busiest['sim']:.2f} core, probing gateway {busiest['probing']:.2f} core"
+        + (f"; reasons {s.start_up_reasons}" if s.flips_start_up else "")
     )
 
 

@@ -103,6 +103,7 @@ class Scale:
     flip_timeline: dict[str, int]  # flips per second, from the window's start
     other_load_timeline: list[dict[str, float]]  # per second of the window: cpu -> cores
     flip_reasons: dict[str, int]  # of the flips after start-up
+    start_up_reasons: dict[str, int]
 
     @property
     def expected_probes_per_s(self) -> float:
@@ -321,4 +322,5 @@ def _measure(
         flip_timeline=flips.timeline(seen, wall),
         other_load_timeline=other,
         flip_reasons=flips.reasons([f for f in seen if f.at >= start_up.at]),
+        start_up_reasons=flips.reasons([f for f in seen if f.at < start_up.at]),
     )
