@@ -19,6 +19,7 @@ import orjson
 from gateway.health.result import NodeReport
 from gateway.proxy.connection import ConnectionBroken
 from gateway.proxy.pool import ConnectionPool, Endpoint
+from gateway.proxy.stretch import Stretch
 from gateway.proxy.upstream import request_head
 
 
@@ -56,13 +57,21 @@ class ProbeFailed(Exception):
 
 
 async def get(pool: ConnectionPool, target: Target, within: float) -> tuple[int, bytes, float]:
-    """Status, body and milliseconds taken; `within` seconds bound it, connecting included.
-    Raises ProbeFailed when no answer came. Timed by perf_counter: uvloop's loop.time() is
-    libuv's cached millisecond clock, which reads a quick local answer as 0 ms."""
+    """Status, body and milliseconds taken; `within` seconds bound it, connecting included,
+    in the loop's responsive time: a gateway too busy to read an answer that came in time
+    (thousands of first connects at start-up) moves the deadline on, up to MAX_STRETCH
+    timeouts (stretch.py). Raises ProbeFailed when no answer came. Timed by perf_counter:
+    uvloop's loop.time() is libuv's cached millisecond clock, which reads a quick local answer
+    as 0 ms."""
     start = time.perf_counter()
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(within):
-            status, body = await exchange(pool, target.endpoint, target.head, b"")
+        async with asyncio.timeout(within) as deadline:
+            stretch = Stretch(deadline, loop)  # the gateway's own lag is not the node's
+            try:
+                status, body = await exchange(pool, target.endpoint, target.head, b"")
+            finally:
+                stretch.cancel()
     except TimeoutError:
         report = NodeReport(None, f"no answer within {within * 1000:.0f} ms", timed_out=True)
         raise ProbeFailed(report) from None

@@ -2,7 +2,7 @@
 
 `ConnectionPool` keeps idle connections per leader (LIFO, so a few warm connections serve a
 light load and the rest expire), optionally bounds how many are open in total, and connects
-new ones under a connect timeout that a lagging event loop stretches (`_Stretch`). An
+new ones under a connect timeout that a lagging event loop stretches (stretch.py). An
 `Endpoint` is a node's address, parsed once.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 from types import ModuleType
-from typing import Protocol
 from urllib.parse import urlsplit
 
 from gateway.proxy.connection import UpstreamConnection, connection_of, tapped
+from gateway.proxy.stretch import LagTotal, Stretch
 from gateway.tls import client_context
 
 
@@ -35,21 +35,6 @@ class Endpoint:
         self.key = (self.host, self.port, self.ssl)
 
 
-class LagTotal(Protocol):
-    """The event loop's lateness summed since start (observability/looplag.LoopLag keeps it;
-    the request path reads only this number, not the metrics around it)."""
-
-    @property
-    def total(self) -> float: ...
-
-    def hurry(self, until: float) -> None:
-        """Sample the lag at its shortest interval until loop time `until`."""
-
-
-# A connect timeout stretched for the gateway's own lag ends at most this many timeouts in.
-MAX_STRETCH = 4.0
-
-
 class ConnectionPool:
     """Idle keep-alive connections per leader, bounded in age and (optionally) in total."""
 
@@ -62,9 +47,10 @@ class ConnectionPool:
         native: ModuleType | None = None,
     ) -> None:
         """`native` is the compiled relay (gateway/native) its connections read bodies with.
-        With `lag`, a connect timeout is measured in the loop's responsive time: what the
-        loop spent behind schedule while the connect was out is added to its deadline (a
-        kernel-finished connect must not time out because the loop ran its timers first)."""
+        A connect timeout is measured in the loop's responsive time: what the loop spent
+        behind schedule while the connect was out is added to its deadline (a kernel-finished
+        connect must not time out because the loop ran its timers first), read from `lag`
+        when given, else from the deadline's own check running late (stretch.py)."""
         self.lag = lag
         self.native = native
         self.connect_timeout = connect_timeout
@@ -122,7 +108,7 @@ class ConnectionPool:
     async def _connect(self, endpoint: Endpoint) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout) as deadline:
-            stretch = None if self.lag is None else _Stretch(self.lag, deadline, loop)
+            stretch = Stretch(deadline, loop, self.lag)
             try:
                 _, protocol = await loop.create_connection(
                     lambda: tapped(UpstreamConnection(loop, self.native)),
@@ -132,37 +118,6 @@ class ConnectionPool:
                 )
                 conn = connection_of(protocol)
             finally:
-                if stretch is not None:
-                    stretch.cancel()
+                stretch.cancel()
         self._all.add(conn)
         return conn
-
-
-class _Stretch:
-    """Just before a deadline, moves it on by the loop lag accrued since the last look (the
-    lag ticks every 50 ms while a connect is out, so it has been sampled by then), up to
-    MAX_STRETCH timeouts."""
-
-    __slots__ = ("deadline", "handle", "lag", "limit", "loop", "seen")
-
-    def __init__(
-        self, lag: LagTotal, deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        when = deadline.when()
-        assert when is not None
-        self.lag, self.deadline, self.loop, self.seen = lag, deadline, loop, lag.total
-        self.limit = loop.time() + MAX_STRETCH * (when - loop.time())
-        lag.hurry(self.limit)  # sampled every 50 ms while the connect is out
-        self.handle = loop.call_at(when - 0.001, self._check)
-
-    def _check(self) -> None:
-        when = self.deadline.when()
-        owed, self.seen = self.lag.total - self.seen, self.lag.total
-        if when is None or self.deadline.expired() or owed < 0.001 or when >= self.limit:
-            return  # expired: a lagging loop may run the deadline's own timer first
-        when = min(when + owed, self.limit)
-        self.deadline.reschedule(when)
-        self.handle = self.loop.call_at(when - 0.001, self._check)
-
-    def cancel(self) -> None:
-        self.handle.cancel()

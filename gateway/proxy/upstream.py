@@ -18,7 +18,8 @@ from gateway.native import resolve
 from gateway.outcomes import Failure
 from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.names import Renamer
-from gateway.proxy.pool import ConnectionPool, Endpoint, LagTotal
+from gateway.proxy.pool import ConnectionPool, Endpoint
+from gateway.proxy.stretch import LagTotal
 from gateway.proxy.timers import TimerSlots
 from gateway.tls import unit_context
 

@@ -1,6 +1,6 @@
 """`python -m loadtest.bench.burst`: thousands of open streams arriving in full waves.
 
-Issue 18's setup, measured: simulated units streaming one token a second, one gateway with
+The setup: simulated units streaming one token a second, one gateway with
 probes and breakers on (the defaults: 0.25 s rounds, 0.2 s probe timeout, 5 consecutive
 failures), and `loadtest.gen` as a closed loop of N streams, so every N-stream wave starts at
 once when the last one ends. Before the fix a 5,000-stream second wave slowed the simulated

@@ -11,7 +11,7 @@ was taken, which is after the routing snapshot was swapped) until all name the n
 A replica's figure is its report's time minus the time just before the admin request was
 sent (one host, one clock), so it bounds "no request routed there any more" from above;
 the trial's figure is the slowest replica's. Reported: p50, p99 and max over the trials. The
-aim (issue 16): p99 within 100 ms.
+aim: p99 within 100 ms.
 
 Idle cost: the CPU an idle gateway spends per second (from /proc, over IDLE_S), with the
 embedded state and with `redis` (its heartbeat, notification listener and once-a-second

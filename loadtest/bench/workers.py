@@ -7,7 +7,7 @@ Propagation: simulated units behind a gateway of N workers; an admin client disa
 enables a unit `--changes` times (each one state broadcast), then reads `/admin/workers`: per
 worker, the time from the control plane sending a state version to that worker acknowledging
 it applied it (a worker acknowledges after applying, so this bounds "in effect" from above).
-Reported: p50, p99 and max over every worker's samples. The aim (issue 15): p99 within 50 ms.
+Reported: p50, p99 and max over every worker's samples. The aim: p99 within 50 ms.
 
 Cost and capacity, for workers = 1 and 2 (64-token streams from simulated units with no
 delay, a closed loop of 32 streams, one run each after a warm-up):
