@@ -70,3 +70,15 @@ def test_the_printed_room_is_each_points(capsys: pytest.CaptureFixture[str]) -> 
     assert [c[:2] for c in cells] == [["0", "32"], ["0", "128"], ["20", "32"], ["20", "128"]]
     assert all(c[2:] == ["600", "120", "300", "100", "200"] for c in cells)
     assert "does nothing per request" in out[-1]
+
+
+def test_the_other_tables_print_a_line_per_point(capsys: pytest.CaptureFixture[str]) -> None:
+    table = report.rows(_runs((*MODES, *PEERS, *PYTHON_MODES)))
+    report.print_table(table)
+    report.print_relays(table)
+    lines = capsys.readouterr().out.splitlines()
+    main = [line.split() for line in lines[1:5]]
+    assert [c[:2] for c in main] == [["0", "32"], ["0", "128"], ["20", "32"], ["20", "128"]]
+    relays = [line.split() for line in lines[8:12]]  # after the note and a blank line
+    assert all(c[2:5] == ["700", "800", "600"] for c in relays)  # nginx, router, floor
+    assert all("1.12 (<=0.9 MISS)" in line for line in lines[8:12])

@@ -135,11 +135,16 @@ def _cells(r: dict[str, float]) -> list[str]:
     ]  # fmt: skip
 
 
-def print_table(table_rows: list[dict[str, float]]) -> None:
-    table = [list(COLUMNS), *(_cells(r) for r in table_rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+def _print_aligned(columns: Sequence[str], cells: list[list[str]]) -> None:
+    """A header and rows, each column right-aligned to its widest cell."""
+    table = [list(columns), *cells]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
         print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+
+
+def print_table(table_rows: list[dict[str, float]]) -> None:
+    _print_aligned(COLUMNS, [_cells(r) for r in table_rows])
     print(
         f"TTFT in ms. Targets for 64-token streams at c=128: gateway CPU <= {TARGET_CPU_US[0.0]:g}"
         f" us/request at 0 ms ITL and <= {TARGET_CPU_US[20.0]:g} us at 20 ms ITL;"
@@ -181,11 +186,8 @@ def _relay_cells(r: dict[str, float]) -> list[str]:
 
 def print_relays(table_rows: list[dict[str, float]]) -> None:
     """The relays side by side: CPU us per streamed request, the aims' ratios, TTFT p99."""
-    table = [list(RELAY_COLUMNS), *(_relay_cells(r) for r in table_rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(RELAY_COLUMNS))]
     print()
-    for line in table:
-        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    _print_aligned(RELAY_COLUMNS, [_relay_cells(r) for r in table_rows])
     print(
         "CPU us per streamed request on the relay's core. gw = resumable streams, plain ="
         " [resume] off; native / python = [upstream] relay. Aims at every point: native"
@@ -200,19 +202,18 @@ ROOM_COLUMNS = (
 )  # fmt: skip
 
 
+def _room_cells(r: dict[str, float]) -> list[str]:
+    return [
+        f"{r['itl_ms']:g}", f"{r['concurrency']:g}", f"{r['floor_cpu_us_per_request']:.0f}",
+        f"{r['router_aim_room_us']:.0f}", f"{r['gateway_above_floor_us']:.0f}",
+        f"{r['nginx_aim_room_us']:.0f}", f"{r['plain_above_floor_us']:.0f}",
+    ]  # fmt: skip
+
+
 def print_room(table_rows: list[dict[str, float]]) -> None:
     """Each aim as room above the floor relay: what a relay may spend on its own work."""
-    table = [list(ROOM_COLUMNS)]
-    for r in table_rows:
-        table.append([
-            f"{r['itl_ms']:g}", f"{r['concurrency']:g}", f"{r['floor_cpu_us_per_request']:.0f}",
-            f"{r['router_aim_room_us']:.0f}", f"{r['gateway_above_floor_us']:.0f}",
-            f"{r['nginx_aim_room_us']:.0f}", f"{r['plain_above_floor_us']:.0f}",
-        ])  # fmt: skip
-    widths = [max(len(line[i]) for line in table) for i in range(len(ROOM_COLUMNS))]
     print()
-    for line in table:
-        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    _print_aligned(ROOM_COLUMNS, [_room_cells(r) for r in table_rows])
     print(
         "CPU us per streamed request. Room = the aim's CPU (resumable: "
         f"{TARGET_ROUTER_RATIO:g}x vllm-router's; plain: {TARGET_NGINX_RATIO:g}x nginx's) minus"
