@@ -258,7 +258,7 @@ def _save(out: Path | None, result: dict[str, object]) -> int:
     return EXIT_OK
 
 
-# --- Output extras: `compare` / `plot` subcommands, sweeps, plots -----------------
+# --- Output extras: `compare` / `plot` subcommands, sweeps, plots ---------------------------------
 # A first word naming a subcommand selects it; anything else is the flag-based run CLI above,
 # so `python -m loadtest --url ...` is unchanged.
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"compare": compare.main, "plot": plots.main}

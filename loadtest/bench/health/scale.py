@@ -207,12 +207,13 @@ def _wait_ready(
         now, after = time.monotonic(), (counters(pids["probing"]), counters(pids["sim"]))
         size = log.stat().st_size
         grown, logged = size - logged, size
-        written = (after[0].wchar - before[0].wchar - grown) / head / (now - last)
-        read = (after[1].rchar - before[1].rchar) / head / (now - last)
+        waited = now - last
+        written = (after[0].wchar - before[0].wchar - grown) / head / waited
+        read = (after[1].rchar - before[1].rchar) / head / waited
         seconds.append(
             {
-                "sim": round(before[1].cpu_s(after[1]) / (now - last), 2),
-                "probing": round(before[0].cpu_s(after[0]) / (now - last), 2),
+                "sim": round(before[1].cpu_s(after[1]) / waited, 2),
+                "probing": round(before[0].cpu_s(after[0]) / waited, 2),
             }
         )
         flowing = min(written, read) >= STEADY_SHARE * expected
