@@ -30,7 +30,7 @@ from gateway.front.protocol import LeanRoute
 from gateway.front.server import Front
 from gateway.health.feed import BreakerFeed, Record
 from gateway.health.gate import BreakerGate
-from gateway.health.prober import live_count
+from gateway.health.prober import Traffic, live_count
 from gateway.health.supervisor import HealthSupervisor
 from gateway.heap import freeze_startup
 from gateway.limits.build import build_limiter
@@ -76,7 +76,7 @@ class Role:
     control: bool = True  # probers, breakers, admin API, operator listener
     reuse_port: bool = False  # the public port is shared with other workers
     record: Record | None = None
-    traffic: Callable[[str, float], bool] | None = None
+    traffic: Traffic | None = None
     # This gateway's requests on a unit, for the probers to tell the leader's count of them
     # from other replicas' (default: the live count; the control plane's is its workers').
     own: Callable[[UnitState], int] | None = None

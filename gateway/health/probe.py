@@ -16,10 +16,10 @@ import time
 
 import orjson
 
+from gateway.health.lookout import LIMIT, Lookout, Sent
 from gateway.health.result import NodeReport
 from gateway.proxy.connection import ConnectionBroken
 from gateway.proxy.pool import ConnectionPool, Endpoint
-from gateway.proxy.stretch import Stretch
 from gateway.proxy.upstream import request_head
 
 
@@ -48,6 +48,12 @@ class Target:
         )
 
 
+def probe_pool(timeout: float, keepalive: float) -> ConnectionPool:
+    """The probers' connections. A probe bounds its connect with its own deadline, which a
+    pending connect may outlast by a look (lookout.py): the pool's bound is a last resort."""
+    return ConnectionPool(LIMIT * timeout, keepalive, 0)
+
+
 class ProbeFailed(Exception):
     """A GET that got no answer: the report says why (a timeout is the soft kind)."""
 
@@ -57,21 +63,21 @@ class ProbeFailed(Exception):
 
 
 async def get(pool: ConnectionPool, target: Target, within: float) -> tuple[int, bytes, float]:
-    """Status, body and milliseconds taken; `within` seconds bound it, connecting included,
-    in the loop's responsive time: a gateway too busy to read an answer that came in time
-    (thousands of first connects at start-up) moves the deadline on, up to MAX_STRETCH
-    timeouts (stretch.py). Raises ProbeFailed when no answer came. Timed by perf_counter:
-    uvloop's loop.time() is libuv's cached millisecond clock, which reads a quick local answer
-    as 0 ms."""
+    """Status, body and milliseconds taken; the node has `within` seconds to answer once the
+    request went out, judged at the deadline by what its socket shows: an answer that came in
+    time is read though the gateway was too busy to look (lookout.py). Raises ProbeFailed
+    when no answer came. Timed by perf_counter: uvloop's loop.time() is libuv's cached
+    millisecond clock, which reads a quick local answer as 0 ms."""
     start = time.perf_counter()
     loop = asyncio.get_running_loop()
+    sent = Sent()
     try:
         async with asyncio.timeout(within) as deadline:
-            stretch = Stretch(deadline, loop)  # the gateway's own lag is not the node's
+            lookout = Lookout(deadline, loop, sent)
             try:
-                status, body = await exchange(pool, target.endpoint, target.head, b"")
+                status, body = await exchange(pool, target.endpoint, target.head, b"", sent)
             finally:
-                stretch.cancel()
+                lookout.cancel()
     except TimeoutError:
         report = NodeReport(None, f"no answer within {within * 1000:.0f} ms", timed_out=True)
         raise ProbeFailed(report) from None
@@ -102,9 +108,10 @@ async def canary(
 
 
 async def exchange(
-    pool: ConnectionPool, endpoint: Endpoint, head: bytes, body: bytes
+    pool: ConnectionPool, endpoint: Endpoint, head: bytes, body: bytes, sent: Sent | None = None
 ) -> tuple[int, bytes]:
-    """One request and its whole answer; the caller bounds it with a deadline.
+    """One request and its whole answer; the caller bounds it with a deadline. `sent` hears
+    when the request went out, and on which connection.
 
     A pooled connection the node closed while idle fails before any answer: that says
     nothing about the node, so the request is sent once more on a fresh connection.
@@ -114,6 +121,8 @@ async def exchange(
         pooled = conn.idle_since > 0.0  # set when a connection goes back to the pool
         try:
             conn.send(head, body)
+            if sent is not None:
+                sent.went_out(conn, conn.loop.time())
             await conn.wait_for(lambda: conn.complete)  # noqa: B023 - awaited in this pass
             return conn.status, b"".join(conn.body)
         except ConnectionBroken:

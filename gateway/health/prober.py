@@ -8,7 +8,9 @@ rounds a wake-up at most (ticks.py). The prober is the only writer of its unit's
 of `unit.nodes`. A flip is applied once: the state (with its reason), one event (whose log
 line is the only one: steady state logs nothing), and one transition count. A round whose
 only problems are timeouts asks `traffic` whether the unit's live streams still flow (then it
-is slow, not dead).
+is slow, not dead). When the leader answered and only followers timed out, it asks for
+progress made since the round's probes went out: every token needs every node, so a follower
+is vouched for only by tokens it helped make after it fell silent, never by earlier traffic.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ from gateway.units import UnitRegistry, UnitState
 
 log = logging.getLogger("unitgate.health")
 
-# (unit id, loop time) -> whether the unit's live traffic arrives at its own pace right now.
-Traffic = Callable[[str, float], bool]
+# (unit id, loop time, since) -> whether the unit's live traffic arrives at its own pace
+# right now; with `since` (a loop time), whether the unit made progress after it.
+Traffic = Callable[[str, float, float | None], bool]
 
 
-def no_traffic(unit_id: str, now: float) -> bool:
+def no_traffic(unit_id: str, now: float, since: float | None = None) -> bool:
     return False
 
 
@@ -107,6 +110,7 @@ class UnitProber:
 
     async def probe_round(self) -> Round:
         h = self.config
+        started = asyncio.get_running_loop().time()
         own_then: list[int] = []
 
         async def leader() -> NodeReport:
@@ -132,7 +136,8 @@ class UnitProber:
         self.rounds += 1
         now = asyncio.get_running_loop().time()
         # Asked only when it matters: a round whose problems are all timeouts.
-        flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now)
+        since = None if reports[0].timed_out else started  # followers only: fresh progress
+        flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now, since)
         result = self.verdict.observe(reports, now, canary_error, flowing)
         self._record_nodes(reports, result.nodes)
         if own_then:

@@ -14,6 +14,7 @@ from random import Random
 from types import TracebackType
 
 from gateway.config import Config
+from gateway.health.probe import probe_pool
 from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
 from gateway.health.ticks import ProbeTicks
 from gateway.observability.events import EventLog
@@ -69,7 +70,7 @@ class HealthSupervisor:
         h = self.config.health
         if not h.enabled or self.running:
             return
-        self._pool = ConnectionPool(h.timeout, self.config.upstream.keepalive_timeout, 0)
+        self._pool = probe_pool(h.timeout, self.config.upstream.keepalive_timeout)
         self._ticks = ProbeTicks(asyncio.get_running_loop())
         if not self._subscribed:  # the registry has no unsubscribe: subscribe once
             self.registry.on_membership(self._membership)

@@ -136,7 +136,10 @@ class GangVerdict:
     grow by the inverse of that share; judged by the plain window, the down-weighting itself
     would starve the unit of the evidence that keeps it in (CI saw it: no new stream on a slow
     unit for 2 s, then ejected). So while it is slow, traffic seen flowing within `slow_grace`
-    still vouches. Hard evidence (and a stalled engine) ejects it as before.
+    still vouches for a leader whose probes time out. Not for a follower's: its leader answers
+    and the caller asks for progress since the probes went out, which a frozen follower's
+    unit cannot make however recently it served. Hard evidence (and a stalled engine) ejects
+    it as before.
     """
 
     def __init__(
@@ -189,7 +192,8 @@ class GangVerdict:
         if flowing:
             self.flowed_at = now
         vouched = flowing or (
-            self.machine.state is Health.SLOW
+            leader.timed_out
+            and self.machine.state is Health.SLOW
             and self.flowed_at is not None
             and now - self.flowed_at <= self.slow_grace
         )

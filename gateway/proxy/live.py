@@ -8,7 +8,9 @@ can fail on a loaded but working unit), and breaks only if it then goes quiet.
 
 The other way round, a unit whose probes time out while its streams keep flowing is busy,
 not dead: `flowing` answers that for the prober, from state the relay keeps anyway (the last
-read and the stream's own gap) and from when the unit's last answer began or completed.
+read and the stream's own gap) and from when the unit's last answer began or completed. For
+a follower whose probe timed out while its leader answered, only progress made since the
+probe went out counts (`progressed`): traffic heard before a node froze says nothing of it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class LiveStreams(Observer):
         self._by_unit: dict[str, set[Live]] = {}
         # unit -> when its last answer's first byte came, or an answer of it completed
         self._heard: dict[str, float] = {}
+        self._done: dict[str, float] = {}  # unit -> when an answer of it last completed
 
     def add(self, unit_id: str, stream: Live) -> None:
         self._by_unit.setdefault(unit_id, set()).add(stream)
@@ -68,10 +71,12 @@ class LiveStreams(Observer):
         """An answer from the unit came to its end: a unit whose answers all just ended (a
         wave of streams ended, the next not yet begun) still served a moment ago."""
         self._heard[unit_id] = now
+        self._done[unit_id] = now
 
     def forget(self, unit_id: str) -> None:
         """The unit was removed."""
         self._heard.pop(unit_id, None)
+        self._done.pop(unit_id, None)
 
     def count(self, unit_id: str | None = None) -> int:
         """Streams in flight on `unit_id`, or on every unit."""
@@ -79,8 +84,12 @@ class LiveStreams(Observer):
             return sum(len(streams) for streams in self._by_unit.values())
         return len(self._by_unit.get(unit_id, ()))
 
-    def flowing(self, unit_id: str, now: float) -> bool:
-        """Whether the unit's live traffic is arriving at its own pace right now."""
+    def flowing(self, unit_id: str, now: float, since: float | None = None) -> bool:
+        """Whether the unit's live traffic is arriving at its own pace right now; with
+        `since`, whether the unit made progress after that loop time (`progressed`)."""
+        if since is not None:
+            ago = self.progressed(unit_id, now, now - since)
+            return ago is not None and now - ago >= since
         heard = self._heard.get(unit_id)
         if heard is not None and now - heard <= self.floor:
             return True
@@ -89,6 +98,21 @@ class LiveStreams(Observer):
             if pace is not None and not is_quiet(now, *pace, self.floor, self.factor):
                 return True
         return False
+
+    def progressed(self, unit_id: str, now: float, enough: float = 0.0) -> float | None:
+        """Seconds since the unit last made progress a client can see: data read from one of
+        its streams, or an answer of it completed (every token needs every node of the
+        unit). A first byte is not progress: a leader sends its answer's head before its gang
+        has stepped. The walk stops at a stream with data within `enough` seconds. None: no
+        progress seen."""
+        last = self._done.get(unit_id)
+        for stream in self._by_unit.get(unit_id, ()):
+            pace = stream.pace()
+            if pace is not None and (last is None or pace[0] > last):
+                last = pace[0]
+                if now - last <= enough:
+                    break
+        return None if last is None else now - last
 
     def flowing_for(self, unit_id: str, now: float) -> float:
         """Seconds from `now` during which `flowing` stays true if no more data came: the

@@ -50,7 +50,8 @@ class ConnectionPool:
         A connect timeout is measured in the loop's responsive time: what the loop spent
         behind schedule while the connect was out is added to its deadline (a kernel-finished
         connect must not time out because the loop ran its timers first), read from `lag`
-        when given, else from the deadline's own check running late (stretch.py)."""
+        (stretch.py). With none the connect's deadline is a plain one: the probers' pool,
+        whose probes bound their connects with their own deadlines (health/lookout.py)."""
         self.lag = lag
         self.native = native
         self.connect_timeout = connect_timeout
@@ -108,7 +109,7 @@ class ConnectionPool:
     async def _connect(self, endpoint: Endpoint) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout) as deadline:
-            stretch = Stretch(deadline, loop, self.lag)
+            stretch = None if self.lag is None else Stretch(deadline, loop, self.lag)
             try:
                 _, protocol = await loop.create_connection(
                     lambda: tapped(UpstreamConnection(loop, self.native)),
@@ -118,6 +119,7 @@ class ConnectionPool:
                 )
                 conn = connection_of(protocol)
             finally:
-                stretch.cancel()
+                if stretch is not None:
+                    stretch.cancel()
         self._all.add(conn)
         return conn

@@ -37,56 +37,35 @@ class LagTotal(Protocol):
 MAX_STRETCH = 4.0
 # The check runs this long before the deadline: the loop's clock counts whole milliseconds.
 AHEAD = 0.001
-# A check timer later than this was held up by the loop, not by the clock's rounding.
-LATE = 0.002
-# Read from the check's lateness, a late deadline moves on by at least this share of it.
-GRACE = 0.25
 
 
 class Stretch:
     """Just before `deadline` expires, moves it on by the loop's lateness since the last look,
     up to MAX_STRETCH timeouts. `cancel()` once what it bounds is over."""
 
-    __slots__ = ("deadline", "due", "grace", "handle", "lag", "limit", "loop", "seen")
+    __slots__ = ("deadline", "handle", "lag", "limit", "loop", "seen")
 
     def __init__(
-        self,
-        deadline: asyncio.Timeout,
-        loop: asyncio.AbstractEventLoop,
-        lag: LagTotal | None = None,
+        self, deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop, lag: LagTotal
     ) -> None:
         when = deadline.when()
         assert when is not None
         self.deadline, self.loop, self.lag = deadline, loop, lag
-        timeout = when - loop.time()
-        self.limit = loop.time() + MAX_STRETCH * timeout
-        self.grace = GRACE * timeout
-        self.seen = 0.0
-        if lag is not None:
-            self.seen = lag.total
-            lag.hurry(self.limit)  # sampled every 50 ms while the deadline is out
-        self.due = when - AHEAD
-        self.handle = loop.call_at(self.due, self._check)
+        self.limit = loop.time() + MAX_STRETCH * (when - loop.time())
+        self.seen = lag.total
+        lag.hurry(self.limit)  # sampled every 50 ms while the deadline is out
+        self.handle = loop.call_at(when - AHEAD, self._check)
 
     def _check(self) -> None:
         when = self.deadline.when()
         if when is None or self.deadline.expired() or when >= self.limit:
             return  # expired: a lagging loop may run the deadline's own timer first
-        if self.lag is not None:
-            owed, self.seen = self.lag.total - self.seen, self.lag.total
-            if owed < 0.001:
-                return
-            when += owed
-        else:
-            now = self.loop.time()
-            late = now - self.due
-            if late < LATE:
-                return
-            when = max(when + late, now + self.grace)
-        when = min(when, self.limit)
+        owed, self.seen = self.lag.total - self.seen, self.lag.total
+        if owed < 0.001:
+            return
+        when = min(when + owed, self.limit)
         self.deadline.reschedule(when)
-        self.due = when - AHEAD
-        self.handle = self.loop.call_at(self.due, self._check)
+        self.handle = self.loop.call_at(when - AHEAD, self._check)
 
     def cancel(self) -> None:
         self.handle.cancel()

@@ -32,6 +32,10 @@ from gateway.workers import frames
 log = logging.getLogger("unitgate")
 
 REPORT_EVERY = 0.1  # seconds
+PROGRESS_KEPT = 10.0  # a unit's last progress older than this is not reported
+
+# (unit id, loop time, enough) -> seconds since the unit last made progress (LiveStreams)
+Progressed = Callable[[str, float, float], float | None]
 METRICS_EVERY = 10  # reports: the metrics' samples go once a second
 
 
@@ -43,6 +47,7 @@ class Link(Observer):
         self.requests = 0
         self.units: UnitRegistry | None = None
         self.flowing_for: Callable[[str, float], float] = lambda _unit, _now: 0.0
+        self.progressed: Progressed = lambda _unit, _now, _enough: None
         self.registry: CollectorRegistry | None = None
         self.by_class: Callable[[], Mapping[str, tuple[int, int]]] = dict
         self.shares: Callable[[], Shares] = dict
@@ -56,11 +61,14 @@ class Link(Observer):
         registry: CollectorRegistry,
         by_class: Callable[[], Mapping[str, tuple[int, int]]] = dict,
         shares: Callable[[], Shares] = dict,
+        progressed: Progressed | None = None,
     ) -> None:
         """What the reports read: the worker's units, how long each one's streams keep
-        vouching for it (LiveStreams.flowing_for), its metrics, its admission's classes and
-        its fairness window."""
+        vouching for it (LiveStreams.flowing_for), its metrics, its admission's classes, its
+        fairness window, and how long ago each unit last made progress (LiveStreams.progressed)."""
         self.units, self.flowing_for, self.registry = units, flowing_for, registry
+        if progressed is not None:
+            self.progressed = progressed
         self.by_class, self.shares = by_class, shares
 
     def send(self, message: dict[str, Any]) -> None:
@@ -109,6 +117,12 @@ class Link(Observer):
                 "t": "report",
                 "flowing": {u.id: f for u in units if (f := self._horizon(u.id, now)) > 0},
                 "inflight": {u.id: u.inflight for u in units if u.inflight},
+                "progress": {
+                    u.id: ago
+                    for u in units
+                    if (ago := self.progressed(u.id, now, REPORT_EVERY)) is not None
+                    and ago < PROGRESS_KEPT
+                },
                 "requests": self.requests,
                 "classes": {k: list(v) for k, v in self.by_class().items()},
             }

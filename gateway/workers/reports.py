@@ -36,6 +36,8 @@ class Reports:
         self._sums: deque[tuple[float, dict[str, int]]] = deque()
         # worker -> (when its report came, unit -> horizon in seconds)
         self._flowing: dict[int, tuple[float, dict[str, float]]] = {}
+        # worker -> unit -> when (this loop's clock) the unit last made progress, as reported
+        self._progress: dict[int, dict[str, float]] = {}
         self._inflight: dict[int, dict[str, int]] = {}
         self._summed: dict[str, int] = {}  # unit -> the workers' in-flight count, summed now
         self.requests: dict[int, int] = {}  # answered by each worker's current process
@@ -43,6 +45,8 @@ class Reports:
 
     def update(self, index: int, now: float, message: dict[str, Any]) -> None:
         self._flowing[index] = (now, {str(u): float(f) for u, f in message["flowing"].items()})
+        progress = message.get("progress", {})
+        self._progress[index] = {str(u): now - float(ago) for u, ago in progress.items()}
         self._inflight[index] = {str(k): int(v) for k, v in message["inflight"].items()}
         self.requests[index] = int(message["requests"])
         classes = message.get("classes", {})
@@ -55,6 +59,7 @@ class Reports:
     def forget(self, index: int) -> None:
         """The worker exited: its streams are gone with it."""
         self._flowing.pop(index, None)
+        self._progress.pop(index, None)
         self._inflight.pop(index, None)
         self.requests.pop(index, None)
         self._classes.pop(index, None)
@@ -69,7 +74,10 @@ class Reports:
                 sums[unit] = sums.get(unit, 0) + n
         self._summed = sums
 
-    def flowing(self, unit_id: str, now: float) -> bool:
+    def flowing(self, unit_id: str, now: float, since: float | None = None) -> bool:
+        """As LiveStreams.flowing, over the workers' latest reports."""
+        if since is not None:
+            return any(p.get(unit_id, -1.0) >= since for p in self._progress.values())
         for at, horizons in self._flowing.values():
             silence = now - at
             if silence < SILENT_AFTER and horizons.get(unit_id, 0.0) > min(silence, DUE_AFTER):

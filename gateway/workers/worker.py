@@ -52,6 +52,7 @@ async def run(link_fd: int) -> int:
         gateway.metrics.registry,
         gateway.admission.by_class,
         gateway.tenants.shares,
+        gateway.live.progressed,
     )
     gateway.events.on_event(link.event)
     gateway.signals.subscribe(link)

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import Config, config_from_dict
+from gateway.health.probe import probe_pool
 from gateway.health.prober import UnitProber
 from gateway.health.verdict import Round
 from gateway.observability.events import EventLog
@@ -90,7 +91,7 @@ class Rig:
     registry: UnitRegistry
     events: EventLog
     metrics: Metrics
-    traffic_asked: list[tuple[str, float]] = field(default_factory=list)
+    traffic_asked: list[tuple[str, float, float | None]] = field(default_factory=list)
 
     @property
     def unit(self) -> UnitState:
@@ -114,11 +115,11 @@ async def rigs() -> AsyncIterator[Build]:
         registry = UnitRegistry(c)
         events = EventLog()
         metrics = Metrics(registry, lambda: 0)
-        pools.append(ConnectionPool(c.health.timeout, 30.0, 0))
-        asked: list[tuple[str, float]] = []
+        pools.append(probe_pool(c.health.timeout, 30.0))
+        asked: list[tuple[str, float, float | None]] = []
 
-        def traffic(unit_id: str, now: float) -> bool:
-            asked.append((unit_id, now))
+        def traffic(unit_id: str, now: float, since: float | None = None) -> bool:
+            asked.append((unit_id, now, since))
             return flowing
 
         unit = registry.units["u0"]

@@ -243,3 +243,37 @@ def test_flowing_for_is_the_horizon_of_flowing() -> None:
     live.began("u1", 7.0)  # an answer that just opened vouches for the floor
     assert live.flowing_for("u1", 7.2) == pytest.approx(0.3)
     assert live.flowing_for("u2", 7.2) == 0.0
+
+
+def test_progress_since_counts_data_and_completions_not_first_bytes() -> None:
+    """What vouches for a follower whose probe timed out while its leader answered: progress
+    made after the probe went out (`since`). Earlier traffic, however recent, does not."""
+    live = LiveStreams(FLOOR, FACTOR)
+    assert live.progressed("u0", 10.0) is None
+    stream = Stream(last=9.9, gap=0.05)
+    live.add("u0", stream)
+    assert live.flowing("u0", 10.0)  # by the pace rule: data 0.1 s ago
+    assert not live.flowing("u0", 10.0, since=9.95)  # but none since the probe went out
+    assert live.progressed("u0", 10.0) == pytest.approx(0.1)
+    stream.last = 9.97
+    assert live.flowing("u0", 10.0, since=9.95)
+    live.began("u1", 9.98)  # a head: the leader's, sent before its gang stepped
+    assert live.flowing("u1", 10.0) and not live.flowing("u1", 10.0, since=9.95)
+    live.completed("u1", 9.99)  # a whole answer: every node made its last token
+    assert live.flowing("u1", 10.0, since=9.95)
+    assert live.progressed("u1", 10.0) == pytest.approx(0.01)
+    live.forget("u1")
+    assert live.progressed("u1", 10.0) is None
+
+
+def test_progress_stops_walking_at_a_recent_enough_stream() -> None:
+    live = LiveStreams(FLOOR, FACTOR)
+    streams = [Stream(last=9.0), Stream(last=9.99), Stream(last=9.5)]
+    for stream in streams:
+        live.add("u0", stream)
+    assert live.progressed("u0", 10.0) == pytest.approx(0.01)  # the newest of all three
+    for stream in streams:
+        stream.asked = 0
+    live.progressed("u0", 10.0, enough=0.02)
+    walked = sum(stream.asked for stream in streams)
+    assert 1 <= walked <= 3 and (walked == 3 or streams[1].asked == 1)

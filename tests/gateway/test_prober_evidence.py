@@ -73,8 +73,10 @@ async def test_a_silent_node_makes_the_unit_slow_only_while_its_traffic_flows(
         result, took = await timed_round(rig)
         assert took < 0.05 + 0.5  # one probe timeout bounds the round
         assert not result.hard and result.nodes == (None, "no answer within 50 ms")
-        [(unit_id, _)] = rig.traffic_asked
+        [(unit_id, now, since)] = rig.traffic_asked
         assert unit_id == "u0"
+        # The leader answered: only progress since the probes went out may vouch.
+        assert since is not None and now - took <= since <= now - 0.05
         if flowing:
             assert result.outcome is Outcome.SLOW
             assert rig.unit.health is Health.SLOW and rig.unit.routable
@@ -84,6 +86,17 @@ async def test_a_silent_node_makes_the_unit_slow_only_while_its_traffic_flows(
             assert result.problem.endswith("no live traffic on the unit to vouch for it")
             assert rig.unit.health is Health.UNHEALTHY and not rig.unit.hard
             assert rig.unit.rescuable  # soft: panic routing may still use it
+
+
+async def test_a_silent_leader_is_vouched_for_by_its_traffic_window(rigs: Build) -> None:
+    """A saturated leader answers /health late while it serves: its unit's recent traffic
+    (the window, not only progress since the probe) may vouch for it."""
+    async with served(Node(1)) as urls, RawServer(never) as silent:
+        rig = rigs([silent.url, *urls], flowing=True, timeout=0.05)
+        result, _ = await timed_round(rig)
+        assert result.outcome is Outcome.SLOW
+        [(_, _, since)] = rig.traffic_asked
+        assert since is None
 
 
 @pytest.mark.parametrize(

@@ -92,9 +92,10 @@ def test_a_probe_timeout_is_soft_and_live_traffic_vouches_for_the_unit() -> None
 
 def test_a_slow_unit_is_vouched_for_by_traffic_seen_within_its_grace() -> None:
     """Down-weighted, a slow unit's traffic comes in wider gaps: a gap within `slow_grace` of
-    the last flowing round keeps it slow; past it, or on hard evidence, it is out."""
+    the last flowing round keeps it slow while its leader's probes time out; past it, or on
+    hard evidence, it is out."""
     v = GangVerdict("u3", URLS, fall=2, rise=2, stall_timeout=1.5, slow_grace=3.0)
-    timeouts = [ok(0), TIMEOUT, ok(2)]
+    timeouts = [TIMEOUT, ok(1), ok(2)]
     for now in (0.0, 0.25):
         v.observe(timeouts, now, flowing=True)
     assert v.health is Health.SLOW
@@ -115,6 +116,21 @@ def test_a_slow_unit_is_vouched_for_by_traffic_seen_within_its_grace() -> None:
     v.observe(timeouts, 8.25, flowing=True)
     refused = v.observe([ok(0), NodeReport(None, "connection refused"), ok(2)], 8.5)
     assert refused.outcome is BAD and refused.hard
+
+
+def test_a_followers_timeouts_get_no_grace() -> None:
+    """The leader answers, a follower does not: the caller asked for progress since the
+    probes went out, and a round without it is bad, however recently the unit served (a
+    follower frozen just after a token: the grace would keep its unit in until the stall
+    rule, 2 s later)."""
+    v = GangVerdict("u3", URLS, fall=2, rise=2, stall_timeout=1.5, slow_grace=3.0)
+    timeouts = [ok(0), TIMEOUT, ok(2)]
+    for now in (0.0, 0.25):
+        assert v.observe(timeouts, now, flowing=True).outcome is SLOW
+    assert v.health is Health.SLOW
+    late = [v.observe(timeouts, now, flowing=False) for now in (0.5, 0.75)]
+    assert [r.outcome for r in late] == [BAD, BAD]
+    assert v.health is Health.UNHEALTHY and not v.machine.hard
 
 
 def test_the_slow_grace_scales_with_the_slow_units_share_of_traffic() -> None:

@@ -174,3 +174,20 @@ def test_the_probers_own_count_is_the_workers_recent_peak() -> None:
     reports.update(1, 10.1 + PEAK_S + 0.01, {"flowing": {}, "inflight": {}, "requests": 0})
     unit.inflight = 5
     assert reports.peak(unit) == 5  # the old sums have aged out
+
+
+def test_reports_merge_each_units_last_progress_over_workers() -> None:
+    """Asked for progress since a loop time (a follower's probe timed out while its leader
+    answered), the control plane reads how long ago each worker last saw the unit's data."""
+    reports = Reports()
+    base = {"flowing": {}, "inflight": {}, "requests": 0}
+    reports.update(0, 10.0, {**base, "progress": {"u0": 0.3}})
+    reports.update(1, 10.05, {**base, "progress": {"u0": 0.02, "u1": 0.5}})
+    assert reports.flowing("u0", 10.1, since=10.0)  # worker 1 saw data at 10.03
+    assert not reports.flowing("u0", 10.1, since=10.04)
+    assert not reports.flowing("u1", 10.1, since=9.6)
+    assert not reports.flowing("u2", 10.1, since=0.0)
+    reports.forget(1)
+    assert not reports.flowing("u0", 10.1, since=10.0)
+    reports.update(0, 10.1, {**base})  # a report without progress (an older worker's)
+    assert not reports.flowing("u0", 10.2, since=0.0)
