@@ -3,8 +3,9 @@
 The lean front serves only what it understands fully: an HTTP/1.1 POST to one of its routes
 with a `Content-Length` body, no transfer or content coding, no upgrade, no expectation but
 `100-continue`, a head that llhttp (httptools) parses strictly, within MAX_HEAD bytes and
-aiohttp's limits on its parts. Anything
-else is handed to aiohttp with the bytes read so far, and answered exactly as before.
+aiohttp's limits on its parts, with none of the fields aiohttp takes once only given twice.
+Anything else is handed to aiohttp with the bytes read so far, and answered exactly as before.
+A field's value is read as aiohttp reads it: without the whitespace around it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ class Head:
     length: int  # of the body
     keep_alive: bool
     expect_continue: bool
+
+
+# Fields aiohttp takes once only (RFC 9110's singletons): a second one is its 400.
+SINGLETONS = frozenset(
+    (
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    )
+)
+_OWS = b" \t"  # llhttp strips it before a field's value, aiohttp after it too
 
 
 class _Fields:
@@ -62,30 +81,41 @@ def read_head(head: bytes, routes: Container[bytes], cors: bool) -> Head | None:
     path = fields.url.split(b"?", 1)[0]
     if path not in routes or len(fields.url) > MAX_LINE or len(fields.fields) > MAX_FIELDS:
         return None
+    return _with_fields(path, fields.fields, parser.should_keep_alive(), cors)
+
+
+def _with_fields(
+    path: bytes, fields: list[tuple[bytes, bytes]], keep_alive: bool, cors: bool
+) -> Head | None:
     length: int | None = None
     expect_continue = False
     headers: CIMultiDict[str] = CIMultiDict()
-    for raw_name, raw_value in fields.fields:
-        if len(raw_name) > MAX_LINE or len(raw_value) > MAX_LINE:
+    seen: set[bytes] = set()
+    for raw_name, raw_value in fields:
+        name, value = raw_name.lower(), raw_value.rstrip(_OWS)
+        if not _taken(name, value, cors) or max(len(raw_name), len(raw_value)) > MAX_LINE:
             return None
-        name = raw_name.lower()
+        if name in SINGLETONS:
+            if name in seen:
+                return None
+            seen.add(name)
         if name == b"content-length":
-            length = int(raw_value)  # llhttp has checked: digits, and only one
-        elif name in (b"transfer-encoding", b"upgrade"):
-            return None
-        elif name == b"content-encoding":
-            if raw_value.strip().lower() != b"identity":
-                return None
-        elif name == b"expect":
-            if raw_value.strip().lower() != b"100-continue":
-                return None
-            expect_continue = True
-        elif name == b"origin" and cors:
-            return None  # its CORS headers are aiohttp's to add
+            length = int(value)  # llhttp has checked: digits
+        expect_continue = expect_continue or name == b"expect"
         headers.add(
-            raw_name.decode("utf-8", "surrogateescape"),
-            raw_value.decode("utf-8", "surrogateescape"),
+            raw_name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
         )
     if length is None:
         return None
-    return Head(path, headers, length, parser.should_keep_alive(), expect_continue)
+    return Head(path, headers, length, keep_alive, expect_continue)
+
+
+def _taken(name: bytes, value: bytes, cors: bool) -> bool:
+    """Whether the lean front serves a request with this field (else aiohttp does)."""
+    if name in (b"transfer-encoding", b"upgrade"):
+        return False
+    if name == b"content-encoding":
+        return value.lower() == b"identity"
+    if name == b"expect":
+        return value.lower() == b"100-continue"
+    return name != b"origin" or not cors  # with CORS on, its headers are aiohttp's to add

@@ -9,6 +9,11 @@ connection becomes an aiohttp `RequestHandler` and stays one.
 Requests on a connection are answered one at a time, in order: bytes of the next one that
 arrive while one is in flight wait (reading paused) until it is answered. The keep-alive timer
 runs only between requests and before the first; a connection idle that long is closed.
+
+An answer that ends the connection while the request's body is still coming (a refusal written
+before the body was read: 413 on its length, 401) hands the connection to a lingering
+close (linger.py), which reads and drops the rest for a bounded time before closing, so the
+client reads the answer instead of a reset.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.front.head import MAX_HEAD, read_head
+from gateway.front.linger import Linger, LingerLimits
 from gateway.front.reply import server_error, whole
 from gateway.front.request import LeanRequest
 from gateway.net import head_end
@@ -39,6 +45,8 @@ class Listener(Protocol):
     keepalive: float
     cors: bool
     connections: set[FrontProtocol]
+    linger: LingerLimits
+    lingering: set[Linger]  # connections in their lingering close
     closing: bool
 
 
@@ -167,7 +175,7 @@ class FrontProtocol(asyncio.Protocol):
             log.exception("the lean front could not answer")
             keep_alive = False
         if not keep_alive:
-            transport.close()
+            self._close(request, transport)
             return
         self._arm_idle()
         if self._paused:
@@ -176,20 +184,33 @@ class FrontProtocol(asyncio.Protocol):
         if self.buf:
             self._next()
 
+    def _close(self, request: LeanRequest, transport: asyncio.Transport) -> None:
+        """After the request's answer: closed, or lingering if its body is still coming."""
+        if not request.missing or transport.is_closing():
+            transport.close()
+            return
+        self._leave()
+        Linger(transport, self.front.linger, self.front.lingering)
+
+    def _leave(self) -> None:
+        """The connection is another protocol's from now on."""
+        self._cancel_idle()
+        self.front.connections.discard(self)
+        self._paused = False  # the next protocol reads
+        self.buf = b""
+        self.transport = None
+
     def _hand_over(self) -> None:
         """The connection becomes aiohttp's, with the bytes of the request read so far."""
         transport = self.transport
         assert transport is not None
-        self._cancel_idle()
-        self.front.connections.discard(self)
+        data, paused = self.buf, self._paused
+        self._leave()
         handler = self.front.fallback()
         transport.set_protocol(handler)
         handler.connection_made(transport)
-        if self._paused:
-            self._paused = False
+        if paused:
             transport.resume_reading()
-        data, self.buf = self.buf, b""
-        self.transport = None
         if data:
             handler.data_received(data)
 

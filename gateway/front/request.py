@@ -37,6 +37,7 @@ class LeanRequest:
         "head_sent",
         "proto",
         "received",
+        "refused",
     )
 
     def __init__(self, proto: Connection, head: Head) -> None:
@@ -48,6 +49,7 @@ class LeanRequest:
         self.head_sent = False  # a streamed answer's head went out (or is kept in `_head`)
         self._head = b""  # that head, while it waits to go with the first bytes
         self.ended = False  # and its last chunk
+        self.refused = False  # its body too large: what still comes of it is not kept
 
     # -- fed by the protocol --------------------------------------------------------------
 
@@ -57,7 +59,8 @@ class LeanRequest:
 
     def feed(self, data: bytes) -> None:
         """Body bytes (never more than `missing`)."""
-        self._chunks.append(data)
+        if not self.refused:
+            self._chunks.append(data)
         self.received += len(data)
         waiter = self._waiter
         if waiter is not None and self.received == self.head.length and not waiter.done():
@@ -88,6 +91,8 @@ class LeanRequest:
 
     async def body(self, limit: int, within: float) -> bytes:
         if self.head.length > limit:
+            self.refused = True
+            self._chunks.clear()
             raise too_large(limit)
         if self.missing:
             transport = self.proto.transport

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from gateway.front.linger import Linger, LingerLimits
 from gateway.front.protocol import FrontProtocol, LeanRoute
 
 log = logging.getLogger("unitgate.front")
@@ -30,23 +31,34 @@ class Front:
         *,
         keepalive: float,
         cors: bool,
+        linger: LingerLimits = LingerLimits(),  # noqa: B008  # frozen: shared safely
     ) -> None:
         self.routes: Mapping[bytes, LeanRoute] = {p.encode(): r for p, r in routes.items()}
         self.fallback = fallback  # aiohttp's RequestHandler for one connection
         self.keepalive = keepalive
         self.cors = cors  # CORS is on: a request with an Origin goes to aiohttp
         self.connections: set[FrontProtocol] = set()
+        self.linger = linger  # the bounds of a lingering close (linger.py)
+        self.lingering: set[Linger] = set()
         self.closing = False
 
     def __call__(self) -> FrontProtocol:
         return FrontProtocol(self)
 
     async def shutdown(self, grace: float) -> None:
-        """Close idle connections, give requests in flight `grace` seconds to end, then
-        cancel what is left (as aiohttp's own shutdown does with its connections)."""
+        """Close idle connections, give requests in flight and lingering closes `grace`
+        seconds in all to end, then cancel or close what is left (as aiohttp's own shutdown
+        does with its connections)."""
         self.closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         for connection in list(self.connections):
             connection.close_idle()
+        await self._requests_end(grace)
+        await self._lingered(deadline - loop.time())
+
+    async def _requests_end(self, grace: float) -> None:
+        """Requests in flight end within `grace`, or are cancelled."""
         tasks = {c.task for c in self.connections if c.task is not None}
         if not tasks:
             return
@@ -56,3 +68,16 @@ class Front:
         if pending:
             log.info("front: %d requests in flight after %g s, cancelled", len(pending), grace)
             await asyncio.wait(pending)
+
+    async def _lingered(self, within: float) -> None:
+        """Lingering closes (those of requests just answered too) end within `within`, or
+        are ended."""
+        if not self.lingering:
+            return
+        ending = {linger.done for linger in self.lingering}
+        if within > 0:
+            _, ending = await asyncio.wait(ending, timeout=within)
+        for linger in list(self.lingering):
+            linger.close("the gateway stops")
+        if ending:
+            await asyncio.wait(ending)

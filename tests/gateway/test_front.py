@@ -17,6 +17,7 @@ from gateway.config import config_from_dict
 from gateway.config.proxy import FRONT_ENV
 from gateway.errors import InvalidRequest
 from gateway.front.head import MAX_FIELDS, MAX_HEAD, MAX_LINE
+from gateway.front.linger import LingerLimits
 from gateway.front.protocol import LeanRoute
 from gateway.front.request import LeanRequest
 from gateway.front.server import Front
@@ -76,7 +77,10 @@ async def _aio(request: web.Request) -> web.Response:
 
 @contextlib.asynccontextmanager
 async def serving(
-    routes: dict[str, LeanRoute] | None = None, keepalive: float = 5.0, cors: bool = False
+    routes: dict[str, LeanRoute] | None = None,
+    keepalive: float = 5.0,
+    cors: bool = False,
+    linger: LingerLimits | None = None,
 ) -> AsyncIterator[tuple[int, Front]]:
     app = web.Application()
     app.router.add_post("/lean", _aio)
@@ -85,7 +89,9 @@ async def serving(
     await runner.setup()
     assert runner.server is not None
     base: dict[str, LeanRoute] = {"/lean": _echo, "/stream": _stream, "/boom": _boom}
-    front = Front({**base, **(routes or {})}, runner.server, keepalive=keepalive, cors=cors)
+    routes = {**base, **(routes or {})}
+    limits = linger or LingerLimits()
+    front = Front(routes, runner.server, keepalive=keepalive, cors=cors, linger=limits)
     server = await asyncio.get_running_loop().create_server(front, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1], front
