@@ -25,7 +25,8 @@ KERNELS = $(PY) -m engine.model.kernels || { $(call APT_INSTALL,gcc) && $(PY) -m
 # needs Python's headers. Without it `[upstream] relay = "auto"` relays in Python and says so.
 NATIVE = $(PY) -m gateway.native || { $(call APT_INSTALL,gcc python3-dev) && $(PY) -m gateway.native; }
 
-# A Debian package a target needs (gcc; for the tests redis-server, kubectl for kustomize,
+# A Debian package a target needs (gcc; for the tests redis-server, curl (the front's
+# Expect: 100-continue client), kubectl for kustomize,
 # chromium and its driver for the status page, prometheus and promtool for the alert rules;
 # nginx for the benchmark), installed when missing where this runs as root with apt (CI); else
 # the target or the tests say what to install.
@@ -48,6 +49,7 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(KERNELS)
 	$(NATIVE)
 	command -v redis-server >/dev/null || $(call APT_INSTALL,redis-server)
+	command -v curl >/dev/null || $(call APT_INSTALL,curl)
 	command -v kubectl >/dev/null || $(call APT_INSTALL,kubernetes-client)
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		$(call APT_INSTALL,chromium chromium-driver)
