@@ -137,6 +137,10 @@ def _judge(check: Check, summary: Mapping[str, object]) -> Verdict:
 def _judge_rate(check: Check, summary: Mapping[str, object]) -> Verdict:
     sent, failed = summary.get("requests"), summary.get("failed")
     if not isinstance(sent, int) or not isinstance(failed, int) or sent == 0:
+        cut = summary.get("cut")
+        if isinstance(cut, int) and cut > 0:
+            detail = f"error_rate: no request ended, {cut} cut at the end of the grace"
+            return Verdict(check, None, False, detail)
         return Verdict(check, None, False, "error_rate: no requests were sent")
     rate = failed / sent
     passed = rate <= check.limit

@@ -24,6 +24,7 @@ from loadtest.gen import compare, options, plots, sweep
 from loadtest.gen.actions import ActionRunner, add_timeseries
 from loadtest.gen.checks import Check, Verdict, checks_section, judge
 from loadtest.gen.lengths import LengthDist
+from loadtest.gen.notes import run_notes
 from loadtest.gen.options import EXIT_CHECKS, EXIT_OK, EXIT_TARGET, EXIT_USAGE
 from loadtest.gen.report import (
     actions_section,
@@ -45,6 +46,7 @@ def _configs(
     lengths: options.Lengths,
     model: str,
     headers: tuple[tuple[str, str], ...],
+    grace: float,
 ) -> tuple[RunConfig, WorkloadConfig]:
     # Neither shape given means the simplest closed loop: one request at a time.
     concurrency = None if args.rate is not None else (args.concurrency or 1)
@@ -57,6 +59,7 @@ def _configs(
         timeout=args.timeout,
         seed=args.seed,
         headers=headers,
+        grace=grace if args.duration is not None else None,
     )
     work = WorkloadConfig(
         model,
@@ -81,8 +84,10 @@ async def run_load(
     scenario: list[Action] | None = None,
     series: bool = False,
     session: aiohttp.ClientSession | None = None,
+    output_default: bool = False,
 ) -> dict[str, object]:
-    """Run one shape and build the whole result document; `session` as for `Runner`."""
+    """Run one shape and build the whole result document; `session` as for `Runner`.
+    `output_default`: the max_tokens sent is the CLI's default, not one the user gave."""
     runner = Runner(run, workload, session)
     started = time.time()
     ticker = asyncio.create_task(show_progress(runner.state, sys.stderr)) if progress else None
@@ -98,7 +103,7 @@ async def run_load(
             await asyncio.gather(ticker, return_exceptions=True)
     records = sorted(state.records, key=lambda r: r.index)
     result: dict[str, object] = {
-        "config": _config_json(run, workload, slo, started),
+        "config": _config_json(run, workload, slo, started, output_default),
         "summary": aggregate(records, state.elapsed(), slo),
         "requests": [record_json(r) for r in records],
     }
@@ -116,7 +121,9 @@ def add_checks(result: dict[str, object], checks: list[Check]) -> list[Verdict]:
     return verdicts
 
 
-def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -> dict[str, object]:
+def _config_json(
+    run: RunConfig, workload: Workload, slo: Slo, started: float, output_default: bool
+) -> dict[str, object]:
     w = workload.config
     return {
         "url": run.url,
@@ -125,6 +132,7 @@ def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -
         "concurrency": run.concurrency,
         "rate": run.rate,
         "duration_s": run.duration,
+        "grace_s": run.grace,
         "requests": run.requests,
         "timeout_s": run.timeout,
         "endpoint": w.endpoint,
@@ -133,6 +141,7 @@ def _config_json(run: RunConfig, workload: Workload, slo: Slo, started: float) -
         "prompt_tokens": _spec(w.prompt_tokens),
         "tokenizer": None if workload.tokenizer is None else workload.tokenizer.source,
         "output_len": _spec(w.outputs),
+        "output_len_default": output_default,
         "ignore_eos": w.ignore_eos,
         "session_share": w.session_share,
         "sessions": w.sessions,
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options.check(parser, args)
     checks, lengths = options.checks(parser, args), options.length_specs(parser, args)
+    grace = options.grace(parser, args)
     try:
         headers = build_headers(args.header, args.api_key)
     except ValueError as exc:
@@ -168,13 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{exc}; give the model with --model", EXIT_TARGET)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
-    run, work = _configs(args, lengths, inputs.model, headers)
+    run, work = _configs(args, lengths, inputs.model, headers, grace)
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
     if (axis := sweep.axis_of(args)) is not None:
-        return _sweep(args, run, work, inputs, slo, axis, checks)
-    return _run_once(
-        args, run, Workload(work, inputs.prompts, inputs.tokenizer), slo, inputs, checks
-    )
+        return _sweep(args, run, work, inputs, slo, axis, checks, lengths.output_default)
+    workload = Workload(work, inputs.prompts, inputs.tokenizer)
+    return _run_once(args, run, workload, slo, inputs, checks, lengths.output_default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,9 +212,13 @@ def _run_once(
     slo: Slo,
     inputs: _Inputs,
     checks: list[Check],
+    output_default: bool,
 ) -> int:
+    progress, scenario = not args.no_progress, inputs.scenario
     try:
-        load = run_load(run, workload, slo, not args.no_progress, inputs.scenario, args.timeseries)
+        load = run_load(
+            run, workload, slo, progress, scenario, args.timeseries, output_default=output_default
+        )
         result = uvloop.run(load)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
@@ -240,6 +253,8 @@ def _print(result: dict[str, object], verdicts: list[Verdict]) -> None:
     summary = result["summary"]
     assert isinstance(summary, dict)
     print(summary_table(summary))
+    for line in run_notes(result):
+        print(line)
     print("\n" + lengths_section(result))
     if isinstance(actions := result.get("actions"), list):
         print("\n" + actions_section(actions))
@@ -272,6 +287,7 @@ def _sweep(
     slo: Slo,
     axis: tuple[str, list[float]],
     checks: list[Check],
+    output_default: bool,
 ) -> int:
     """Each point gets a fresh copy of the workload so all points send the same requests;
     every point is judged, and the sweep fails when any point does."""
@@ -280,7 +296,10 @@ def _sweep(
 
     async def load(point: RunConfig, session: aiohttp.ClientSession) -> dict[str, object]:
         workload = Workload(work, inputs.prompts, inputs.tokenizer)
-        result = await run_load(point, workload, slo, not args.no_progress, session=session)
+        progress = not args.no_progress
+        result = await run_load(
+            point, workload, slo, progress, session=session, output_default=output_default
+        )
         value = point.concurrency if name == "concurrency" else point.rate
         failed.extend(
             f"{name} {value:g}: {v.detail}" for v in add_checks(result, checks) if not v.passed

@@ -14,6 +14,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import aiohttp
 import orjson
@@ -23,6 +24,9 @@ from loadtest.gen.workload import CHAT_PATH, RequestSpec
 
 __all__ = ["CHAT_PATH", "RequestRecord", "StreamError", "classify", "open_session", "send"]
 Headers = Sequence[tuple[str, str]]
+# When a request ended: within the run's --duration (or a run without one), in the grace after
+# it, or cut at the end of the grace while still in flight (neither a success nor a failure).
+Ended = Literal["run", "grace", "cut"]
 # A well-behaved server ends the body right after [DONE]; longer than this, we stop waiting.
 SETTLE_S = 0.2
 
@@ -37,7 +41,8 @@ class StreamError(Exception):
 
 @dataclass(slots=True)
 class RequestRecord:
-    """Times are seconds from the run's start; `scheduled` is when the request was due."""
+    """Times are seconds from the run's start; `scheduled` is when the request was due.
+    `ended` says when it ended (see `Ended`)."""
 
     index: int
     scheduled: float
@@ -54,10 +59,12 @@ class RequestRecord:
     input_tokens: int | None = None
     # How output_tokens was counted: usage, token_ids, tokenizer, chunks or estimate.
     tokens_from: str | None = None
+    ended: Ended = "run"
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        """Answered in full; a request cut at the end of the grace did not fail either."""
+        return self.error is None and self.ended != "cut"
 
     @property
     def itls(self) -> list[float]:

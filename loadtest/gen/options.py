@@ -4,6 +4,7 @@ exit status 2 (`EXIT_USAGE`), before anything is sent."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from loadtest.gen.lengths import FORMS, LengthDist, LengthSpecError, parse_lengt
 from loadtest.gen.target import API_KEY_ENV
 
 EXIT_OK, EXIT_CHECKS, EXIT_USAGE, EXIT_TARGET = 0, 1, 2, 3
+DEFAULT_MAX_TOKENS = 128  # `vllm bench serve`'s output length for its random dataset
+DEFAULT_GRACE_S = 30.0  # as k6's gracefulStop
 EPILOG = f"""exit status: {EXIT_OK} every check passed; {EXIT_CHECKS} a check failed (error rate
 or an --slo); {EXIT_USAGE} a usage error (flags, files); {EXIT_TARGET} without --model, the
 target could not list its models; 130 interrupted."""
@@ -27,6 +30,13 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     shape.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
     sweep.add_options(shape)
     p.add_argument("--duration", type=float, help="seconds during which requests are sent")
+    p.add_argument(
+        "--grace",
+        type=float,
+        metavar="S",
+        help="after --duration, seconds the requests in flight may take to finish; those "
+        f"still going are then cut (default {DEFAULT_GRACE_S:g})",
+    )
     p.add_argument("--requests", type=int, help="total requests to send")
     p.add_argument("--prompts", type=Path, help="JSONL prompt file (default: shopping set)")
     _add_request(p)
@@ -82,7 +92,8 @@ def _add_lengths(p: argparse.ArgumentParser) -> None:
     outputs.add_argument(
         "--max-tokens",
         metavar="SPEC",
-        help="max_tokens of each request, drawn from SPEC (same forms)",
+        help=f"max_tokens of each request, drawn from SPEC (same forms; default "
+        f"{DEFAULT_MAX_TOKENS}); 0 sends none, and answers run until the model stops",
     )
     outputs.add_argument("--output-len", metavar="SPEC", help="alias of --max-tokens")
     p.add_argument(
@@ -128,17 +139,39 @@ def lengths(p: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -
 
 @dataclass(frozen=True, slots=True)
 class Lengths:
+    """`output_default`: no --max-tokens was given, so `output_len` is the default."""
+
     input_len: LengthDist | None
     output_len: LengthDist | None
     prompt_tokens: LengthDist | None
+    output_default: bool = False
 
 
 def length_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> Lengths:
+    given = args.max_tokens if args.max_tokens is not None else args.output_len
+    if given is None:
+        outputs, default = LengthDist.fixed(DEFAULT_MAX_TOKENS), True
+    elif given.strip() == "0":  # no max_tokens: each answer runs until the model stops
+        outputs, default = None, False
+    else:
+        outputs, default = lengths(p, args, "max_tokens", "output_len"), False
     return Lengths(
         lengths(p, args, "input_len", "input_words"),
-        lengths(p, args, "max_tokens", "output_len"),
+        outputs,
         lengths(p, args, "prompt_tokens"),
+        default,
     )
+
+
+def grace(p: argparse.ArgumentParser, args: argparse.Namespace) -> float:
+    """The grace after --duration; given without a --duration it would bound nothing."""
+    if args.grace is None:
+        return DEFAULT_GRACE_S
+    if args.duration is None:
+        p.error("--grace needs --duration: it follows the end of the duration")
+    if not 0 <= args.grace < math.inf:
+        p.error("--grace must be a number of seconds >= 0")
+    return float(args.grace)
 
 
 def checks(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Check]:

@@ -23,10 +23,17 @@ COLUMNS = ("mean", "p50", "p90", "p99", "max")
 def progress_text(state: RunState) -> str:
     elapsed = state.elapsed()
     rps = state.finished / elapsed if elapsed > 0 else 0.0
-    return (
-        f"[{elapsed:6.1f}s] done {state.finished} ok {state.finished - state.errors} "
-        f"err {state.errors} in-flight {state.in_flight} {rps:.1f} req/s"
+    ok = state.finished - state.errors - state.cut
+    text = (
+        f"[{elapsed:6.1f}s] done {state.finished} ok {ok} err {state.errors} "
+        f"in-flight {state.in_flight} {rps:.1f} req/s"
     )
+    if state.cut:
+        text += f" cut {state.cut}"
+    duration, cut_at = state.duration, state.cut_at
+    if duration is not None and cut_at is not None and elapsed >= duration and state.in_flight:
+        text += f", grace: cut at {cut_at:g}s"
+    return text
 
 
 async def show_progress(
@@ -64,11 +71,18 @@ def _cell(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) else "-"
 
 
+def _rate(value: object) -> str:
+    """A rate, with two decimals below 1 so a slow run's few answers do not read as 0.0."""
+    if isinstance(value, int | float) and 0 < value < 1:
+        return f"{value:.2f}"
+    return _cell(value)
+
+
 def summary_table(summary: dict[str, object]) -> str:
     lines = [
         f"requests {summary['requests']}  succeeded {summary['succeeded']}  "
         f"failed {summary['failed']}  wall {_cell(summary['wall_s'])} s",
-        f"throughput {_cell(summary['request_throughput_rps'])} req/s  "
+        f"throughput {_rate(summary['request_throughput_rps'])} req/s  "
         f"{_cell(summary['output_token_throughput_tps'])} output tok/s",
         "",
         f"{'ms':<6}" + "".join(f"{c:>10}" for c in COLUMNS) + f"{'samples':>10}",
@@ -128,6 +142,8 @@ def lengths_section(result: dict[str, object]) -> str:
         spec = config.get(spec_key) if spec_key is not None else None
         if key == "input_words" and config.get("prompt_tokens") is not None:
             spec = "set in tokens"
+        if spec_key == "output_len" and spec is not None and config.get("output_len_default"):
+            spec = f"{spec} (default)"
         cells = "".join(f"{_cell(dist[c]):>9}" for c in columns)
         lines.append(f"{label:<15}{spec or otherwise:<22}{cells}")
     return "\n".join([*lines, *_token_notes(config, summary)])

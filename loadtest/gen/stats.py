@@ -60,19 +60,25 @@ def meets_slo(record: RequestRecord, slo: Slo) -> bool:
 
 
 def aggregate(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict[str, object]:
-    ok = [r for r in records if r.ok]
+    """Figures over the requests that ended, those that ended in the grace after the
+    duration included (whole answers: leaving them out would drop the slowest). Requests cut
+    at the end of the grace are only counted, as `cut`: they neither succeeded nor failed."""
+    ended = [r for r in records if r.ended != "cut"]
+    ok = [r for r in ended if r.ok]
     wall = max(wall_s, 1e-9)
     out_tokens = sum(r.output_tokens for r in ok)
-    good = sum(1 for r in records if meets_slo(r, slo))
+    good = sum(1 for r in ended if meets_slo(r, slo))
     return {
-        "requests": len(records),
+        "requests": len(ended),
         "succeeded": len(ok),
-        "failed": len(records) - len(ok),
+        "failed": len(ended) - len(ok),
+        "ended_in_grace": sum(1 for r in ended if r.ended == "grace"),
+        "cut": len(records) - len(ended),
         "wall_s": wall_s,
         "request_throughput_rps": len(ok) / wall,
         "output_token_throughput_tps": out_tokens / wall,
         "output_tokens": out_tokens,
-        "errors": dict(sorted(Counter(r.error for r in records if r.error).items())),
+        "errors": dict(sorted(Counter(r.error for r in ended if r.error).items())),
         "ttft_ms": distribution([r.ttft for r in ok if r.ttft is not None]),
         "itl_ms": distribution([gap for r in ok for gap in r.itls]),
         "tpot_ms": distribution([t for r in ok if (t := r.tpot) is not None]),
@@ -81,7 +87,7 @@ def aggregate(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict
             "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
             "requests": good,
             "rps": good / wall,
-            "fraction": good / len(records) if records else None,
+            "fraction": good / len(ended) if ended else None,
         },
         "lengths": lengths(records),
         "output_tokens_from": dict(
@@ -127,4 +133,5 @@ def record_json(record: RequestRecord) -> dict[str, object]:
         "prompt_tokens": record.prompt_tokens,
         "input_tokens": record.input_tokens,
         "output_tokens_from": record.tokens_from,
+        "ended": record.ended,
     }

@@ -40,7 +40,9 @@ def timeseries(
 
     Output tokens of a successful request are spread evenly over its streamed chunks, so
     they land in the seconds they arrived in and still add up to the summary's count.
+    Requests cut at the end of the grace are left out, as they are of the summary's counts.
     """
+    records = [r for r in records if r.ended != "cut"]
     last = max([wall_s, *ends.values(), *(r.scheduled for r in records)], default=0.0)
     buckets = [_Bucket() for _ in range(_index(last) + 1 if records else math.ceil(wall_s))]
     for r in records:

@@ -16,6 +16,8 @@ SUMMARY_KEYS = {
     "requests",
     "succeeded",
     "failed",
+    "ended_in_grace",
+    "cut",
     "wall_s",
     "request_throughput_rps",
     "output_token_throughput_tps",
@@ -45,6 +47,7 @@ RECORD_KEYS = {
     "prompt_tokens",
     "input_tokens",
     "output_tokens_from",
+    "ended",
 }
 
 

@@ -55,7 +55,7 @@ async def test_a_model_the_gateway_does_not_serve_fails_the_run(
 
 async def test_slos_pass_and_fail_through_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
     """The simulated units answer in about 5 ms to the first token and 20 ms in all."""
-    url, common = gateway.public_url, ("--concurrency", "2", "--requests", "6")
+    url, common = gateway.public_url, ("--concurrency", "2", "--requests", "6", "--max-tokens", "8")
     met = await _loadtest(
         "--url", url, *common, "--slo", "ttft_p99=2s", "--slo", "itl_p50=500ms",
         "--slo", "duration_p50=5s", "--slo", "error_rate=0%", "--out", str(tmp_path),
@@ -101,7 +101,7 @@ async def test_prompts_of_exactly_n_tokens_with_a_tokenizer_folder(
     folder = word_tokenizer_folder(tmp_path / "tok")
     done = await _loadtest(
         "--url", clean_sim.units[0]["leader"], "--requests", "5", "--prompt-tokens",
-        "uniform:20:60", "--tokenizer", str(folder), "--out", str(tmp_path),
+        "uniform:20:60", "--tokenizer", str(folder), "--max-tokens", "8", "--out", str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"prompt tokens sent: exact, tokenizer {folder / 'tokenizer.json'}" in done.stdout
