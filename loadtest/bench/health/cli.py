@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import loadtest.bench.health
-from loadtest.bench.health import detect, report, scale
+from loadtest.bench.health import detect, real, report, scale
 from loadtest.bench.health.observe import wait_quiet
 from loadtest.bench.processes import Pins, pin_cpus
 
@@ -34,6 +34,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--followers", type=int, default=3, help="followers per unit (scale part)")
     p.add_argument("--seed", type=int, default=1, help="fault phases of the detection part")
     p.add_argument(
+        "--real-trials",
+        type=int,
+        metavar="N",
+        help="kill and freeze runs each on make run's own units (config.toml) with streams"
+        " running (default 20, quick 0: skipped)",
+    )
+    p.add_argument("--real-only", action="store_true", help="only the part on make run's own units")
+    p.add_argument(
+        "--real-faults",
+        default="freeze,kill",
+        help="the faults of that part, comma-separated (default freeze,kill)",
+    )
+    p.add_argument(
         "--wait-quiet",
         type=float,
         default=120.0,
@@ -45,6 +58,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         args.window = 10.0 if args.quick else 30.0
     if args.trials is None:
         args.trials = 3 if args.quick else 10
+    if args.real_trials is None:
+        args.real_trials = 0 if args.quick and not args.real_only else 20
+    if not 0 <= args.real_trials <= 100:
+        p.error("--real-trials must be in [0, 100]")
+    args.real_faults = tuple(f for f in args.real_faults.split(",") if f)
+    if not set(args.real_faults) <= set(real.FAULTS):
+        p.error(f"--real-faults must name some of {', '.join(real.FAULTS)}")
     if not 1.0 <= args.window <= 600.0 or not 1 <= args.trials <= 100:
         p.error("--window must be in [1, 600] s and --trials in [1, 100]")
     if not 0.0 <= args.wait_quiet <= 3600.0:
@@ -105,18 +125,29 @@ def main(argv: list[str] | None = None) -> int:
         where = Path(tmp)
         (where / "scale").mkdir()
         (where / "detect").mkdir()
-        s = _part(
-            "prober scale",
-            args,
-            out,
-            lambda: scale.run(where / "scale", pins, args.units, args.followers, args.window),
-        )
-        t = _part(
-            "detection",
-            args,
-            out,
-            lambda: detect.run(where / "detect", pins, args.trials, args.seed),
-        )
+        (where / "real").mkdir()
+        s = t = r = None
+        if not args.real_only:
+            s = _part(
+                "prober scale",
+                args,
+                out,
+                lambda: scale.run(where / "scale", pins, args.units, args.followers, args.window),
+            )
+            t = _part(
+                "detection",
+                args,
+                out,
+                lambda: detect.run(where / "detect", pins, args.trials, args.seed),
+            )
+        if args.real_trials:
+            os.sched_setaffinity(0, set(available))  # real units: the whole machine, as make run
+            r = _part(
+                "detection on make run's units",
+                args,
+                out,
+                lambda: real.run(where / "real", args.real_trials, args.seed, args.real_faults),
+            )
     if s is not None:
         rows = report.scale_rows(s, misses)
         report.print_scale(s, rows)
@@ -139,11 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         report.print_detect(t, detect_rows)
         out["detection"] = t.to_json()
         warnings += report.busy(t.cores)
+    if r is not None:
+        report.print_real(r, report.real_rows(r, misses))
+        out["real"] = r.to_json()
     out["targets"] = {
         "prober_cores_max": report.TARGET_PROBER_CORES,
         "probe_rate_min_share": report.MIN_PROBE_RATE_SHARE,
         "kill_detection_max_s": report.TARGET_KILL_S,
         "freeze_detection_max_s": report.TARGET_FREEZE_S,
+        "real_detection_max_s": report.TARGET_REAL_S,
     }
     out |= {"misses": misses, "errors": errors, "machine_busy": warnings}
     for warning in warnings:

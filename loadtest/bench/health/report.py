@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from loadtest.bench.health.detect import POLL_S, Trials
+from loadtest.bench.health.real import RealTrials
 from loadtest.bench.health.scale import SCRAPE_EFFECT_S, Scale
 from loadtest.bench.machine import machine_facts
 from loadtest.bench.processes import CLK_TCK, Pins
@@ -24,6 +25,7 @@ TARGET_PROBER_CORES = 0.5
 MIN_PROBE_RATE_SHARE = 0.9
 TARGET_KILL_S = 1.0
 TARGET_FREEZE_S = 2.0
+TARGET_REAL_S = 1.0  # either fault, on make run's units with streams running
 # CPU time of other people's processes on a core we measure on: above this, numbers skew.
 OTHER_LOAD_WARN_CORES = 0.05
 Row = tuple[str, str, str, str]
@@ -260,6 +262,33 @@ def print_detect(t: Trials, rows: list[tuple[str, ...]]) -> None:
         " change returned (upper bounds); targets are judged on the max of all trials."
     )
     _table(("load during the trials", "value", "target", "verdict"), _load_rows(t.cores))
+
+
+def real_rows(t: RealTrials, misses: list[str]) -> list[tuple[str, ...]]:
+    """Each fault's spread on `make run`'s units, judged on the max against TARGET_REAL_S."""
+    rows: list[tuple[str, ...]] = []
+    for fault, label in (("kill", "SIGKILL follower"), ("freeze", "SIGSTOP follower")):
+        if not t.times(fault):
+            continue
+        q = t.summary()[fault]
+        cells = tuple(_ms(q[k]) for k in ("min", "median", "p90", "max"))
+        ok = q["max"] <= TARGET_REAL_S
+        verdict = _verdict(ok, misses, f"make run {fault}")
+        ratio = f"{q['max'] / TARGET_REAL_S:.2f}x"
+        aim = f"<= {_ms(TARGET_REAL_S)}"
+        rows.append((f"{label} -> not routable", *cells, aim, ratio, verdict))
+    return rows
+
+
+def print_real(t: RealTrials, rows: list[tuple[str, ...]]) -> None:
+    print(
+        f"\n== Detection on make run's units ({t.config}: SmolLM2 gangs of 2 nodes), short"
+        f" streams running; {len(t.times('kill'))} kill + {len(t.times('freeze'))} freeze runs,"
+        f" {t.streams_completed} streams completed meanwhile"
+    )
+    _table(DETECT_HEADER, rows)
+    for run in t.runs:
+        print(f"  {run.fault:6}  {_ms(run.at_s):>5} ms  {run.reason}")
 
 
 def loud(message: str) -> None:
