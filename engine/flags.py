@@ -17,6 +17,7 @@ from typing import Any
 from engine import lws
 from engine.backends.registry import BACKENDS
 from engine.backends.vllm.args import add_flags as add_vllm_flags
+from engine.scheduler.config import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
 
 DEFAULTS: dict[str, Any] = {
@@ -79,6 +80,12 @@ def build_parser(
     add("--seed", type=int, help="weights seed for --model tiny")
     add("--num-slots", type=int)
     add("--max-seq-len", type=int)
+    add(
+        "--prefill-chunk",
+        type=int,
+        help="builtin: prompt tokens one step feeds at most; a longer prompt takes several "
+        f"steps, running streams decoding between them (default {DEFAULT_PREFILL_CHUNK})",
+    )
     add("--collective-timeout", type=float, help="seconds")
     add("--connect-timeout", type=float, help="seconds")
     add("--threads", type=int, help="torch intra-op threads (0: default)")

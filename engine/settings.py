@@ -41,6 +41,9 @@ class NodeSettings:
     dtype: str | None = None
     # builtin: how the matrices are stored (see engine.model.narrow); None: as --dtype
     weight_dtype: str | None = None
+    # builtin: prompt tokens one step feeds at most (chunked prefill); None: the engine's
+    # default, engine.scheduler.DEFAULT_PREFILL_CHUNK
+    prefill_chunk: int | None = None
     collective_timeout: float = 10.0
     connect_timeout: float = 300.0
     # the vllm backend (checked by it, once it knows vLLM is installed)
@@ -122,6 +125,7 @@ def _check_engine(s: NodeSettings) -> None:
         )
     if s.weight_dtype == "gguf":
         _check_blocks(s)
+    _check_prefill_chunk(s)
     if s.num_slots < 1:
         raise ValueError(f"--num-slots: must be >= 1, got {s.num_slots}")
     for flag, seconds in (
@@ -130,6 +134,18 @@ def _check_engine(s: NodeSettings) -> None:
     ):
         if not seconds > 0:
             raise ValueError(f"{flag}: must be > 0 seconds, got {seconds}")
+
+
+def _check_prefill_chunk(s: NodeSettings) -> None:
+    if s.prefill_chunk is None:
+        return
+    if s.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk: must be >= 1 token, got {s.prefill_chunk}")
+    if s.backend != "builtin":
+        raise ValueError(
+            f"--prefill-chunk: only applies to --backend builtin (vLLM: --vllm-args "
+            f"max_num_batched_tokens), got {s.prefill_chunk} with --backend {s.backend}"
+        )
 
 
 def _check_blocks(s: NodeSettings) -> None:

@@ -73,22 +73,31 @@ class Rotary(nn.Module):
 
 
 class Decode(NamedTuple):
-    """A batch of two or more single-token entries, attended in one call: each entry's slot
-    and position, how many cached positions the longest sees (`seen`), and which of those
-    each entry may see (B, 1, 1, seen). Planned once per step, for every layer."""
+    """The batch's leading single-token entries (decodes; a step with prompt chunks puts them
+    first), two or more, attended in one call: each one's slot and position, how many cached
+    positions the longest sees (`seen`), and which of those each may see (B, 1, 1, seen).
+    Planned once per step, for every layer; the entries after them are attended one by one."""
 
     slots: torch.Tensor
     positions: torch.Tensor
     seen: int
     mask: torch.Tensor
 
+    @property
+    def num_entries(self) -> int:
+        return len(self.positions)
+
     @classmethod
     def plan(cls, batch: Sequence[Entry], positions: torch.Tensor) -> Decode | None:
         """`positions`: the packed batch's, which for single-token entries are their starts."""
-        if len(batch) < 2 or any(len(ids) != 1 for _, ids, _ in batch):
+        n = 0
+        while n < len(batch) and len(batch[n][1]) == 1:
+            n += 1
+        if n < 2:
             return None
-        slots = torch.tensor([slot for slot, _, _ in batch], device=positions.device)
-        seen = max(start for _, _, start in batch) + 1
+        singles, positions = batch[:n], positions[:n]
+        slots = torch.tensor([slot for slot, _, _ in singles], device=positions.device)
+        seen = max(start for _, _, start in singles) + 1
         visible = torch.arange(seen, device=positions.device)
         mask = (visible[None, :] <= positions[:, None])[:, None, None, :]
         return cls(slots, positions, seen, mask)
@@ -145,23 +154,28 @@ class Attention(nn.Module):
         rotated = self.num_heads + self.num_kv_heads
         qk = angles.rotate(heads[:, :rotated])
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], heads[:, rotated:]
-        if decode is not None:
-            return self._decode(q, k, v, cache, decode)
         outputs, offset = [], 0
-        for slot, ids, start in entries:
+        if decode is not None:
+            offset = decode.num_entries
+            batched = self._decode(q[:offset], k[:offset], v[:offset], cache, decode)
+            if offset == x.shape[0]:  # a decode step: nothing else to attend
+                out: torch.Tensor = self.o_proj(batched.reshape(offset, -1))
+                return out
+            outputs.append(batched[:, :, 0])
+        for slot, ids, start in entries[decode.num_entries if decode is not None else 0 :]:
             n = len(ids)
             cache.write(self.layer, slot, start, k[offset : offset + n], v[offset : offset + n])
             keys, values = cache.read(self.layer, slot, start + n)
             outputs.append(self._attend(q[offset : offset + n], keys, values, start))
             offset += n
-        out: torch.Tensor = self.o_proj(torch.cat(outputs).reshape(x.shape[0], -1))
+        out = self.o_proj(torch.cat(outputs).reshape(x.shape[0], -1))
         return out
 
     def _decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, decode: Decode
     ) -> torch.Tensor:
         """Every entry one new token: write them all, then one masked SDPA over the batch's
-        slots (gathered up to the longest), instead of a call per entry."""
+        slots (gathered up to the longest), instead of a call per entry. (B, heads, 1, dim)."""
         keys, values = cache.write_read(
             self.layer, decode.slots, decode.positions, decode.seen, k, v
         )
@@ -172,8 +186,7 @@ class Attention(nn.Module):
             attn_mask=decode.mask,
             enable_gqa=True,
         )
-        result: torch.Tensor = self.o_proj(out.reshape(q.shape[0], -1))
-        return result
+        return out
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +35,13 @@ from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Send, StepMessage, send
 from engine.runtime.outbox import Outbox
 from engine.sampling import Sampled, make_generator
-from engine.scheduler import InvalidParams, Scheduler, SchedulerConfig
+from engine.scheduler import (
+    DEFAULT_PREFILL_CHUNK,
+    InvalidParams,
+    ScheduledBatch,
+    Scheduler,
+    SchedulerConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +59,15 @@ class LeaderEngine:
         *,
         model_name: str,
         unit: str = "",
-        max_num_batched_tokens: int = 2048,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         heartbeat_s: float = 2.5,
         teardown: Callable[[], None] | None = None,
         send_step: Send = send,
         on_step: Callable[[int, int], None] | None = None,
     ) -> None:
-        """`heartbeat_s` must stay well under the collective timeout: an idle leader sends a
+        """`prefill_chunk`: prompt tokens one step feeds at most (chunked prefill: a longer
+        prompt takes several steps, with the running sequences decoding in each).
+        `heartbeat_s` must stay well under the collective timeout: an idle leader sends a
         HEARTBEAT that often so followers blocked in a broadcast do not time out.
         `send_step` is the broadcast every step message goes through, and `on_step` hears
         each step's (start, end) in monotonic ns on the engine thread: a benchmark times the
@@ -66,7 +75,7 @@ class LeaderEngine:
         slots = model.cache.num_slots
         self._config = SchedulerConfig(
             max_num_seqs=slots,
-            max_num_batched_tokens=max(max_num_batched_tokens, slots),
+            max_num_batched_tokens=prefill_chunk,
             num_slots=slots,
             max_seq_len=model.config.max_seq_len,
         )
@@ -269,13 +278,25 @@ class LeaderEngine:
         logits = self._model(entries)
         if batch.forks:  # the children's prompt KV, as every follower does after its forward
             apply_forks(self._model.cache, batch.forks)
-        if batch.shared:  # a copy of the parent's row per child (sampling edits rows)
-            logits = logits[list(batch.sample_rows)]
+        sampled = self._sample(batch, logits, members, masks)
+        self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
+        self._unpublished = sampled  # counted in /health once published, even if empty
+
+    def _sample(
+        self,
+        batch: ScheduledBatch,
+        logits: torch.Tensor,
+        members: list[Choice],
+        masks: Future[torch.Tensor] | None,
+    ) -> dict[int, Sampled]:
+        """A token per member; none when the step only fed prompt chunks not their last."""
+        if not members:
+            return {}
+        if not batch.all_rows_sampled:  # skip partial chunks; a copy of a parent's row per
+            logits = logits[list(batch.sample_rows)]  # child (sampling edits rows)
         bitmask = None if masks is None else masks.result()
         with torch.inference_mode():  # the logits are inference tensors, edited in place
-            sampled = draw(logits, members, bitmask, self._end)
-        self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
-        self._unpublished = sampled  # counted in /health once published
+            return draw(logits, members, bitmask, self._end)
 
     def _end(self, member: Choice, error: str) -> None:
         """Finish one choice with an error event (its request fails: a partial answer of

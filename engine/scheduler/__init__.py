@@ -4,7 +4,7 @@ Pure bookkeeping (no torch, no I/O), so it is tested in milliseconds and reused 
 """
 
 from engine.scheduler.batch import Fork, ScheduledBatch, ScheduledSeq
-from engine.scheduler.config import SchedulerConfig
+from engine.scheduler.config import DEFAULT_PREFILL_CHUNK, SchedulerConfig
 from engine.scheduler.errors import (
     DuplicateSequence,
     EmptyPrompt,
@@ -22,6 +22,7 @@ from engine.scheduler.sequence import FinishReason, SamplingParams, Sequence, Se
 from engine.scheduler.stops import find_stop, partial_stop_len
 
 __all__ = [
+    "DEFAULT_PREFILL_CHUNK",
     "DuplicateSequence",
     "EmptyPrompt",
     "FieldError",

@@ -10,13 +10,18 @@ from engine.scheduler.sequence import SamplingParams
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
-    """Feed `token_ids` at positions `start_pos, start_pos + 1, ...` into KV slot `slot`."""
+    """Feed `token_ids` at positions `start_pos, start_pos + 1, ...` into KV slot `slot`.
+
+    `sampled`: the entry feeds the sequence's last token, so its row's logits give the next
+    one. A prompt chunk that is not the prompt's last is fed for its KV alone.
+    """
 
     seq_id: int
     slot: int
     token_ids: tuple[int, ...]
     start_pos: int
     params: SamplingParams
+    sampled: bool = True
 
 
 class Fork(NamedTuple):
@@ -32,7 +37,11 @@ class Fork(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ScheduledBatch:
-    """Either all prefills or all decodes, never mixed (vLLM v0 style).
+    """One step, decodes and prompt chunks mixed (chunked prefill, as vLLM's V1 engine).
+
+    `seqs` holds every running sequence's next token (a decode: one token each), then the
+    prompt chunks the step's token budget allows, in admission order. A long prompt is fed a
+    chunk per step, so running streams decode between its chunks and the step count moves.
 
     `num_waiting` is the queue depth left after this step: requests held back by full slots,
     `max_num_seqs` or the token budget.
@@ -40,11 +49,11 @@ class ScheduledBatch:
     A request's n choices share one prefill: only the first (the parent) has a row in `seqs`.
     Every rank applies `forks` after the forward, giving each other choice (a child) a copy of
     the prompt's KV, and the leader samples each child's first token from its parent's logits:
-    `shared` holds (child seq_id, the parent's row in `seqs`). Both are empty in decode steps.
+    `shared` holds (child seq_id, the parent's row in `seqs`). Both are empty unless the step
+    feeds a parent's last prompt chunk.
     """
 
     seqs: tuple[ScheduledSeq, ...]
-    is_prefill: bool
     num_waiting: int
     forks: tuple[Fork, ...] = ()
     shared: tuple[tuple[int, int], ...] = ()
@@ -52,6 +61,17 @@ class ScheduledBatch:
     @property
     def is_empty(self) -> bool:
         return not self.seqs
+
+    @property
+    def is_prefill(self) -> bool:
+        """Some entry feeds a prompt: several tokens, or a sequence's first position."""
+        return any(len(s.token_ids) > 1 or s.start_pos == 0 for s in self.seqs)
+
+    @property
+    def all_rows_sampled(self) -> bool:
+        """The forward's logits are the sampling rows as they are: no partial chunk to skip,
+        no child sharing its parent's row."""
+        return not self.shared and all(s.sampled for s in self.seqs)
 
     @property
     def num_tokens(self) -> int:
@@ -64,13 +84,13 @@ class ScheduledBatch:
 
     @property
     def sampled_ids(self) -> tuple[int, ...]:
-        """Every sequence that gets a token from this step: the rows, then the children."""
-        if not self.shared:
-            return self.seq_ids
-        return self.seq_ids + tuple(child for child, _ in self.shared)
+        """Every sequence that gets a token from this step: the sampled rows, then the
+        children."""
+        rows = tuple(s.seq_id for s in self.seqs if s.sampled)
+        return rows + tuple(child for child, _ in self.shared) if self.shared else rows
 
     @property
     def sample_rows(self) -> tuple[int, ...]:
         """For each of `sampled_ids`, the logits row its token is sampled from."""
-        rows = tuple(range(len(self.seqs)))
+        rows = tuple(i for i, s in enumerate(self.seqs) if s.sampled)
         return rows + tuple(row for _, row in self.shared) if self.shared else rows

@@ -1,7 +1,9 @@
 """Continuous batching over slot-based KV: pure bookkeeping, no torch, no I/O.
 
-The engine loop calls `schedule()`, runs the model on the batch, samples one token per entry
-(and per child sharing an entry's row, see `ScheduledBatch`) and hands them to `update()`.
+The engine loop calls `schedule()`, runs the model on the batch, samples one token per sampled
+entry (a decode, or a prompt's last chunk; and per child sharing an entry's row, see
+`ScheduledBatch`) and hands them to `update()`. A prompt is prefilled in chunks of the step's
+token budget, beside the running sequences' decodes (chunked prefill).
 `add()`, `add_group()`, `abort()` and `preempt()` may be called between steps; a token
 sampled for a sequence aborted or preempted meanwhile (also by `schedule()`) is dropped.
 
@@ -19,7 +21,8 @@ import sys
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 
-from engine.scheduler.batch import Fork, ScheduledBatch, ScheduledSeq
+from engine.scheduler.awaiting import Awaiting
+from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.errors import (
     DuplicateSequence,
@@ -59,6 +62,8 @@ class Scheduler:
         # the running set was last empty. With one priority level in use, it is that level
         # and a full batch costs one comparison, no scan for sequences to preempt.
         self._worst_started = -sys.maxsize
+        # A request's other choices, fed nothing until their parent's last prompt chunk.
+        self._awaiting = Awaiting()
 
     # -- introspection for health and metrics --
 
@@ -154,20 +159,60 @@ class Scheduler:
     # -- one step --
 
     def schedule(self) -> ScheduledBatch:
-        """Prefill newly admitted sequences if any, else decode one token for all running."""
-        admitted = self._admit()
-        if admitted:
-            return self._prefill(admitted)
-        decodes = tuple(self._entry(s, start=s.num_tokens - 1) for s in self._running.values())
-        return ScheduledBatch(decodes, is_prefill=False, num_waiting=self.num_waiting)
+        """Every running sequence's next token, then prompt chunks within the token budget.
+
+        Chunked prefill: a step feeds at most `max_num_batched_tokens` prompt tokens, so a
+        longer prompt takes several steps and the running sequences decode in each of them.
+        A sequence with one token left to feed (a decode, or a prompt's last token) rides
+        along outside the budget; these single-token entries come first in `seqs`.
+        """
+        budget = self.config.max_num_batched_tokens
+        fresh, new = self._admit_share(budget)
+        shares = {True: new, False: budget - new}  # admitted now, or before
+        singles: list[ScheduledSeq] = []
+        chunks: list[ScheduledSeq] = []
+        for seq in self._running.values():
+            left = seq.num_tokens - seq.num_computed
+            if seq.seq_id in self._awaiting:
+                continue  # a choice waiting for its parent's prompt KV
+            if left <= 1:
+                singles.append(self._feed(seq, 1))
+                continue
+            pool = seq.seq_id in fresh
+            take = min(left, shares[pool])
+            if take > 0:
+                chunks.append(self._feed(seq, take))
+                shares[pool] -= take
+        rows = tuple(singles + chunks)
+        if not self._awaiting:
+            return ScheduledBatch(rows, self.num_waiting)
+        return ScheduledBatch(rows, self.num_waiting, *self._awaiting.forks(rows, self._running))
+
+    def _admit_share(self, budget: int) -> tuple[set[int], int]:
+        """Admit what the budget allows: (the prompts admitted now, the tokens they get).
+
+        The running prompts go first, in admission order, but while requests wait they keep
+        at most half the budget: a short prompt that arrives behind a long one starts at the
+        next step instead of after the long one's last chunk. What admission leaves unused
+        goes to the running prompts, so no step feeds less than it could.
+        """
+        demand = self._prompt_demand(budget)
+        keep = budget - budget // 2 if self._waiting else budget
+        offered = budget - min(demand, keep)
+        admitted, left = self._admit(offered)
+        if not admitted:
+            return set(), 0
+        # taken in queue order: the last is the worst
+        self._worst_started = max(self._worst_started, admitted[-1][0].params.priority)
+        return {members[0].seq_id for members in admitted}, offered - max(left, 0)
 
     def update(self, sampled: Mapping[int, int]) -> list[Sequence]:
         """Append each sampled token; return the sequences that finished (their slots are free)."""
         finished = []
         for seq_id, token in sampled.items():
             seq = self._running.get(seq_id)
-            if seq is None:  # aborted or preempted while the step ran
-                continue
+            if seq is None or seq.num_computed < seq.num_tokens:
+                continue  # aborted or preempted while the step ran, or still mid-prompt
             reason = self._append(seq, token)
             if reason is not None:
                 self._stop_running(seq)
@@ -198,27 +243,35 @@ class Scheduler:
         self._arrival[seq_id] = next(self._arrivals)
         return seq
 
-    def _admit(self) -> list[Members]:
+    def _prompt_demand(self, budget: int) -> int:
+        """What the running prompts take of this step's budget."""
+        demand = 0
+        for seq in self._running.values():
+            left = seq.num_tokens - seq.num_computed
+            if left > 1 and seq.seq_id not in self._awaiting:
+                demand += left
+                if demand >= budget:
+                    return budget
+        return demand
+
+    def _admit(self, budget: int) -> tuple[list[Members], int]:
         """Queue order without skipping: a big prompt at the head is never starved by small
         ones, nor a group by single sequences.
 
-        A prompt over the token budget is admitted alone, when nothing else is in the batch;
-        a group costs one prompt (one prefill). A sequence preempted here to make room waits
-        at least until the next call, so a token sampled for it in flight is dropped.
+        Admission goes on while `budget` lasts (what is left of it is returned); the last
+        prompt admitted may get a chunk of it only. A group costs one prompt (one prefill). A
+        sequence preempted here to make room waits at least until the next call, so a token
+        sampled for it in flight is dropped.
         """
         admitted: list[Members] = []
         evicted: tuple[Sequence, ...] = ()
-        budget = self.config.max_num_batched_tokens
         waiting, running, free = self._waiting, self._running, self._free
         max_seqs = self.config.max_num_seqs
-        while (members := waiting.head()) is not None:
+        while budget > 0 and (members := waiting.head()) is not None:
             n = len(members)
             full = len(free) < n or len(running) + n > max_seqs
             if full and members[0].params.priority >= self._worst_started:
                 break  # nothing worse is running: the usual full batch, no scan
-            cost = members[0].num_tokens
-            if admitted and cost > budget:
-                break
             if full:
                 victims = self._make_room(members, min(len(free), max_seqs - len(running)))
                 if victims is None:
@@ -231,11 +284,11 @@ class Scheduler:
                 seq.slot = heapq.heappop(free)
                 seq.status = SequenceStatus.RUNNING
                 running[seq.seq_id] = seq
+            self._awaiting.add(members)
             admitted.append(members)
-            budget -= cost
-        if admitted:  # taken in queue order: the last is the worst
-            self._worst_started = max(self._worst_started, admitted[-1][0].params.priority)
-        return admitted
+            cost = members[0].num_tokens
+            budget -= cost if cost > 1 else 0  # a single token rides along, as a decode
+        return admitted, budget
 
     def _make_room(self, members: Members, room: int) -> tuple[Sequence, ...] | None:
         """Preempt running sequences of strictly worse priority, the worst and latest-arrived
@@ -255,22 +308,21 @@ class Scheduler:
         assert seq.slot is not None, "a running sequence always owns a slot"
         heapq.heappush(self._free, seq.slot)
         seq.slot = None
+        seq.num_computed = 0
+        if self._awaiting:
+            self._awaiting.drop(seq, self._running)
         if not self._running:
             self._worst_started = -sys.maxsize
 
-    def _prefill(self, admitted: list[Members]) -> ScheduledBatch:
-        """One row per admitted entry, for its first member; the others fork from that row."""
-        rows = tuple(self._entry(members[0], start=0) for members in admitted)
-        if len(rows) == sum(map(len, admitted)):  # no group: every entry is one sequence
-            return ScheduledBatch(rows, True, self.num_waiting)
-        forks: list[Fork] = []
-        shared: list[tuple[int, int]] = []
-        for row, (parent, *children) in enumerate(admitted):
-            for child in children:
-                assert parent.slot is not None and child.slot is not None
-                forks.append(Fork(parent.slot, child.slot, parent.num_tokens))
-                shared.append((child.seq_id, row))
-        return ScheduledBatch(rows, True, self.num_waiting, tuple(forks), tuple(shared))
+    def _feed(self, seq: Sequence, n: int) -> ScheduledSeq:
+        """The entry that feeds `n` more of the sequence's tokens; they count as computed."""
+        assert seq.slot is not None, "a running sequence always owns a slot"
+        # A sequence whose last token never came (no update for it) feeds its last again.
+        start = min(seq.num_computed, seq.num_tokens - 1)
+        ids = seq.tokens_from(start)
+        seq.num_computed = start + n
+        last = seq.num_computed == seq.num_tokens
+        return ScheduledSeq(seq.seq_id, seq.slot, ids if last else ids[:n], start, seq.params, last)
 
     def _append(self, seq: Sequence, token: int) -> FinishReason | None:
         """Checks run in order EOS, stop token, stop string, length; the first hit wins.
@@ -304,9 +356,3 @@ class Scheduler:
         del self._arrival[seq.seq_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-
-    @staticmethod
-    def _entry(seq: Sequence, start: int) -> ScheduledSeq:
-        """Feed every token from `start` on: all of them for a prefill, the last for a decode."""
-        assert seq.slot is not None, "a running sequence always owns a slot"
-        return ScheduledSeq(seq.seq_id, seq.slot, seq.tokens_from(start), start, seq.params)

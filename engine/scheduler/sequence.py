@@ -112,6 +112,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the EOS/stop token id or stop string that matched
     num_preemptions: int = 0
+    # Leading tokens whose KV the slot holds once the step last scheduled has run: a prompt
+    # longer than a step's budget is fed a chunk at a time. 0 while waiting.
+    num_computed: int = 0
     detok: IncrementalText = field(default_factory=IncrementalText, init=False, repr=False)
     _text: str = field(default="", init=False, repr=False)
     _shown: int = field(default=0, init=False, repr=False)  # output ids that make the text

@@ -45,6 +45,7 @@ class NodeSpec:
     health_port: int | None = None  # leader: /health from a thread; None: on the API port
     max_seq_len: int | None = None  # builtin: KV positions per sequence; None: the model's
     weight_dtype: str | None = None  # builtin: how the matrices are stored; None: float32
+    prefill_chunk: int | None = None  # builtin: prompt tokens per step; None: the engine's
 
     @property
     def role(self) -> str:
@@ -80,6 +81,8 @@ class NodeSpec:
             args += ["--max-seq-len", str(self.max_seq_len)]
         if self.weight_dtype is not None:
             args += ["--weight-dtype", self.weight_dtype]
+        if self.prefill_chunk is not None:
+            args += ["--prefill-chunk", str(self.prefill_chunk)]
         if self.backend != "builtin":
             args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
@@ -139,6 +142,7 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             _leader_health_port(unit) if rank == 0 else None,
             unit.max_seq_len,
             unit.weight_dtype,
+            unit.prefill_chunk,
         )
         for rank, url in enumerate(unit.nodes)
     )

@@ -41,6 +41,7 @@ _UP_DEFAULTS: dict[str, Any] = {
     "model": "",
     "max_seq_len": None,
     "weight_dtype": None,
+    "prefill_chunk": None,
     "engine_args": {},
 }
 
@@ -95,6 +96,10 @@ class UnitConfig:
     # blocks, multiplied by a fused kernel (a quarter of float16's bytes; the fastest on CPU,
     # see docs/engine.md). None = float32. Activations and the KV cache stay float32.
     weight_dtype: str | None = None
+    # Prompt tokens one step of the builtin engine feeds at most: a longer prompt is prefilled
+    # a chunk per step, the unit's running streams decoding between chunks (and its step count
+    # moving, which the stall rule watches). None = the engine's default (docs/engine.md).
+    prefill_chunk: int | None = None
     # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
     engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
     # With [priority] set: send each request's class to the unit as the body's `priority`
@@ -225,6 +230,14 @@ class UnitConfig:
                 "max_seq_len",
                 self.max_seq_len,
                 'only applies to backend = "builtin" (vLLM: engine_args.max_model_len)',
+            )
+        if self.prefill_chunk is not None:
+            _check(self.prefill_chunk >= 1, "prefill_chunk", self.prefill_chunk, "must be >= 1")
+            _check(
+                not vllm,
+                "prefill_chunk",
+                self.prefill_chunk,
+                'only applies to backend = "builtin" (vLLM: engine_args.max_num_batched_tokens)',
             )
         if self.weight_dtype is not None:
             _check(

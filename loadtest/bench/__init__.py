@@ -3,6 +3,7 @@
     overhead       what the gateway costs per request: direct, floor relay, gateway (`make bench`)
     engine         the builtin engine's step broadcast, per-step runtime and decode throughput
     scheduler      the scheduler's per-step bookkeeping against output length (in process)
+    chunked_prefill  what a long prompt costs running streams: step cost per prefill chunk, ITL
     health         the gateway's prober at 1,000 units, and fault detection time
     leader_health  the leader's /health on its event loop and on its thread, idle and saturated
     burst          thousands of open streams arriving in full waves

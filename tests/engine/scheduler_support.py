@@ -27,3 +27,14 @@ def step(sched: Scheduler, token: int) -> ScheduledBatch:
     batch = sched.schedule()
     sched.update(dict.fromkeys(batch.sampled_ids, token))
     return batch
+
+
+def started(batch: ScheduledBatch) -> tuple[int, ...]:
+    """The sequences whose first tokens this step feeds (admitted, or recomputed): the rows
+    at position 0, whatever the running sequences decode beside them."""
+    return tuple(s.seq_id for s in batch.seqs if s.start_pos == 0)
+
+
+def rows(batch: ScheduledBatch) -> list[tuple[int, int, int, bool]]:
+    """Each row as (seq_id, start_pos, tokens fed, sampled)."""
+    return [(s.seq_id, s.start_pos, len(s.token_ids), s.sampled) for s in batch.seqs]

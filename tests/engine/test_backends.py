@@ -10,6 +10,7 @@ import pytest
 
 from engine.backends.registry import BACKENDS, lookup
 from engine.flags import parse
+from engine.scheduler import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
 
 
@@ -96,3 +97,44 @@ def test_the_gateway_knows_the_engines_weight_dtypes() -> None:
 
     assert GATEWAY_WEIGHT_DTYPES == WEIGHT_DTYPES
     assert tuple(PACKAGED) == PACKAGED_MODELS
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--prefill-chunk", "0"], "--prefill-chunk: must be >= 1 token, got 0"),
+        (
+            ["--prefill-chunk", "64", "--backend", "vllm", "--model", "/m"],
+            "--prefill-chunk: only applies to --backend builtin .*max_num_batched_tokens.* 64",
+        ),
+    ],
+)
+def test_prefill_chunk_is_checked_by_flag(flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(["--role", "leader", *flags])
+
+
+@pytest.mark.parametrize(
+    ("flags", "budget"), [([], DEFAULT_PREFILL_CHUNK), (["--prefill-chunk", "48"], 48)]
+)
+def test_prefill_chunk_is_the_leaders_step_budget(flags: list[str], budget: int) -> None:
+    from engine.backends.builtin.node import start_leader
+
+    engine = start_leader(parse(["--role", "leader", *flags]))
+    try:
+        assert engine.scheduler.config.max_num_batched_tokens == budget
+    finally:
+        engine.shutdown()
+
+
+def test_the_documented_prefill_chunk_is_the_engines_default() -> None:
+    """The gateway never reads the engine's default, so the reference and config.toml state
+    it; they must state the engine's own."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "configuration.md").read_text().splitlines()
+    row = next(line for line in page if line.startswith("| `prefill_chunk` |"))
+    assert row.startswith(f"| `prefill_chunk` | `{DEFAULT_PREFILL_CHUNK}` |")
+    toml = (root / "config.toml").read_text()
+    assert toml.count(f"prefill_chunk = {DEFAULT_PREFILL_CHUNK} ") == 2

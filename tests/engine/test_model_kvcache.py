@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.model import ModelConfig, Transformer, init_from_seed
+from engine.model.transformer import Decode
 
 PROMPT = [256, 259, *b"The quick brown fox", 261, 260]
 MORE = list(b" jumps")
@@ -84,6 +85,22 @@ def test_a_decode_batch_attends_in_one_call_as_each_entry_alone(config: ModelCon
     torch.testing.assert_close(
         model(step), torch.cat([ref([entry]) for entry in step]), atol=1e-5, rtol=0
     )
+
+
+def test_decodes_then_a_prompt_chunk_in_one_call_as_each_alone(config: ModelConfig) -> None:
+    """A chunked-prefill step: the leading single-token entries are attended together, the
+    chunk after them (continuing its slot's prompt) on its own; each as if it ran alone."""
+    model, ref = fresh(config), fresh(config)
+    for m in (model, ref):
+        for slot, ids in ((0, PROMPT), (2, MORE), (3, PROMPT[:7])):
+            m([(slot, ids, 0)])
+    batch = [(0, [40], len(PROMPT)), (2, [41], len(MORE)), (3, PROMPT[7:12], 7)]
+    plan = Decode.plan(batch, torch.tensor([len(PROMPT), len(MORE), *range(7, 12)]))
+    assert plan is not None and plan.num_entries == 2
+    together = model(batch)
+    torch.testing.assert_close(together, torch.cat([ref([e]) for e in batch]), atol=1e-5, rtol=0)
+    rest = model([(3, PROMPT[12:], 12)])  # the chunk's keys and values went to their places
+    torch.testing.assert_close(rest, fresh(config)([(0, PROMPT, 0)]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ MAX_SEQ_LEN = 1200  # room for a prompt that overflows the one-broadcast step fr
 PROMPT = tuple(ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi, unit!"}]))
 
 
-def start_unit(tmp: Path, timeout: float) -> tuple[LeaderEngine, Node]:
+def start_unit(tmp: Path, timeout: float, *leader_flags: str) -> tuple[LeaderEngine, Node]:
     """The leader in this process (rank 0), one follower subprocess (rank 1)."""
     master = f"127.0.0.1:{free_port()}"
     flags = ("--collective-timeout", str(timeout), "--max-seq-len", str(MAX_SEQ_LEN))
@@ -35,7 +35,7 @@ def start_unit(tmp: Path, timeout: float) -> tuple[LeaderEngine, Node]:
         flags = ["--role", "leader", "--world-size", "2", "--master", master, "--num-slots", "4"]
         flags += ["--max-seq-len", str(MAX_SEQ_LEN)]
         flags += ["--collective-timeout", str(timeout), "--connect-timeout", "30"]
-        return start_leader(parse(flags)), follower
+        return start_leader(parse([*flags, *leader_flags])), follower
     except BaseException:
         kill_all(follower)
         raise

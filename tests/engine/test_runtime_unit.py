@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -25,11 +26,13 @@ from tests.engine.test_runtime_support import (
 
 pytestmark = pytest.mark.slow
 LONG_PROMPT = tuple(range(1, 257)) * 4 + PROMPT  # > FRAME_SIZE tokens: two broadcasts
+CHUNK = 100  # the unit's prefill chunk: a long prompt takes 11 steps, its last chunk short
 
 
 @pytest.fixture(scope="module")
 def unit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LeaderEngine, Node]]:
-    engine, follower = start_unit(tmp_path_factory.mktemp("unit"), timeout=10.0)
+    flags = ("--prefill-chunk", str(CHUNK))
+    engine, follower = start_unit(tmp_path_factory.mktemp("unit"), 10.0, *flags)
     try:
         yield engine, follower
         engine.shutdown(timeout=10)
@@ -49,15 +52,21 @@ def token_ids(events: list[TokenEvent]) -> list[int]:
     return [e.token_id for e in events if e.token_id is not None]
 
 
+def unchunked() -> LeaderEngine:
+    """The same model at world size 1, every prompt prefilled in one step."""
+    config = replace(ModelConfig.tiny(), max_seq_len=MAX_SEQ_LEN)
+    model = init_from_seed(config, seed=0, num_slots=4)
+    return LeaderEngine(model, ByteTokenizer(), model_name="t", prefill_chunk=MAX_SEQ_LEN)
+
+
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "overflows-frame"])
 async def test_tp2_greedy_matches_world_size_1(
     unit: tuple[LeaderEngine, Node], prompt: tuple[int, ...]
 ) -> None:
+    """The long prompt is also prefilled in chunks by the unit and in one step by the
+    reference: the follower runs every chunk as the leader does."""
     engine, _ = unit
-    config = replace(ModelConfig.tiny(), max_seq_len=MAX_SEQ_LEN)
-    single = LeaderEngine(
-        init_from_seed(config, seed=0, num_slots=4), ByteTokenizer(), model_name="t"
-    ).start()
+    single = unchunked().start()
     try:
         want = await collect(single, "w1", prompt, temperature=0, max_tokens=24, ignore_eos=True)
     finally:
@@ -67,6 +76,35 @@ async def test_tp2_greedy_matches_world_size_1(
     last = got[-1]
     assert (last.finished, last.finish_reason, last.completion_tokens) == (True, "length", 24)
     assert last.prompt_tokens == len(prompt)
+
+
+async def test_tp2_a_stream_decodes_between_a_long_prompts_chunks(
+    unit: tuple[LeaderEngine, Node],
+) -> None:
+    """Mixed steps (a decode beside a prompt chunk, 11 of them) at TP=2 give each request
+    what it gets alone, unchunked: the stream runs from before the long prompt arrives until
+    long after its last chunk."""
+    engine, _ = unit
+    greedy: dict[str, Any] = {"temperature": 0, "ignore_eos": True}
+    single = unchunked().start()
+    try:
+        short_want = await collect(single, "s1", PROMPT, max_tokens=200, **greedy)
+        long_want = await collect(single, "l1", LONG_PROMPT, max_tokens=8, **greedy)
+    finally:
+        single.shutdown()
+    seen: list[TokenEvent] = []
+
+    async def stream() -> None:
+        request = GenerationRequest("s2", PROMPT, SamplingParams(max_tokens=200, **greedy))
+        async for event in engine.generate(request):
+            seen.append(event)
+
+    running = asyncio.create_task(stream())
+    await wait_until(lambda: len(seen) >= 2, 30)
+    long_got = await collect(engine, "l2", LONG_PROMPT, max_tokens=8, **greedy)
+    await asyncio.wait_for(running, 60)
+    assert token_ids(long_got) == token_ids(long_want)
+    assert token_ids(seen) == token_ids(short_want) and len(seen) == 200
 
 
 async def test_concurrent_requests_all_complete(unit: tuple[LeaderEngine, Node]) -> None:

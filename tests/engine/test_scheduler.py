@@ -13,7 +13,7 @@ from engine.scheduler import (
     SequenceStatus,
     UnknownSequence,
 )
-from tests.engine.scheduler_support import EOS, make, step
+from tests.engine.scheduler_support import EOS, make, rows, started, step
 
 
 def test_admission_is_fifo_and_takes_lowest_slots() -> None:
@@ -42,8 +42,8 @@ def test_full_slots_leave_requests_waiting_until_one_frees() -> None:
     assert [s.seq_id for s in finished] == [0]
     admitted = sched.schedule()
     assert admitted.is_prefill
-    assert admitted.seq_ids == (2,)
-    assert admitted.seqs[0].slot == 0  # the slot sequence 0 gave back
+    assert admitted.seq_ids == (1, 2)  # 1 decodes beside 2's prompt
+    assert admitted.seqs[1].slot == 0  # the slot sequence 0 gave back
     assert admitted.num_waiting == 0
 
 
@@ -55,33 +55,68 @@ def test_max_num_seqs_caps_running_even_with_free_slots() -> None:
     assert (sched.num_running, sched.num_waiting, sched.free_slots) == (2, 1, 6)
 
 
-def test_token_budget_stops_at_the_head_of_the_line() -> None:
+def test_token_budget_chunks_the_head_of_the_line_and_never_skips_it() -> None:
     sched = make(max_num_batched_tokens=10)
     sched.add(0, [1] * 4, SamplingParams())
     sched.add(1, [1] * 8, SamplingParams())
-    sched.add(2, [1], SamplingParams())  # would fit, but may not overtake request 1
-    assert sched.schedule().seq_ids == (0,)
-    assert sched.schedule().seq_ids == (1, 2)
+    sched.add(2, [1], SamplingParams())  # would fit whole, but may not overtake request 1
+    first = step(sched, 5)
+    assert rows(first) == [(0, 0, 4, True), (1, 0, 6, False)]  # 1 gets the budget left
+    assert first.num_waiting == 1
+    # 0 decodes, 2 (one token) rides along, 1's last two prompt tokens: single tokens first
+    assert rows(sched.schedule()) == [(0, 4, 1, True), (2, 0, 1, True), (1, 6, 2, True)]
 
 
-def test_token_budget_fills_exactly() -> None:
+def test_token_budget_fills_exactly_and_decodes_ride_along() -> None:
     sched = make(max_num_batched_tokens=8)
     for i in range(3):
         sched.add(i, [1] * 4, SamplingParams())
-    assert sched.schedule().seq_ids == (0, 1)
-    assert sched.schedule().seq_ids == (2,)
+    assert step(sched, 5).seq_ids == (0, 1)
+    batch = sched.schedule()
+    assert (batch.seq_ids, batch.num_tokens) == ((0, 1, 2), 6)  # the decodes cost no budget
 
 
-def test_oversized_prompt_is_admitted_alone() -> None:
+def test_a_prompt_over_the_budget_is_fed_a_chunk_per_step_between_decodes() -> None:
     sched = make(max_num_batched_tokens=8, max_seq_len=64)
     sched.add(0, [1] * 2, SamplingParams())
-    sched.add(1, [1] * 20, SamplingParams())
-    sched.add(2, [1] * 2, SamplingParams())
-    assert sched.schedule().seq_ids == (0,)  # 20 tokens do not fit next to request 0
-    big = sched.schedule()
-    assert big.seq_ids == (1,)  # alone, although over the budget: it must not starve
-    assert big.num_tokens == 20
-    assert sched.schedule().seq_ids == (2,)
+    big = sched.add(1, list(range(20)), SamplingParams())
+    assert rows(step(sched, 5)) == [(0, 0, 2, True), (1, 0, 6, False)]
+    second = step(sched, 5)
+    assert rows(second) == [(0, 2, 1, True), (1, 6, 8, False)]
+    assert second.seqs[1].token_ids == tuple(range(6, 14))
+    assert big.output_ids == []  # no token from a chunk that is not the prompt's last
+    assert rows(step(sched, 7)) == [(0, 3, 1, True), (1, 14, 6, True)]
+    assert big.output_ids == [7]
+    assert rows(sched.schedule()) == [(0, 4, 1, True), (1, 20, 1, True)]
+
+
+def test_a_short_prompt_behind_a_long_one_starts_at_the_next_step() -> None:
+    """While requests wait, a running prompt keeps at most half the budget."""
+    sched = make(max_num_batched_tokens=8, max_seq_len=64)
+    sched.add(0, list(range(20)), SamplingParams())
+    assert rows(step(sched, 5)) == [(0, 0, 8, False)]
+    sched.add(1, [1] * 2, SamplingParams())
+    sched.add(2, [1] * 9, SamplingParams())
+    assert rows(step(sched, 5)) == [(0, 8, 4, False), (1, 0, 2, True), (2, 0, 2, False)]
+    # nobody waits any more: the running prompts share the whole budget in admission order
+    assert rows(step(sched, 5)) == [(1, 2, 1, True), (0, 12, 8, True)]
+    assert rows(sched.schedule()) == [(0, 20, 1, True), (1, 3, 1, True), (2, 2, 7, True)]
+
+
+def test_a_stray_token_for_a_chunk_is_dropped() -> None:
+    sched = make(max_num_batched_tokens=4)
+    seq = sched.add(0, [1] * 6, SamplingParams())
+    assert not sched.schedule().seqs[0].sampled
+    assert sched.update({0: 5}) == [] and seq.output_ids == []
+    assert rows(sched.schedule()) == [(0, 4, 2, True)]
+
+
+def test_a_budget_of_one_token_still_feeds_every_prompt() -> None:
+    sched = make(max_num_batched_tokens=1, max_seq_len=16)
+    seq = sched.add(0, [1, 2, 3], SamplingParams(max_tokens=2))
+    fed = [rows(step(sched, 4)) for _ in range(4)]
+    assert fed == [[(0, 0, 1, False)], [(0, 1, 1, False)], [(0, 2, 1, True)], [(0, 3, 1, True)]]
+    assert seq.is_finished and seq.output_ids == [4, 4]
 
 
 def test_prefill_then_decode_feeds_the_last_token_at_its_position() -> None:
@@ -101,16 +136,19 @@ def test_prefill_then_decode_feeds_the_last_token_at_its_position() -> None:
     assert [(s.token_ids, s.start_pos) for s in again.seqs] == [((12,), 4), ((13,), 2)]
 
 
-def test_a_new_prefill_pauses_decodes_for_one_step() -> None:
+def test_a_new_prompt_is_fed_beside_the_running_decodes() -> None:
     sched = make()
     sched.add(0, [1], SamplingParams())
     step(sched, 2)
     sched.add(1, [3, 4], SamplingParams())
     batch = sched.schedule()
     assert batch.is_prefill
-    assert batch.seq_ids == (1,)
-    sched.update({1: 5})
-    assert sched.schedule().seq_ids == (0, 1)
+    assert [(s.seq_id, s.token_ids, s.start_pos) for s in batch.seqs] == [
+        (0, (2,), 1),
+        (1, (3, 4), 0),
+    ]
+    sched.update({0: 6, 1: 5})
+    assert not sched.schedule().is_prefill
 
 
 def test_empty_scheduler_returns_an_empty_batch() -> None:
@@ -179,10 +217,10 @@ def test_preempt_puts_the_sequence_first_with_its_prompt_extended() -> None:
     assert (victim.status, victim.slot, victim.num_preemptions) == (SequenceStatus.WAITING, None, 1)
     assert (sched.free_slots, sched.num_waiting) == (1, 2)
     batch = sched.schedule()
-    assert batch.seq_ids == (0,)  # ahead of request 2, which waited longer
-    assert (batch.seqs[0].token_ids, batch.seqs[0].start_pos) == ((1, 2, 7, 8), 0)
+    assert started(batch) == (0,)  # ahead of request 2, which waited longer
+    assert (batch.seqs[1].token_ids, batch.seqs[1].start_pos) == ((1, 2, 7, 8), 0)
     assert victim.prompt_ids == (1, 2)  # usage still counts the client's prompt
-    sched.update({0: 9})
+    sched.update({0: 9, 1: 9})
     assert victim.finish_reason is FinishReason.LENGTH  # outputs before preemption still count
     assert victim.visible_text() == "hij"
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine.scheduler import InvalidConfig, InvalidParams, SamplingParams, SchedulerConfig
+from engine.scheduler import (
+    DEFAULT_PREFILL_CHUNK,
+    InvalidConfig,
+    InvalidParams,
+    SamplingParams,
+    SchedulerConfig,
+)
+from tests.engine.scheduler_support import make
 
 
 def test_defaults_are_valid() -> None:
-    assert SchedulerConfig() == SchedulerConfig(8, 2048, 8, 2048)
+    assert SchedulerConfig() == SchedulerConfig(8, DEFAULT_PREFILL_CHUNK, 8, 2048)
     assert SamplingParams() == SamplingParams(16, 1.0, 1.0, None, (), (), False)
 
 
@@ -28,9 +35,12 @@ def test_config_rejects_out_of_range(field: str, value: object) -> None:
     assert (err.value.field, err.value.value) == (field, value)
 
 
-def test_config_needs_a_budget_for_a_full_decode_step() -> None:
-    with pytest.raises(InvalidConfig, match=r"max_num_batched_tokens=4: must be >= max_num_seqs"):
-        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4)
+def test_a_budget_under_the_batch_size_still_decodes_the_full_batch() -> None:
+    """The budget is for prompt tokens: decodes ride along outside it."""
+    sched = make(max_num_seqs=8, num_slots=8, max_num_batched_tokens=4)
+    for i in range(8):
+        sched.add(i, [1], SamplingParams())
+    assert len(sched.schedule().seqs) == 8
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from engine.scheduler import (
     SamplingParams,
     SequenceStatus,
 )
-from tests.engine.scheduler_support import EOS, make, step
+from tests.engine.scheduler_support import EOS, make, started, step
 
 PROMPT = [5, 6, 7]
 
@@ -80,8 +80,8 @@ def test_a_group_costs_the_token_budget_one_prompt() -> None:
     sched.add(0, [1] * 4, SamplingParams())
     sched.add_group([1, 2, 3], [1] * 4, SamplingParams())  # 4 tokens, not 12
     sched.add_group([4, 5], [1] * 2, SamplingParams())  # over the budget now
-    assert sched.schedule().seq_ids == (0, 1)
-    assert sched.schedule().seq_ids == (4,)
+    assert step(sched, 9).seq_ids == (0, 1)
+    assert started(sched.schedule()) == (4,)
 
 
 def test_groups_wait_in_priority_order() -> None:
@@ -101,7 +101,7 @@ def test_a_better_group_preempts_enough_worse_sequences_or_none() -> None:
     assert sched.num_running == 3
     sched.abort(5)  # the group is now two: preempting both worse sequences makes room
     batch = sched.schedule()
-    assert batch.seq_ids == (3,) and batch.shared == ((4, 0),)
+    assert started(batch) == (3,) and batch.shared == ((4, 1),)  # row 0: 2 decodes
     assert [seq.status for seq in worse] == [SequenceStatus.WAITING] * 2
 
 
@@ -139,9 +139,9 @@ def test_a_preempted_child_is_recomputed_alone() -> None:
     step(sched, 21)
     sched.preempt(2)
     batch = sched.schedule()
-    assert batch.seq_ids == (2,) and batch.forks == () and batch.shared == ()
-    assert (batch.seqs[0].token_ids, batch.seqs[0].start_pos) == ((5, 6, 7, 20, 21), 0)
-    sched.update({2: 22})
+    assert started(batch) == (2,) and batch.forks == () and batch.shared == ()
+    assert (batch.seqs[2].token_ids, batch.seqs[2].start_pos) == ((5, 6, 7, 20, 21), 0)
+    sched.update(dict.fromkeys((1, 2, 3), 22))
     assert step(sched, 23).seq_ids == (1, 3, 2)
 
 
@@ -164,8 +164,8 @@ def test_aborting_a_waiting_parent_lets_the_next_member_prefill() -> None:
     assert sched.abort(1)
     assert sched.num_waiting == 2
     batch = sched.schedule()  # two slots free: the rest of the group fits
-    assert batch.seq_ids == (2,) and batch.shared == ((3, 0),)
-    assert batch.forks == (Fork(batch.seqs[0].slot, 2, 3),)
+    assert started(batch) == (2,) and batch.shared == ((3, 1),)
+    assert batch.forks == (Fork(batch.seqs[1].slot, 2, 3),)
 
 
 def test_a_finished_child_frees_only_its_own_slot() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.scheduler import SamplingParams, Scheduler, SequenceStatus
-from tests.engine.scheduler_support import EOS, make, step
+from tests.engine.scheduler_support import EOS, make, rows, started, step
 
 
 def add(
@@ -25,13 +25,13 @@ def test_lower_priority_values_go_first_and_ties_keep_arrival_order() -> None:
     assert sched.schedule().seq_ids == (4, 1, 3, 2, 0)
 
 
-def test_admission_does_not_skip_a_head_held_back_by_the_budget() -> None:
+def test_admission_does_not_skip_a_head_that_takes_the_whole_budget() -> None:
     sched = make(max_num_batched_tokens=8)
     add(sched, 0, 1, n_prompt=4)
-    add(sched, 1, 0, n_prompt=6)
-    add(sched, 2, 0, n_prompt=2)  # would fit next to 1, and 1 is first in line
-    assert sched.schedule().seq_ids == (1, 2)
-    assert sched.schedule().seq_ids == (0,)
+    add(sched, 1, 0, n_prompt=10)
+    add(sched, 2, 0, n_prompt=2)  # would fit, but 1 is first in line and takes all 8
+    assert rows(step(sched, 5)) == [(1, 0, 8, False)]
+    assert rows(sched.schedule()) == [(1, 8, 2, True), (2, 0, 2, True), (0, 0, 4, True)]
 
 
 def test_a_better_head_preempts_the_latest_of_the_worst_running() -> None:
@@ -42,8 +42,8 @@ def test_a_better_head_preempts_the_latest_of_the_worst_running() -> None:
     step(sched, 5)
     add(sched, 3, 0)
     batch = sched.schedule()
-    assert batch.is_prefill and batch.seq_ids == (3,)
-    assert batch.seqs[0].slot == 2  # the slot sequence 2 gave back
+    assert batch.is_prefill and started(batch) == (3,) and batch.seq_ids == (0, 1, 3)
+    assert batch.seqs[2].slot == 2  # the slot sequence 2 gave back
     assert status(sched, 2) is SequenceStatus.WAITING
     assert [status(sched, i) for i in (0, 1, 3)] == [SequenceStatus.RUNNING] * 3
     seq = sched.get(2)
@@ -121,7 +121,7 @@ def test_a_sequence_preempted_by_schedule_is_not_readmitted_and_loses_its_in_fli
     step(sched, 5)
     add(sched, 2, 0)
     batch = sched.schedule()
-    assert batch.seq_ids == (2,)
+    assert started(batch) == (2,) and batch.seq_ids == (0, 2)
     assert sched.update({1: 6, 2: 7}) == []  # a token for 1 sampled before it was preempted
     seq = sched.get(1)
     assert seq is not None and seq.output_ids == [5]
@@ -133,11 +133,11 @@ def test_no_preemption_for_a_head_the_budget_holds_back() -> None:
     add(sched, 0, 1)
     add(sched, 1, 1)
     step(sched, 5)
-    add(sched, 2, 0, n_prompt=4)
+    add(sched, 2, 0, n_prompt=8)
     add(sched, 3, 0, n_prompt=8)
-    assert sched.schedule().seq_ids == (2,)  # 3 would not fit the budget next to 2 ...
+    assert started(step(sched, 6)) == (2,)  # 2 takes the whole budget ...
     assert status(sched, 0) is SequenceStatus.RUNNING  # ... so 0 keeps its slot for now
-    assert sched.schedule().seq_ids == (3,)
+    assert started(sched.schedule()) == (3,)
     assert status(sched, 0) is SequenceStatus.WAITING
 
 
@@ -150,6 +150,6 @@ def test_several_preemptions_in_one_schedule_take_the_worst_first() -> None:
     add(sched, 3, 0)
     add(sched, 4, 0)
     add(sched, 5, 0)  # no worse sequence left to preempt: waits
-    assert sched.schedule().seq_ids == (3, 4)
+    assert sched.schedule().seq_ids == (2, 3, 4)  # 2 decodes, 3 and 4 start
     assert [status(sched, i) for i in (0, 1, 5)] == [SequenceStatus.WAITING] * 3
     assert sched.num_waiting == 3

@@ -156,9 +156,29 @@ def test_a_units_model_and_context_reach_every_node() -> None:
     assert (ns.model, ns.max_seq_len, ns.weight_dtype) == ("tiny", None, None)
 
 
+def test_a_units_prefill_chunk_reaches_every_node() -> None:
+    plan = plan_units(config(unit("u0", 8101, 8102, prefill_chunk=96)))
+    for node in plan.units[0].nodes:
+        argv = node.argv("127.0.0.1:5000", EngineOptions())[1:]
+        assert argv[argv.index("--prefill-chunk") + 1] == "96"
+        assert NodeSettings.from_flags(build_parser().parse_args(argv)).prefill_chunk == 96
+    plain = plan_units(config(unit("u0", 8101))).units[0].leader
+    assert "--prefill-chunk" not in plain.argv("127.0.0.1:5000", EngineOptions())
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        ({"prefill_chunk": 0}, r"prefill_chunk must be >= 1, got 0"),
+        ({"prefill_chunk": "big"}, "prefill_chunk"),
+        (
+            {"backend": "vllm", "model": "/m", "prefill_chunk": 512},
+            r"prefill_chunk only applies to .*builtin.*engine_args.max_num_batched_tokens.*got 512",
+        ),
+        (
+            {"kind": "vllm", "prefill_chunk": 512},
+            'prefill_chunk only applies to kind = "unitgate".*got 512',
+        ),
         ({"max_seq_len": 1}, "max_seq_len"),
         ({"backend": "vllm", "model": "/m", "max_seq_len": 512}, "max_model_len"),
         ({"weight_dtype": "int4"}, "weight_dtype.*must be one of"),

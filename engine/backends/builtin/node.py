@@ -12,6 +12,7 @@ from engine.runtime.follower import run_follower
 from engine.runtime.group import destroy_unit_group
 from engine.runtime.health import NodeStats, serve_health, stop_health
 from engine.runtime.leader import LeaderEngine
+from engine.scheduler import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,13 @@ def run_leader(settings: NodeSettings) -> int:
 def start_leader(settings: NodeSettings) -> LeaderEngine:
     """Build rank 0's shard, join, start the engine thread; `shutdown()` tears the group down."""
     model, tokenizer, name = build_then_join(settings)
+    chunk = settings.prefill_chunk
     engine = LeaderEngine(
         model,
         tokenizer,
         model_name=name,
         unit=settings.unit,
+        prefill_chunk=DEFAULT_PREFILL_CHUNK if chunk is None else chunk,
         heartbeat_s=settings.collective_timeout / 4,
         teardown=destroy_unit_group,
     )
