@@ -75,8 +75,10 @@ async def test_a_silent_node_makes_the_unit_slow_only_while_its_traffic_flows(
         assert not result.hard and result.nodes == (None, "no answer within 50 ms")
         [(unit_id, now, since)] = rig.traffic_asked
         assert unit_id == "u0"
-        # The leader answered: only progress since the probes went out may vouch.
-        assert since is not None and now - took <= since <= now - 0.05
+        # The leader answered: only progress since the probes went out may vouch. `since` is
+        # the round's start, a probe timeout before the verdict (uvloop's clock counts whole
+        # milliseconds, so a few are allowed either way).
+        assert since is not None and now - took - 0.005 <= since <= now - 0.04
         if flowing:
             assert result.outcome is Outcome.SLOW
             assert rig.unit.health is Health.SLOW and rig.unit.routable
