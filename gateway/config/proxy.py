@@ -36,6 +36,9 @@ class GatewayConfig:
     port: int = 8080
     # Model ids the gateway serves; a unit may narrow this with its own `models`.
     models: tuple[str, ...] = ("unitgate-sim",)
+    # The model of a request that names none (where its API allows that): one of `models`.
+    # "": the only entry of `models`; with several, such a request gets 400.
+    default_model: str = ""
     max_body_bytes: int = 4 * 1024 * 1024
     # How long in-flight streams may run on after SIGTERM before they are cancelled.
     shutdown_timeout: float = 30.0
@@ -67,6 +70,12 @@ class GatewayConfig:
             'must be 1..512 or "auto"',
         )
         _check(len(self.models) > 0, "models", self.models, "must list at least one model id")
+        _check(
+            not self.default_model or self.default_model in self.models,
+            "default_model",
+            self.default_model,
+            f"must be one of [gateway].models {list(self.models)}",
+        )
         _check(
             self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "must be >= 1024"
         )

@@ -9,16 +9,19 @@ What cannot be continued that way is excluded up front (the stream is relayed as
 several choices, logprobs (the new unit would score a different prefix), tool calls and
 structured output (the grammar's state and the tool-call parser live in the first unit; a
 continuation would start the grammar over at the generated prefix), presence and frequency
-penalties (they count generated tokens, which the continuation sees as prompt), echo and
-suffix. Only the sampling fields a completion understands travel to the continuation: a
-chat-only field could be refused by the completions endpoint mid-answer.
+penalties (they count generated tokens, which the continuation sees as prompt), echo,
+suffix and prompt embeddings. The gateway does not validate these fields (the unit does), so
+what a continuation would read must be plain: a stream whose `n` or output budget is anything
+but an integer (or null) is relayed without resumption. Only the sampling fields a completion
+understands travel to the continuation: a chat-only field could be refused by the completions
+endpoint mid-answer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.proxy.jsonbody import dumps
+from gateway.proxy.jsonbody import dumps, first_member, loads_exact
 
 # Fields whose presence (with a truthy value) rules resumption out; see the module docstring.
 _EXCLUDED = (
@@ -37,6 +40,7 @@ _EXCLUDED = (
     "structured_outputs",
     "presence_penalty",
     "frequency_penalty",
+    "prompt_embeds",
 )
 
 # Sampling fields copied to the continuation unchanged (`min_tokens` is adjusted).
@@ -68,7 +72,9 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 def resumable(data: dict[str, Any], chat: bool) -> bool:
     """True when a broken stream of this request can be continued token-exactly."""
-    if not data.get("stream") or data.get("n") not in (None, 1):  # null: OpenAI's default, 1
+    if data.get("stream") is not True or data.get("n") not in (None, 1):  # null: n = 1
+        return False
+    if not all(_plain_int(data.get(name)) for name in ("n", *_BUDGET)):
         return False
     if any(data.get(name) for name in _EXCLUDED):
         return False
@@ -85,12 +91,48 @@ def with_token_ids(data: dict[str, Any]) -> bytes:
     return dumps({**data, "return_token_ids": True})
 
 
+def asking_token_ids(body: bytes, data: dict[str, Any]) -> bytes:
+    """`with_token_ids` of the client's own bytes (`data` parsed from them): the member spliced
+    in, the rest byte for byte; rewritten only if the client set it to anything but true."""
+    if "return_token_ids" not in data:
+        return first_member(body, b'"return_token_ids":true')
+    if data["return_token_ids"] is True:
+        return body
+    exact = loads_exact(body)
+    assert isinstance(exact, dict)  # intake only lets JSON objects through
+    return with_token_ids(exact)
+
+
+def _plain_int(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
 def carried(data: dict[str, Any]) -> dict[str, Any]:
     """What a continuation takes from the client's request: its sampling fields and output
     budget. A resumable stream keeps this, not the request: the messages or prompt (most of
     a request) travel as the leader's prompt ids, so keeping them would double a long
     prompt's memory for the stream's whole life."""
     return {name: data[name] for name in (*_SAMPLING, *_BUDGET) if name in data}
+
+
+def carried_exactly(body: bytes, data: dict[str, Any]) -> dict[str, Any]:
+    """`carried(data)`, read again from `body` if orjson made an integer beyond 64 bits of
+    one of its fields a float (the continuation sends the client's integer, not a float)."""
+    kept = carried(data)
+    if not _lost_integer(kept):
+        return kept
+    exact = loads_exact(body)
+    assert isinstance(exact, dict)  # intake only lets JSON objects through
+    return carried(exact)
+
+
+def _lost_integer(value: Any, depth: int = 2) -> bool:
+    """A float that was an integer beyond 64 bits in `value` or its items (down to `depth`:
+    the carried fields hold numbers or arrays and objects of them)."""
+    if isinstance(value, float):
+        return value.is_integer() and abs(value) >= 2**63
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return depth > 0 and any(_lost_integer(v, depth - 1) for v in items)
 
 
 def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:

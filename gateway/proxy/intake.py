@@ -1,8 +1,11 @@
 """Intake, the request path's first phase: read the body, validate it, decide how to route it.
 
-Every way a request can be wrong is found here, before any unit is involved, and raised as an
-InvalidRequest the handler turns into the client's 4xx. A valid request leaves with what the
-later phases need on its call: the routing key, and the tracker if its stream can be resumed.
+What the gateway itself must refuse is found here, before any unit is involved, and raised as
+an InvalidRequest the handler turns into the client's 4xx: a body too large or too slow, not
+JSON (by its content type too, as vLLM refuses it), a model it does not serve, a bad `stream`
+flag (validation.py). The rest of the body is the unit's to judge. A valid request leaves with
+what the later phases need on its call: the routing key, the body to send (the client's own
+bytes, naming the model it was routed to), and the tracker if its stream can be resumed.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from gateway.auth.caller import Caller
 from gateway.config import Config
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
-from gateway.proxy.continuation import carried, resumable, with_token_ids
+from gateway.proxy.continuation import asking_token_ids, carried_exactly, resumable
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.mediatype import require_json
+from gateway.proxy.names import with_model
 from gateway.proxy.priority import ask_of, refuse_own_priority
 from gateway.proxy.tracker import StreamTracker
-from gateway.proxy.validation import RequestInfo, parse_body
+from gateway.proxy.validation import RequestInfo, Served, parse_body
 from gateway.routing.admission import one_class
 from gateway.routing.affinity import affinity_key
 
-Validator = Callable[[dict[str, Any], frozenset[str], int], RequestInfo]
+Validator = Callable[[dict[str, Any], Served, int], RequestInfo]
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -60,7 +65,7 @@ def request_id(headers: Mapping[str, str]) -> str:
 class Intake:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.models = frozenset(config.gateway.models)
+        self.served = Served.of(config.gateway.models, config.gateway.default_model)
         self.priority = config.priority  # None: no classes, every request `standard`
         a = config.admission
         self.classes = config.priority or one_class(a.queue_size, a.queue_timeout)
@@ -72,8 +77,12 @@ class Intake:
         its size by `[gateway].max_body_bytes` (413)."""
         limit, total = self.config.gateway.max_body_bytes, self.config.timeouts.total
         body = await request.body(limit, total)
+        require_json(request.headers)
         data = parse_body(body)
-        info = validate(data, self.models, self.config.routing.prefix_chars)
+        info = validate(data, self.served, self.config.routing.prefix_chars)
+        if data.get("model") != info.model:  # left out: the unit gets the routed model's name
+            body = with_model(body, data, info.model)
+            data["model"] = info.model
         if self.priority is not None:
             refuse_own_priority(data)
         caller = call.caller
@@ -85,9 +94,16 @@ class Intake:
             call.unit_priority = self.priority.get(ask.klass).unit_priority
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
+        self.accept(call, info, key, body, data)
+
+    def accept(
+        self, call: Call, info: RequestInfo, key: int | None, body: bytes, data: dict[str, Any]
+    ) -> None:
+        """The request is valid: with its stream tracked if it can be resumed."""
         if self.config.resume.enabled and call.path in RESUMABLE and resumable(data, call.chat):
             tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
-            call.accept(info, key, tracker, with_token_ids(data), carried(data))
+            send = asking_token_ids(body, data)
+            call.accept(info, key, tracker, send, carried_exactly(body, data))
         else:
             call.accept(info, key, None, body, {})
 

@@ -6,23 +6,37 @@ have every `"model":"<served>"` turned back into the public id (`Renamer`) befor
 else reads them, so the client, the tracker and a continuation on another unit all see one
 name. Only the JSON member is rewritten, never text: a model's name inside generated text is
 escaped (`\\"model\\"`) and does not match.
+
+A request that named no model gets the public id it is routed to (`with_model`), for every unit.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from gateway.errors import InvalidRequest
-from gateway.proxy.jsonbody import dumps
+from gateway.proxy.jsonbody import dumps, first_member, loads_exact
 
 
 def for_unit(body: bytes, served: str) -> bytes:
     """The request body with its `model` set to the unit's own name for it."""
-    data = orjson.loads(body)
+    data = loads_exact(body)
     if not isinstance(data, dict):  # intake only lets JSON objects through
         raise InvalidRequest("request body must be a JSON object")
     data["model"] = served
     return dumps(data)
+
+
+def with_model(body: bytes, data: dict[str, Any], model: str) -> bytes:
+    """A body that did not name its model (`data`, parsed from it), naming `model`, the one
+    the gateway routes it to: this project's engine needs the name, and a vLLM serving
+    adapters beside its base model would otherwise answer from the base model. Spliced in
+    when `model` is absent; a null or "" is replaced."""
+    if "model" in data:
+        return for_unit(body, model)
+    return first_member(body, b'"model":' + orjson.dumps(model))
 
 
 class Renamer:

@@ -1,21 +1,24 @@
-"""Request validation: malformed requests are answered 4xx here and never reach a unit.
+"""Request validation: only what the gateway itself reads is checked here.
 
-The checks cover what would make a unit fail or misbehave (types, required fields, ranges),
-not every OpenAI parameter: unknown fields are passed through for the engine to judge. The body
-is forwarded as received; parsing here only decides and extracts the routing keys.
+The gateway reads a body for the model it routes by, the `stream` flag, the session and prompt
+prefix affinity keys are made of, and what resumption and admission read (their own checks:
+continuation.py, priority.py). Every other field, and whether the request makes sense, is the
+unit's to judge: a stock vLLM's own 400s come back byte for byte, and this project's engine
+refuses by name what it does not honour. So a unit gets whatever it would accept directly. The
+body is forwarded as received (intake.py splices in a model the client left out); parsing here
+only decides and extracts the routing keys.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from gateway.errors import InvalidRequest
-
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+from gateway.proxy.jsonbody import dumps
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +29,21 @@ class RequestInfo:
     stream: bool
     user: str | None
     prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The models the gateway serves, and the one a request without `model` goes to (None:
+    a request must name its model)."""
+
+    names: frozenset[str]
+    default: str | None = None
+
+    @classmethod
+    def of(cls, models: Sequence[str], default: str = "") -> Served:
+        """`[gateway].models` and `default_model`: the default, else the only model."""
+        only = models[0] if len(models) == 1 else None
+        return cls(frozenset(models), default or only)
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -42,97 +60,68 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def validate_chat(data: dict[str, Any], models: frozenset[str], prefix_chars: int) -> RequestInfo:
-    model, stream, user = common(data, models)
-    messages = _required(data, "messages", list, "an array")
-    if not messages:
-        raise InvalidRequest("'messages' must not be empty", param="messages")
-    for i, message in enumerate(messages):
-        _check_message(message, f"messages[{i}]")
-    return RequestInfo(model, stream, user, prefix_of_messages(messages, prefix_chars))
+def validate_chat(data: dict[str, Any], served: Served, prefix_chars: int) -> RequestInfo:
+    model, stream, user = common(data, served)
+    return RequestInfo(model, stream, user, prefix_of_messages(data.get("messages"), prefix_chars))
 
 
-def validate_completion(
-    data: dict[str, Any], models: frozenset[str], prefix_chars: int
-) -> RequestInfo:
-    model, stream, user = common(data, models)
-    prompt = data.get("prompt")
-    if prompt is None:
-        raise InvalidRequest("missing required parameter 'prompt'", param="prompt")
-    if not _valid_prompt(prompt):
-        raise InvalidRequest(
-            "'prompt' must be a string, an array of strings, an array of token ids or an array "
-            "of token id arrays, and not empty",
-            param="prompt",
-        )
-    # Arrays are keyed by their JSON text's first characters. A byte slice can end inside a
-    # multi-byte character; the first `prefix_chars` characters fit in 4 bytes each, so only a
-    # cut character past them is dropped.
-    prefix = (
-        prompt[:prefix_chars]
-        if isinstance(prompt, str)
-        else orjson.dumps(prompt)[: 4 * prefix_chars].decode("utf-8", "ignore")[:prefix_chars]
-    )
-    return RequestInfo(model, stream, user, prefix)
+def validate_completion(data: dict[str, Any], served: Served, prefix_chars: int) -> RequestInfo:
+    model, stream, user = common(data, served)
+    prompt = data.get("prompt")  # none with `prompt_embeds`
+    return RequestInfo(model, stream, user, text_prefix(prompt, prefix_chars))
 
 
 def common(
-    data: dict[str, Any],
-    models: frozenset[str],
-    budgets: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "n"),
+    data: dict[str, Any], served: Served, *, model_required: bool = False
 ) -> tuple[str, bool, str | None]:
-    """The fields every routed API shares: model (served here), stream, sampling, user;
-    `budgets` are the integer fields that must be >= 1."""
-    model = _required(data, "model", str, "a string")
-    if model not in models:
+    """What every routed API shares: the model (served here), the stream flag, the user."""
+    model = model_of(data, served, model_required)
+    stream = data.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest(f"'stream' must be a boolean, got {_kind(stream)}", param="stream")
+    return model, bool(stream), user_of(data)
+
+
+def model_of(data: dict[str, Any], served: Served, required: bool = False) -> str:
+    """The model to route by. Left out (or null, or "", which vLLM reads as left out) where
+    the API allows it: `served.default`."""
+    model = data.get("model")
+    if model is None or model == "":
+        if required or served.default is None:
+            raise InvalidRequest(
+                f"missing required parameter 'model'; served models: {sorted(served.names)}",
+                param="model",
+            )
+        return served.default
+    if not isinstance(model, str):
+        raise InvalidRequest(f"'model' must be a string, got {_kind(model)}", param="model")
+    if model not in served.names:
         raise InvalidRequest(
-            f"The model '{model}' does not exist; served models: {sorted(models)}",
+            f"The model '{model}' does not exist; served models: {sorted(served.names)}",
             status=404,
             code="model_not_found",
             param="model",
         )
-    stream = _optional(data, "stream", bool, "a boolean")
-    _optional(data, "stream_options", dict, "an object")
-    for name in budgets:
-        value = _optional(data, name, int, "an integer")
-        if value is not None and value < 1:
-            raise InvalidRequest(f"'{name}' must be >= 1, got {value}", param=name)
-    _number_in(data, "temperature", 0.0, 2.0)
-    _number_in(data, "top_p", 0.0, 1.0)
-    _optional(data, "seed", int, "an integer")
-    stop = data.get("stop")
-    if stop is not None and not (isinstance(stop, str) or _list_of(stop, str)):
-        raise InvalidRequest("'stop' must be a string or an array of strings", param="stop")
-    user = _optional(data, "user", str, "a string")
-    return model, bool(stream), user
+    return model
 
 
-def _check_message(message: Any, where: str) -> None:
-    if not isinstance(message, dict):
-        raise InvalidRequest(f"'{where}' must be an object, got {_kind(message)}", param=where)
-    role = message.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidRequest(
-            f"'{where}.role' must be one of {sorted(ROLES)}", param=f"{where}.role"
-        )
-    content = message.get("content")
-    if content is not None and not isinstance(content, str | list):
-        raise InvalidRequest(
-            f"'{where}.content' must be a string or an array of parts, got {_kind(content)}",
-            param=f"{where}.content",
-        )
-    if content is None and role in ("system", "developer", "user"):
-        raise InvalidRequest(
-            f"'{where}.content' is required for role '{role}'", param=f"{where}.content"
-        )
+def user_of(data: dict[str, Any]) -> str | None:
+    """The `user` field when it can key a session (else the unit judges it)."""
+    user = data.get("user")
+    return user if isinstance(user, str) else None
 
 
-def prefix_of_messages(messages: list[dict[str, Any]], limit: int) -> str:
+def prefix_of_messages(messages: Any, limit: int) -> str:
+    """The first `limit` characters of the messages' contents (a part array as its JSON)."""
+    if not isinstance(messages, list):
+        return ""
     parts: list[str] = []
     size = 0
     for message in messages:
+        if not isinstance(message, dict):
+            continue  # the unit's to refuse
         content = message.get("content")
-        text = content if isinstance(content, str) else orjson.dumps(content).decode()
+        text = content if isinstance(content, str) else json_prefix(content, limit)
         parts.append(text)
         size += len(text)
         if size >= limit:
@@ -140,48 +129,29 @@ def prefix_of_messages(messages: list[dict[str, Any]], limit: int) -> str:
     return "\x1e".join(parts)[:limit]
 
 
-def _valid_prompt(prompt: Any) -> bool:
-    if isinstance(prompt, str):
-        return True
-    if not isinstance(prompt, list) or not prompt:
-        return False
-    return _list_of(prompt, str) or _token_ids(prompt) or all(_token_ids(p) and p for p in prompt)
+def text_prefix(value: Any, limit: int) -> str:
+    """The first `limit` characters of a prompt or input: a string's own, else its JSON's
+    ("" for none)."""
+    if isinstance(value, str):
+        return value[:limit]
+    return "" if value is None else json_prefix(value, limit)
 
 
-def _token_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
-    )
+def json_prefix(value: Any, limit: int) -> str:
+    """The first `limit` characters of `value`'s JSON text. A byte slice can end inside a
+    multi-byte character; the first `limit` characters fit in 4 bytes each, so only a cut
+    character past them is dropped."""
+    return _json_text(value)[: 4 * limit].decode("utf-8", "ignore")[:limit]
 
 
-def _list_of(value: Any, kind: type) -> bool:
-    return isinstance(value, list) and all(isinstance(v, kind) for v in value)
-
-
-def _required(data: dict[str, Any], name: str, kind: type, what: str) -> Any:
-    if name not in data or data[name] is None:
-        raise InvalidRequest(f"missing required parameter '{name}'", param=name)
-    return _optional(data, name, kind, what)
-
-
-def _optional(data: dict[str, Any], name: str, kind: type, what: str) -> Any:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise InvalidRequest(f"'{name}' must be {what}, got {_kind(value)}", param=name)
-    return value
-
-
-def _number_in(data: dict[str, Any], name: str, low: float, high: float) -> None:
-    value = data.get(name)
-    if value is None:
-        return
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not low <= value <= high:
-        raise InvalidRequest(
-            f"'{name}' must be a number in [{low:g}, {high:g}], got {value!r}", param=name
-        )
+def _json_text(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, or nesting past 254
+        try:
+            return dumps(value)
+        except RecursionError:  # too deep for any writer: no prefix, no key
+            return b""
 
 
 def _kind(value: Any) -> str:

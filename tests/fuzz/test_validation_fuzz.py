@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from gateway.errors import InvalidRequest
 from gateway.proxy.validation import (
     RequestInfo,
+    Served,
     parse_body,
     validate_chat,
     validate_completion,
@@ -23,7 +24,7 @@ from gateway.proxy.validation import (
 from tests.fuzz.strategies import FUZZ, JSON, hostile_body, mutated_chat, nested, valid_chat
 from tests.support import MODEL
 
-MODELS = frozenset({MODEL})
+MODELS = Served.of([MODEL])
 PREFIX = 256
 VALIDATORS = [validate_chat, validate_completion]
 

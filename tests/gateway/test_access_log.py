@@ -77,7 +77,7 @@ async def test_every_request_gets_one_access_line_with_its_fields(
     async with running(config) as gw, aiohttp.ClientSession() as http:
         streamed = await post(http, gw, "acc-stream", chat_body(max_tokens=5, **usage))
         whole = await post(http, gw, "acc-whole", chat_body(stream=False, max_tokens=3))
-        bad = await post(http, gw, "acc-bad", {"model": MODEL, "messages": "not a list"})
+        bad = await post(http, gw, "acc-bad", {"model": 7, "messages": []})  # the gateway's 400
     assert (streamed[0], whole[0], bad[0]) == (200, 200, 400)
     lines = access_lines(caplog)
     assert set(lines) == {"acc-stream", "acc-whole", "acc-bad"}  # one line each

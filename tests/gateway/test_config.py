@@ -44,6 +44,10 @@ def test_ints_accepted_for_floats() -> None:
         ({"timeouts": {"first_byte": -1}}, "[timeouts].first_byte must be a positive number"),
         ({"routing": {"affinity": "sticky"}}, "[routing].affinity must be one of"),
         ({"gateway": {"front": "nginx"}}, "[gateway].front must be one of"),
+        (
+            {"gateway": {"models": ["a", "b"], "default_model": "c"}},
+            "[gateway].default_model must be one of [gateway].models ['a', 'b'], got 'c'",
+        ),
         ({"retry": {"budget_ratio": 2}}, "[retry].budget_ratio must be 0..1"),
         ({"units": [{"id": "u0"}]}, "missing required key [units][0].leader"),
         (

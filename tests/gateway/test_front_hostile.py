@@ -20,6 +20,7 @@ from tests.gateway.front_support import Recorder, chat_bytes, gateway, recording
 
 CRLF = "\r\n"
 ECHO = "echo-me"  # an x-request-id the gateway echoes, read exactly as aiohttp reads it
+JSON = "Content-Type: application/json"  # else the gateway refuses the body, as vLLM does
 
 
 class Case:
@@ -38,12 +39,13 @@ def _body(name: str) -> bytes:
 def _smuggled(name: str) -> tuple[bytes, bytes]:
     """A whole second request hidden where a body is, and its own body."""
     body = chat_bytes(f"smuggled {name}")
-    head = f"POST {CHAT_PATH} HTTP/1.1{CRLF}Host: x{CRLF}Content-Length: {len(body)}{CRLF}{CRLF}"
+    head = f"POST {CHAT_PATH} HTTP/1.1{CRLF}Host: x{CRLF}{JSON}{CRLF}"
+    head += f"Content-Length: {len(body)}{CRLF}{CRLF}"
     return head.encode() + body, body
 
 
 def _head(*fields: str, line: str = f"POST {CHAT_PATH} HTTP/1.1", eol: str = CRLF) -> str:
-    return eol.join([line, "Host: x", *fields]) + eol + eol
+    return eol.join([line, "Host: x", JSON, *fields]) + eol + eol
 
 
 def _chunked(data: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""Request validation: each malformed input gets a precise 4xx."""
+"""Request validation: what the gateway reads gets a precise 4xx; the rest is the unit's."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.proxy.validation import parse_body, validate_chat, validate_completion
+from gateway.proxy.apis import validate_embeddings, validate_messages, validate_responses
+from gateway.proxy.validation import Served, parse_body, validate_chat, validate_completion
 
-MODELS = frozenset({"m"})
+MODELS = Served.of(["m"])
+SEVERAL = Served.of(["m", "n"])
 
 
 def chat(**over: Any) -> dict[str, Any]:
@@ -45,37 +47,63 @@ def test_unparseable_bodies(raw: bytes, needle: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "param", "status"),
+    ("body", "served", "param", "status"),
     [
-        ({"messages": [{"role": "user", "content": "x"}]}, "model", 400),
-        (chat(model=3), "model", 400),
-        (chat(model="other"), "model", 404),
-        ({"model": "m"}, "messages", 400),
-        (chat(messages="hi"), "messages", 400),
-        (chat(messages=[]), "messages", 400),
-        (chat(messages=[1]), "messages[0]", 400),
-        (chat(messages=[{"role": "robot", "content": "x"}]), "messages[0].role", 400),
-        (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content", 400),
-        (chat(messages=[{"role": "user"}]), "messages[0].content", 400),
-        (chat(stream="yes"), "stream", 400),
-        (chat(max_tokens=0), "max_tokens", 400),
-        (chat(max_tokens=True), "max_tokens", 400),
-        (chat(max_tokens=1.5), "max_tokens", 400),
-        (chat(temperature=3), "temperature", 400),
-        (chat(temperature="hot"), "temperature", 400),
-        (chat(top_p=-0.1), "top_p", 400),
-        (chat(stop=[1]), "stop", 400),
-        (chat(user=7), "user", 400),
-        (chat(stream_options=[]), "stream_options", 400),
+        ({"messages": [{"role": "user", "content": "x"}]}, SEVERAL, "model", 400),
+        (chat(model=None), SEVERAL, "model", 400),
+        (chat(model=3), MODELS, "model", 400),
+        (chat(model="other"), MODELS, "model", 404),
+        (chat(stream="yes"), MODELS, "stream", 400),
     ],
 )
-def test_chat_rejections(body: dict[str, Any], param: str, status: int) -> None:
+def test_chat_rejections(body: dict[str, Any], served: Served, param: str, status: int) -> None:
     with pytest.raises(InvalidRequest) as err:
-        validate_chat(body, MODELS, 256)
+        validate_chat(body, served, 256)
     assert err.value.param == param
     assert err.value.status == status
     payload = orjson.loads(err.value.body())
     assert payload["error"]["param"] == param and payload["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat(messages=[{"role": "my-custom-role", "content": "x"}]),
+        chat(messages=[{"role": "user", "content": 5}], max_tokens=0, temperature=3),
+        chat(messages=[1, {"role": "user"}], stop=[1], user=7, stream_options=[]),
+        chat(messages="hi", seed=-(2**63) - 1, max_tokens=1.5, n=True, top_p=-0.1),
+        {"model": "m"},
+    ],
+)
+def test_what_the_gateway_does_not_read_is_the_units(body: dict[str, Any]) -> None:
+    """vLLM renders any role its chat template knows and judges its own fields: the gateway
+    routes these (their units answer for them)."""
+    info = validate_chat(body, MODELS, 256)
+    assert info.model == "m" and info.user is None
+
+
+@pytest.mark.parametrize("model", [None, ""])
+def test_a_left_out_model_is_the_default(model: str | None) -> None:
+    """vLLM reads null and "" as left out too."""
+    body = {"prompt": "x"} if model is None else {"model": model, "prompt": "x"}
+    assert validate_completion(body, MODELS, 8).model == "m"
+    assert validate_completion(body, Served.of(["m", "n"], "n"), 8).model == "n"
+    assert validate_responses({**body, "input": "x"}, MODELS, 8).model == "m"
+    assert validate_embeddings({**body, "input": "x"}, MODELS, 8).model == "m"
+
+
+def test_anthropics_messages_name_their_model() -> None:
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(InvalidRequest) as err:
+        validate_messages(body, MODELS, 8)
+    assert (err.value.param, err.value.status) == ("model", 400)
+    assert validate_messages({**body, "model": "m"}, MODELS, 8).model == "m"
+
+
+def test_the_default_of_one_model_is_that_model() -> None:
+    assert Served.of(["m"]) == Served(frozenset({"m"}), "m")
+    assert Served.of(["m", "n"]).default is None
+    assert Served.of(["m", "n"], "n").default == "n"
 
 
 def test_assistant_without_content_is_fine() -> None:
@@ -92,8 +120,19 @@ def test_valid_prompts(prompt: Any) -> None:
     assert info.model == "m" and len(info.prefix) <= 8
 
 
-@pytest.mark.parametrize("prompt", [None, [], 5, [1, "a"], [[1], []], [-1], {"a": 1}, [True]])
-def test_invalid_prompts(prompt: Any) -> None:
-    with pytest.raises(InvalidRequest) as err:
-        validate_completion({"model": "m", "prompt": prompt}, MODELS, 8)
-    assert err.value.param == "prompt"
+@pytest.mark.parametrize(
+    ("prompt", "prefix"),
+    [
+        (None, ""),
+        ([], "[]"),
+        (5, "5"),
+        ([[1], []], "[[1],[]]"),
+        ([2**64], "[1844674"),
+        ([-1], "[-1]"),
+    ],
+)
+def test_any_prompt_is_the_units_to_judge(prompt: Any, prefix: str) -> None:
+    """A completion may have no prompt (`prompt_embeds`); an integer beyond 64 bits keys its
+    prefix as it is spelled."""
+    body = {"model": "m", "prompt_embeds": "AAAA"} if prompt is None else {"prompt": prompt}
+    assert validate_completion(body, MODELS, 8).prefix == prefix
