@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.up.ports import free_ports
+from loadtest.bench.health.real import moved_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/quickstart.md")
@@ -109,12 +109,7 @@ class Demo:
 
 def demo_config(tmp: Path) -> dict[int, int]:
     """config.toml with every 127.0.0.1 port and the listeners' `port =` moved to free ports."""
-    text = (ROOT / "config.toml").read_text(encoding="utf-8")
-    listed = {int(p) for p in DEMO_PORT.findall(text)}
-    listed |= {int(p) for p in re.findall(r"^port = (\d+)", text, re.MULTILINE)}
-    ports = dict(zip(sorted(listed), free_ports(len(listed)), strict=True))
-    text = DEMO_PORT.sub(lambda m: f"127.0.0.1:{ports[int(m[1])]}", text)
-    text = re.sub(r"^port = (\d+)", lambda m: f"port = {ports[int(m[1])]}", text, flags=re.M)
+    text, ports = moved_ports((ROOT / "config.toml").read_text(encoding="utf-8"))
     (tmp / "config.toml").write_text(text, encoding="utf-8")
     return ports
 

@@ -14,10 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_port_of_the_config_moves_and_the_same_port_moves_the_same_way() -> None:
     text = (ROOT / "config.toml").read_text()
-    moved = moved_ports(text)
+    moved, ports = moved_ports(text)
     before = set(re.findall(r"127\.0\.0\.1:(\d+)", text))
     after = set(re.findall(r"127\.0\.0\.1:(\d+)", moved))
     assert before and not before & after and len(after) == len(before)
+    assert {str(p) for p in ports.values()} >= after and set(map(str, ports)) >= before
     assert "redis://127.0.0.1:" in moved  # moved too: no redis runs for a single gateway
     url, metrics, follower = _ports(moved)
     assert url != metrics and f"127.0.0.1:{follower}" in moved

@@ -67,18 +67,19 @@ class RealTrials:
         return asdict(self) | {"summary": self.summary()}
 
 
-def moved_ports(text: str) -> str:
-    """config.toml with every port it names moved to a free one (the same port to the same)."""
-    mapping: dict[str, str] = {}
+def moved_ports(text: str) -> tuple[str, dict[int, int]]:
+    """config.toml with every 127.0.0.1 port and the listeners' `port =` moved to a free one
+    (the same port to the same), and the ports moved (old -> new)."""
+    mapping: dict[int, int] = {}
 
     def move(match: re.Match[str]) -> str:
-        old = match.group(2)
+        old = int(match.group(2))
         if old not in mapping:
-            mapping[old] = str(free_port())
-        return match.group(1) + mapping[old]
+            mapping[old] = free_port()
+        return f"{match.group(1)}{mapping[old]}"
 
     text = re.sub(r"(127\.0\.0\.1:)(\d+)", move, text)
-    return re.sub(r"(?m)^(port = )(\d+)", move, text)
+    return re.sub(r"(?m)^(port = )(\d+)", move, text), mapping
 
 
 def pid_listening(port: int) -> int:
@@ -171,7 +172,7 @@ def run(
 ) -> RealTrials:
     """`trials` runs of each fault. A kill makes `up` restart u0 whole, after a delay that
     doubles with each restart up to 30 s (engine/up/backoff.py): kills take the most time."""
-    text = moved_ports(source.read_text())
+    text, _ = moved_ports(source.read_text())
     config = tmp / "config.toml"
     config.write_text(text)
     url, metrics, follower_port = _ports(text)
