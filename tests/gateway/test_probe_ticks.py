@@ -18,6 +18,8 @@ from gateway.units import UnitRegistry
 from tests.gateway.prober_support import MODEL, Node, served
 from tests.gateway.servers import until
 
+CLOCK_S = 0.001  # uvloop's timer resolution
+
 # -- the plan --------------------------------------------------------------------------------
 
 
@@ -107,7 +109,10 @@ async def test_rounds_whose_windows_overlap_wake_on_one_timer() -> None:
     assert len(ticks) == 1  # b joined a's tick
     await asyncio.wait_for(asyncio.gather(a, b), 2.0)
     assert ticks.fired == 1 and ticks.woken == 2 and len(ticks) == 0
-    assert woke["a"] >= t + 0.03 and woke["b"] >= t + 0.03
+    # Not before the shared tick's time (0.03 s). uvloop runs its timers on libuv's
+    # whole-millisecond clock, so one may fire up to a millisecond before a float deadline
+    # (CI saw one wake less than half a millisecond early); that much is allowed.
+    assert min(woke.values()) >= t + 0.03 - CLOCK_S
 
 
 async def test_a_full_tick_makes_the_next_round_plan_its_own() -> None:
