@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -14,13 +13,8 @@ from gateway import cors
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.observability.metrics import Metrics
-from gateway.paths import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    EMBEDDINGS_PATH,
-    MESSAGES_PATH,
-    RESPONSES_PATH,
-)
+from gateway.paths import RESPONSES_PATH, TOKENIZER_INFO_PATH
+from gateway.proxy.cards import UnitCards
 from gateway.proxy.handler import ProxyHandler, Route
 from gateway.status.page import StatusPage
 from gateway.units import UnitRegistry
@@ -34,42 +28,37 @@ def public_app(
     # No middleware of its own (see _json_fallbacks); CORS, when on, adds one.
     app = web.Application(client_max_size=config.gateway.max_body_bytes)
     cors.install(app, config.gateway.cors_origins)
-    created = int(time.time())
-    models_body = orjson.dumps(
-        {
-            "object": "list",
-            "data": [
-                {"id": m, "object": "model", "created": created, "owned_by": "unitgate"}
-                for m in config.gateway.models
-            ],
-        }
-    )
+    cards = UnitCards(config, units, proxy.dispatcher.upstream)
 
     async def models(_: web.Request) -> web.Response:
-        return web.Response(body=models_body, content_type="application/json")
-
-    model_bodies = {
-        m: orjson.dumps({"id": m, "object": "model", "created": created, "owned_by": "unitgate"})
-        for m in config.gateway.models
-    }
+        return _json(200, {"object": "list", "data": await cards.listed()})
 
     async def model(request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        body = model_bodies.get(name)
-        if body is None:
+        if name not in config.gateway.models:
             message = f"The model '{name}' does not exist"
             return InvalidRequest(message, status=404, code="model_not_found").response()
-        return web.Response(body=body, content_type="application/json")
+        await cards.listed()
+        return _json(200, cards.card(name))
+
+    async def version(_: web.Request) -> web.Response:
+        return _json(200, await cards.version())
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
 
-    async def readyz(_: web.Request) -> web.Response:
+    def unready() -> str | None:
         if draining():
-            return _json(503, {"status": "draining"})
-        if not units.any_routable():
-            return _json(503, {"status": "no routable unit"})
-        return _json(200, {"status": "ready"})
+            return "draining"
+        return None if units.any_routable() else "no routable unit"
+
+    async def readyz(_: web.Request) -> web.Response:
+        why = unready()
+        return _json(503, {"status": why}) if why else _json(200, {"status": "ready"})
+
+    async def health(_: web.Request) -> web.Response:
+        """vLLM's `/health` (and SageMaker's `/ping`): /readyz's verdict, vLLM's empty body."""
+        return web.Response(status=503 if unready() else 200)
 
     for path, route in lean_routes(proxy).items():
         app.router.add_post(path, route)
@@ -86,23 +75,24 @@ def public_app(
 
         return checked
 
+    app.router.add_get(TOKENIZER_INFO_PATH, proxy.tokenizer_info)
+    app.router.add_get(RESPONSES_PATH + "/{id}", proxy.stored_response)
+    app.router.add_post(RESPONSES_PATH + "/{id}/cancel", proxy.cancel_response)
     app.router.add_get("/v1/models", keyed(models))
     app.router.add_get("/v1/models/{model:.+}", keyed(model))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version)
     _json_fallbacks(app)
     return app
 
 
 def lean_routes(proxy: ProxyHandler) -> dict[str, Route]:
     """The proxy's routes (POST): what the lean front serves itself (gateway/front)."""
-    return {
-        CHAT_PATH: proxy.chat_completions,
-        COMPLETIONS_PATH: proxy.completions,
-        RESPONSES_PATH: proxy.responses,
-        MESSAGES_PATH: proxy.messages,
-        EMBEDDINGS_PATH: proxy.embeddings,
-    }
+    return proxy.posts
 
 
 def _json_fallbacks(app: web.Application) -> None:

@@ -3,7 +3,8 @@
 A leaf module (no imports) so the registry, the request path and the apps share one table.
 The builtin engine (kind "unitgate") serves chat and completions; the vLLM backend's leaders,
 a stock vLLM and an OpenAI-compatible server are sent every routed API (one that lacks it
-answers 404 itself).
+answers 404 itself). Every POST route here takes a JSON body naming its model (or the default
+model); `/tokenizer_info` and a stored response's routes (stored.py) take none.
 """
 
 from __future__ import annotations
@@ -13,9 +14,33 @@ COMPLETIONS_PATH = "/v1/completions"
 RESPONSES_PATH = "/v1/responses"
 MESSAGES_PATH = "/v1/messages"
 EMBEDDINGS_PATH = "/v1/embeddings"
+TOKENIZER_INFO_PATH = "/tokenizer_info"
+# vLLM's other POST routes, each routed like the APIs above (its model from its body).
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # Anthropic's: its model is required
+TOKENS = ("/tokenize", "/detokenize")
+BATCH = ("/v1/chat/completions/batch", "/invocations")  # /invocations: SageMaker's entry
+POOLING = (
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v2/embed",
+)
 # The APIs whose streams can be resumed token-exactly (proxy/continuation.py).
 RESUMABLE = frozenset({CHAT_PATH, COMPLETIONS_PATH})
-ROUTED = RESUMABLE | {RESPONSES_PATH, MESSAGES_PATH, EMBEDDINGS_PATH}
+ROUTED = RESUMABLE | {
+    RESPONSES_PATH,
+    MESSAGES_PATH,
+    EMBEDDINGS_PATH,
+    TOKENIZER_INFO_PATH,
+    COUNT_TOKENS_PATH,
+    *TOKENS,
+    *BATCH,
+    *POOLING,
+}
 SERVED_BY_KIND = {"unitgate": RESUMABLE, "vllm": ROUTED, "openai": ROUTED}
 
 

@@ -9,7 +9,9 @@ from gateway.config.checks import check, positive
 
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
-    """Defaults eject a unit within 1 s of a node dying and within 2 s of one freezing."""
+    """Defaults eject a unit within 1 s of a node dying and within 2 s of one freezing (a
+    stock vLLM leader that was busy when its /metrics was last read: within 2 x its
+    `load_interval` of that read; docs/concepts.md, "A stock vLLM's own report vouches too")."""
 
     enabled: bool = True
     interval: float = 0.25  # seconds between probe rounds of one unit

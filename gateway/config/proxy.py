@@ -153,8 +153,21 @@ class RoutingConfig:
     # Weigh each unit by this gateway's own requests plus the others' its leader reported in
     # the last probe round (other replicas'), not the own ones alone.
     engine_load: bool = True
+    # Which unit holds which stored response (proxy/stored.py): at most this many ids, each
+    # kept this long after its last use (about 200 bytes an id).
+    stored_responses: int = 100_000
+    stored_response_ttl: float = 86_400.0
 
     def __post_init__(self) -> None:
+        _check(
+            self.stored_responses >= 0, "stored_responses", self.stored_responses, "must be >= 0"
+        )
+        _check(
+            self.stored_response_ttl > 0,
+            "stored_response_ttl",
+            self.stored_response_ttl,
+            "must be > 0",
+        )
         _check(
             self.affinity in AFFINITY_MODES,
             "affinity",

@@ -11,6 +11,8 @@ only problems are timeouts asks `traffic` whether the unit's live streams still 
 is slow, not dead). When the leader answered and only followers timed out, it asks for
 progress made since the round's probes went out: every token needs every node, so a follower
 is vouched for only by tokens it helped make after it fell silent, never by earlier traffic.
+A leader that reports its own engine's work (a stock vLLM's /metrics) brings that witness in
+its report; the verdict weighs it beside the traffic.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from random import Random
 from typing import Any
 
 from gateway.config import HealthConfig
-from gateway.health.kinds import node_probes
+from gateway.health.kinds import node_probes, report_window
 from gateway.health.probe import canary
 from gateway.health.result import NodeReport
 from gateway.health.states import Health
@@ -88,6 +90,7 @@ class UnitProber:
             stall_timeout=config.stall_timeout,
             state=unit.health,
             slow_grace=config.slow_grace(),
+            report_window=report_window(unit.config),
         )
         # Label lookups take a lock; do them once, not per failed probe.
         self.failures = [metrics.probe_failures.labels(unit.id, str(r)) for r in range(len(urls))]

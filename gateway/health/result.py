@@ -32,3 +32,8 @@ class NodeReport:
     # False when the kind read no new load this round (a stock vLLM's /metrics is read every
     # `load_interval`, the counts above are then the last read's): the stall check skips it.
     fresh: bool = True
+    # The engine's own report of work moving, for a leader whose probe timed out (a stock
+    # vLLM's /metrics): the loop time its latest report was asked for, when that report showed
+    # requests running or waiting and progress changed since the report before; None when it
+    # did not, or there is none. Carried as read, never restamped: its age is the verdict's.
+    busy_at: float | None = None

@@ -2,10 +2,11 @@
 
 `unknown` until a probe round has judged the unit: a gateway that has not looked yet must not
 claim it can route there. `slow` is a unit whose probes time out while its live traffic keeps
-flowing: a busy leader answers `/health` late, but it serves, so it stays routable (at a lower
-weight) instead of being ejected. `unhealthy` carries whether the evidence was hard (refused,
-reset, wrong identity, 5xx, stalled, failed canary) or soft (timeouts alone): panic routing
-may send traffic to a soft-unhealthy unit, never to a hard one.
+flowing (or its leader's own fresh report shows its engine working): a busy leader answers
+`/health` late, but it serves, so it stays routable (at a lower weight) instead of being
+ejected. `unhealthy` carries whether the evidence was hard (refused, reset, wrong identity,
+5xx, stalled, failed canary) or soft (timeouts alone): panic routing may send traffic to a
+soft-unhealthy unit, never to a hard one.
 """
 
 from __future__ import annotations
@@ -28,5 +29,5 @@ class Outcome(StrEnum):
     """One probe round's class."""
 
     GOOD = "good"
-    SLOW = "slow"  # only timeouts, while the unit's traffic flows
+    SLOW = "slow"  # only timeouts, while the unit's traffic flows (or its engine works)
     BAD = "bad"

@@ -140,6 +140,15 @@ class GangVerdict:
     and the caller asks for progress since the probes went out, which a frozen follower's
     unit cannot make however recently it served. Hard evidence (and a stalled engine) ejects
     it as before.
+
+    Traffic through this gateway is not the only witness: a stock vLLM loaded by other clients
+    answers `/health` late just the same. Its leader's own report (`NodeReport.busy_at`: work
+    running or waiting, progress changed between its last two reads) vouches for it like
+    flowing traffic while the report is at most `report_window` old, measured from when it was
+    read, not from the round that carries it. A report past that, or one whose progress stood
+    still, vouches for nothing, so a frozen leader is ejected once its last report ages out;
+    and no grace: the slow weight starves the unit of this gateway's traffic, not of its
+    engine's work.
     """
 
     def __init__(
@@ -152,9 +161,11 @@ class GangVerdict:
         stall_timeout: float,
         state: Health = Health.UNKNOWN,
         slow_grace: float = 0.0,
+        report_window: float = 0.0,
     ) -> None:
         self.unit_id = unit_id
         self.slow_grace = slow_grace
+        self.report_window = report_window
         self.flowed_at: float | None = None  # when a round last found the traffic flowing
         self.labels = tuple(f"node {rank} ({_role(rank)} {url})" for rank, url in enumerate(urls))
         self.machine = HealthMachine(fall, rise, state)
@@ -191,23 +202,27 @@ class GangVerdict:
         problem = "; ".join(bad) if bad else None
         if flowing:
             self.flowed_at = now
-        vouched = flowing or (
+        traffic = flowing or (
             leader.timed_out
             and self.machine.state is Health.SLOW
             and self.flowed_at is not None
             and now - self.flowed_at <= self.slow_grace
         )
+        working = leader.timed_out and engine_working(leader, now, self.report_window)
         if problem is None:
             outcome = Outcome.GOOD
-        elif hard or not vouched:
+        elif hard or not (traffic or working):
             outcome = Outcome.BAD
         else:
             outcome = Outcome.SLOW
         if outcome is Outcome.BAD and not hard:
-            problem = f"{problem}; no live traffic on the unit to vouch for it"
-        return Round(nodes, problem, outcome, hard, self._flip(outcome, hard, problem))
+            report = leader.timed_out and self.report_window > 0  # a kind that could have said
+            witness = ", nor a fresh report of its engine working," if report else ""
+            problem = f"{problem}; no live traffic on the unit{witness} to vouch for it"
+        why = "its traffic flows" if traffic else "its engine reports work moving"
+        return Round(nodes, problem, outcome, hard, self._flip(outcome, hard, problem, why))
 
-    def _flip(self, outcome: Outcome, hard: bool, problem: str | None) -> Flip | None:
+    def _flip(self, outcome: Outcome, hard: bool, problem: str | None, why: str) -> Flip | None:
         first = not self.machine.seen
         if not self.machine.observe(outcome, hard):
             return None
@@ -219,7 +234,7 @@ class GangVerdict:
             return Flip(state, f"all {nodes} nodes ok for {self.machine.rise} rounds")
         assert problem is not None
         if state is Health.SLOW:
-            return Flip(state, f"probes time out while its traffic flows: {problem}")
+            return Flip(state, f"probes time out while {why}: {problem}")
         return Flip(state, problem, self.machine.hard)
 
     def _node_problem(self, rank: int, report: NodeReport) -> str | None:
@@ -234,6 +249,12 @@ class GangVerdict:
         if report.role != _role(rank):
             return f"reports role {report.role}, expected {_role(rank)}"
         return None
+
+
+def engine_working(leader: NodeReport, now: float, window: float) -> bool:
+    """Whether the leader's own report shows its engine working (requests running or waiting,
+    progress changed since the report before) and was read at most `window` seconds ago."""
+    return leader.busy_at is not None and now - leader.busy_at <= window
 
 
 def _role(rank: int) -> str:

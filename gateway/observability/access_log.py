@@ -52,6 +52,7 @@ def access_fields(call: Call, now: float) -> dict[str, Any]:
     info = getattr(call, "info", None)  # unset when the request was refused at intake
     return {
         "request_id": call.rid,
+        "method": call.method,
         "path": call.path,
         "model": None if info is None else info.model,
         "unit": _unit(call),

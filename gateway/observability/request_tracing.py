@@ -33,7 +33,7 @@ class TracingObserver(Observer):
         self.tracing = tracing
 
     def received(self, call: Call) -> None:
-        span = self.tracing.request_span(f"POST {call.path}", call.headers)
+        span = self.tracing.request_span(f"{call.method} {call.path}", call.headers)
         assert span is not None
         span.set_attribute("unitgate.request_id", call.rid)
         call.trace = _Trace(span)

@@ -1,5 +1,9 @@
 """Validating the APIs the gateway routes besides chat and completions.
 
+Besides the three below, vLLM's other POST routes (gateway/paths.py: tokenization, the batch
+chat, SageMaker's `/invocations`, scoring and pooling) are read by `validate_other`: the model
+(or the default one), the stream flag where the API streams, a prefix for affinity.
+
 `/v1/responses` (OpenAI's Responses API), `/v1/messages` (Anthropic's Messages API) and
 `/v1/embeddings` go to the units whose kind serves them (gateway/paths.py: a stock vLLM, an
 OpenAI-compatible server; the builtin engine serves chat and completions only). As for chat,
@@ -56,6 +60,38 @@ def validate_embeddings(data: dict[str, Any], served: Served, prefix_chars: int)
     else:
         prefix = _prefix("", given, prefix_chars)
     return RequestInfo(model, False, user_of(data), prefix)
+
+
+def validate_count_tokens(data: dict[str, Any], served: Served, prefix_chars: int) -> RequestInfo:
+    """Anthropic's token count names its model, as its Messages API does."""
+    return RequestInfo(model_of(data, served, True), False, None, _other_prefix(data, prefix_chars))
+
+
+def validate_streamable(data: dict[str, Any], served: Served, prefix_chars: int) -> RequestInfo:
+    """`/invocations` (any of vLLM's request types, by its body's shape: a chat or a
+    completion may stream) and the batch chat (whose `stream` vLLM refuses by name)."""
+    model, stream, user = common(data, served)
+    return RequestInfo(model, stream, user, _other_prefix(data, prefix_chars))
+
+
+def validate_other(data: dict[str, Any], served: Served, prefix_chars: int) -> RequestInfo:
+    """Tokenization, scoring and pooling: never streamed (a `stream` field is the unit's to
+    judge), the model optional as in vLLM."""
+    return RequestInfo(
+        model_of(data, served), False, user_of(data), _other_prefix(data, prefix_chars)
+    )
+
+
+def _other_prefix(data: dict[str, Any], limit: int) -> str:
+    messages = data.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], list):
+        messages = messages[0]  # the batch chat: a list of conversations
+    if messages is not None:
+        return prefix_of_messages(messages, limit)
+    for name in ("prompt", "input", "query", "text", "text_1", "tokens"):
+        if name in data:
+            return text_prefix(data[name], limit)
+    return ""
 
 
 def _listed(value: Any) -> list[Any]:

@@ -34,10 +34,12 @@ class Call:
         "first_byte",
         "grant",
         "headers",
+        "home",
         "info",
         "key",
         "last_error",
         "lease",
+        "method",
         "path",
         "rid",
         "send_body",
@@ -78,7 +80,10 @@ class Call:
         self.grant: Grant | None = None  # what its key's limits admitted (proxy/quota.py)
         self.tracker: StreamTracker | None = None  # a resumable stream's token bookkeeping
         # What the next attempt sends: the client's own request, or a continuation of it.
-        self.send_path = path
+        self.method = "POST"  # GET for a stored response's or the tokenizer's read
+        self.send_path = path  # the target on the unit (a stored response's id and query too)
+        # The one unit that can answer (the unit holding a stored response: stored.py).
+        self.home: UnitState | None = None
         self.send_body = b""
         # The class's `priority` for units that schedule by it (None: no [priority]).
         self.unit_priority: int | None = None

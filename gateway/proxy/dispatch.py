@@ -13,7 +13,7 @@ from random import Random
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_none
 
 from gateway.config import Config
-from gateway.errors import Overloaded, UpstreamError
+from gateway.errors import InvalidRequest, Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.names import Renamer, for_unit
@@ -48,6 +48,16 @@ class Dispatcher:
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
         """A unit (its slot held in `call.lease`) and its answer's start."""
+        path = call.send_path
+        if call.home is None and path not in RESUMABLE:
+            model = call.info.model
+            if not any(path in u.serves for u in self.units.units.values() if model in u.models):
+                raise InvalidRequest(
+                    f"no unit of model '{model}' serves {path} (the builtin engine serves chat "
+                    "and completions only)",
+                    status=404,
+                    code="not_found",
+                )
         self.budget.deposit(asyncio.get_running_loop().time())
         return await self._open(call)
 
@@ -95,8 +105,10 @@ class Dispatcher:
         self.signals.attempt_started(call, unit)
         started = asyncio.get_running_loop().time()
         served = unit.config.served_model
-        body = for_unit(call.send_body, served) if served else call.send_body
-        if call.unit_priority is not None and unit.config.takes_priority:
+        body = call.send_body
+        if served and body:  # a body-less request (a GET) names no model
+            body = for_unit(body, served)
+        if call.unit_priority is not None and unit.config.takes_priority and body:
             body = with_priority(body, call.unit_priority)
         try:
             first_byte_at = min(started + call.first_byte, call.deadline)
@@ -110,6 +122,7 @@ class Dispatcher:
                 call.traceparent,
                 unit.extra_head,
                 unit.config,
+                call.method,
             )
         except BaseException as exc:
             call.lease.drop()
@@ -131,8 +144,7 @@ class Dispatcher:
                 if call.last_error is not None:
                     raise call.last_error  # every unit tried: the last failure is the answer
                 raise Overloaded(
-                    f"no routable unit serves model '{call.info.model}'"
-                    + ("" if call.send_path in RESUMABLE else f" at {call.send_path}"),
+                    _none_routable(call),
                     status=503,
                     code="no_routable_unit",
                     retry_after=self.admission.retry_after,
@@ -151,7 +163,12 @@ class Dispatcher:
         return unit
 
     def _routable(self, call: Call) -> tuple[UnitState, ...]:
-        """The model's routable units, narrowed to those that serve the call's API."""
+        """The model's routable units, narrowed to those that serve the call's API; or the
+        call's home, the one unit that can answer it (stored.py), while it is alive (draining
+        or disabled too: its stored responses are nowhere else)."""
+        home = call.home
+        if home is not None:
+            return (home,) if home.healthy and self.units.units.get(home.id) is home else ()
         routable = self.units.routable(call.info.model)
         path = call.send_path
         if path in RESUMABLE or all(path in u.serves for u in routable):
@@ -170,6 +187,13 @@ class Dispatcher:
             return False
         self.signals.retried(exc.kind)
         return True
+
+
+def _none_routable(call: Call) -> str:
+    if call.home is not None:
+        return f"unit '{call.home.id}', the one that can answer this request, is not healthy now"
+    at = "" if call.send_path in RESUMABLE else f" at {call.send_path}"
+    return f"no routable unit serves model '{call.info.model}'{at}"
 
 
 def _failure(rs: RetryCallState) -> BaseException | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -22,14 +22,26 @@ from gateway.errors import GatewayError, Overloaded, UpstreamError
 from gateway.limits.limiter import Limiter
 from gateway.outcomes import End
 from gateway.paths import (
+    BATCH,
     CHAT_PATH,
     COMPLETIONS_PATH,
+    COUNT_TOKENS_PATH,
     EMBEDDINGS_PATH,
     MESSAGES_PATH,
+    POOLING,
     RESPONSES_PATH,
+    TOKENIZER_INFO_PATH,
+    TOKENS,
 )
-from gateway.proxy import quota
-from gateway.proxy.apis import validate_embeddings, validate_messages, validate_responses
+from gateway.proxy import quota, stored
+from gateway.proxy.apis import (
+    validate_count_tokens,
+    validate_embeddings,
+    validate_messages,
+    validate_other,
+    validate_responses,
+    validate_streamable,
+)
 from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.dispatch import Dispatcher
@@ -41,11 +53,14 @@ from gateway.proxy.signals import Signals
 from gateway.proxy.stream import headers_for, relay_stream
 from gateway.proxy.upstream import Answer
 from gateway.proxy.usage import of_body
-from gateway.proxy.validation import validate_chat, validate_completion
+from gateway.proxy.validation import RequestInfo, model_of, validate_chat, validate_completion
 from gateway.routing.admission import Admission
 
 # A route's handler: aiohttp calls it with its request, the lean front with its own.
 Route = Callable[[web.BaseRequest | Exchange], Coroutine[Any, Any, web.StreamResponse]]
+# A route's intake: reads what the request asks for onto its call (intake.py).
+Reader = Callable[[Call, Exchange], Awaitable[None]]
+_YES = frozenset({"1", "true", "yes", "on", "t", "y"})  # a query's true, as vLLM reads it
 
 
 class ProxyHandler:
@@ -64,22 +79,76 @@ class ProxyHandler:
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
         self.signals: Signals = dispatcher.signals
-        self.intake = Intake(config)
+        self.stored = stored.StoredResponses(config, dispatcher.units, dispatcher.upstream)
+        self.intake = Intake(config, self.stored)
         self.context = ProxyContext(config, dispatcher, live)
 
-        # The routes' handlers: `_proxy` itself with the path bound (partials, not wrapper
-        # coroutines, so an open stream's task holds one coroutine frame less).
-        self.chat_completions = self._route(CHAT_PATH, validate_chat)
-        self.completions = self._route(COMPLETIONS_PATH, validate_completion)
-        self.responses = self._route(RESPONSES_PATH, validate_responses)
-        self.messages = self._route(MESSAGES_PATH, validate_messages)
-        self.embeddings = self._route(EMBEDDINGS_PATH, validate_embeddings)
+        # The POST routes' handlers: `_proxy` itself with the path bound (partials, not
+        # wrapper coroutines, so an open stream's task holds one coroutine frame less).
+        validators: dict[str, Validator] = {
+            CHAT_PATH: validate_chat,
+            COMPLETIONS_PATH: validate_completion,
+            RESPONSES_PATH: validate_responses,
+            MESSAGES_PATH: validate_messages,
+            EMBEDDINGS_PATH: validate_embeddings,
+            COUNT_TOKENS_PATH: validate_count_tokens,
+            **dict.fromkeys(BATCH, validate_streamable),
+            **dict.fromkeys((*TOKENS, *POOLING), validate_other),
+        }
+        self.posts: dict[str, Route] = {p: self._route(p, v) for p, v in validators.items()}
 
     def _route(self, path: str, validate: Validator) -> Route:
-        return functools.partial(self._proxy, path=path, validate=validate)
+        read = functools.partial(self.intake, validate=validate)
+        return functools.partial(self._proxy, path=path, read=read)
+
+    async def stored_response(self, request: web.Request) -> web.StreamResponse:
+        """`GET /v1/responses/{id}` (streamed with `?stream=true`): from the unit holding it."""
+        query = request.rel_url.raw_query_string
+        streamed = request.query.get("stream", "").lower() in _YES
+        read = functools.partial(
+            self._read_stored, response_id=request.match_info["id"], query=query, stream=streamed
+        )
+        return await self._proxy(request, path=RESPONSES_PATH, read=read, method="GET")
+
+    async def cancel_response(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/responses/{id}/cancel`: to the unit holding it (no body is read)."""
+        read = functools.partial(
+            self._read_stored, response_id=request.match_info["id"], tail="/cancel"
+        )
+        return await self._proxy(request, path=RESPONSES_PATH, read=read)
+
+    async def tokenizer_info(self, request: web.Request) -> web.StreamResponse:
+        """`GET /tokenizer_info`: a unit of the model the query names (`?model=`, a gateway
+        extension: vLLM's has none), else of the default model."""
+        read = functools.partial(self._read_get, query=request.query.get("model"))
+        return await self._proxy(request, path=TOKENIZER_INFO_PATH, read=read, method="GET")
+
+    async def _read_stored(
+        self,
+        call: Call,
+        request: Exchange,
+        *,
+        response_id: str,
+        tail: str = "",
+        query: str = "",
+        stream: bool = False,
+    ) -> None:
+        home = await self.stored.home(response_id, None, call.rid)
+        call.home = home
+        call.send_path = stored.target(response_id, tail, query)
+        self.intake.bodiless(call, request, RequestInfo(home.models[0], stream, None, ""))
+
+    async def _read_get(self, call: Call, request: Exchange, *, query: str | None) -> None:
+        model = model_of({"model": query}, self.intake.served)
+        self.intake.bodiless(call, request, RequestInfo(model, False, None, ""))
 
     async def _proxy(
-        self, request: web.BaseRequest | Exchange, *, path: str, validate: Validator
+        self,
+        request: web.BaseRequest | Exchange,
+        *,
+        path: str,
+        read: Reader,
+        method: str = "POST",
     ) -> web.StreamResponse:
         start = asyncio.get_running_loop().time()
         deadline = start + self.config.timeouts.total
@@ -88,11 +157,12 @@ class ProxyHandler:
         request.hold()
         lease = Lease(self.admission)
         call = Call(path, request_id(request.headers), request.headers, start, deadline, lease)
+        call.method = method
         self.signals.received(call)
         try:
             try:
                 with lease:  # whatever ends the request gives its slot back
-                    opened = await self._open(call, request, validate)
+                    opened = await self._open(call, request, read)
                     if isinstance(opened, Answer):  # relayed from here: `_open`'s frame is
                         # not held by the open stream's task
                         await relay_stream(self.context, request, call, opened)
@@ -114,13 +184,13 @@ class ProxyHandler:
             self.signals.ended(call)
 
     async def _open(
-        self, call: Call, request: Exchange, validate: Validator
+        self, call: Call, request: Exchange, read: Reader
     ) -> web.StreamResponse | Answer:
         """Everything up to the answer's first byte. A refusal, an error or a whole answer
         comes back as its response; a streamed answer comes back to be relayed."""
         try:
             call.caller = self.gate.caller(request.headers.get("Authorization"))
-            await self.intake(call, request, validate)
+            await read(call, request)
             await quota.admit(self.limiter, call)
             self.signals.validated(call)
             unit, answer = await self.dispatcher.open(call)
@@ -129,6 +199,8 @@ class ProxyHandler:
                 self.signals.rejected(call, exc.refusal.code)
             return self._error(call, exc)
         call.unit, call.status = unit, answer.status
+        if call.path == RESPONSES_PATH and answer.status == 200:
+            self.stored.learn(answer, unit)  # a follow-up or a read of it must come here
         call.lease.started = True  # its answer begins: no longer preemptible
         ttft = asyncio.get_running_loop().time() - call.start
         self.signals.first_byte(call, unit, ttft)

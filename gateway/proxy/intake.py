@@ -19,13 +19,14 @@ from typing import Any
 
 from gateway.auth.caller import Caller
 from gateway.config import Config
-from gateway.paths import RESUMABLE
+from gateway.paths import RESPONSES_PATH, RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.continuation import asking_token_ids, carried_exactly, resumable
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.mediatype import require_json
 from gateway.proxy.names import with_model
 from gateway.proxy.priority import ask_of, refuse_own_priority
+from gateway.proxy.stored import StoredResponses
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo, Served, parse_body
 from gateway.routing.admission import one_class
@@ -63,8 +64,9 @@ def request_id(headers: Mapping[str, str]) -> str:
 
 
 class Intake:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, stored: StoredResponses) -> None:
         self.config = config
+        self.stored = stored  # which unit holds which stored response
         self.served = Served.of(config.gateway.models, config.gateway.default_model)
         self.priority = config.priority  # None: no classes, every request `standard`
         a = config.admission
@@ -85,16 +87,28 @@ class Intake:
             data["model"] = info.model
         if self.priority is not None:
             refuse_own_priority(data)
-        caller = call.caller
-        ask = ask_of(
-            request.headers, data, len(body), self.classes, caller.tenant, *self.clamp(caller)
-        )
-        call.lease.ask = ask
-        if self.priority is not None:
-            call.unit_priority = self.priority.get(ask.klass).unit_priority
+        self.ask(call, request, data, len(body))
+        if call.path == RESPONSES_PATH:
+            previous = data.get("previous_response_id")
+            if isinstance(previous, str) and previous:  # it continues a stored response
+                call.home = await self.stored.home(previous, info.model, call.rid)
         session = request.headers.get("x-session-id") or info.user
         key = affinity_key(self.config.routing.affinity, session, info.prefix)
         self.accept(call, info, key, body, data)
+
+    def ask(self, call: Call, request: Exchange, data: dict[str, Any], size: int) -> None:
+        """What the request asks of admission: its class, its tenant, its size."""
+        caller = call.caller
+        ask = ask_of(request.headers, data, size, self.classes, caller.tenant, *self.clamp(caller))
+        call.lease.ask = ask
+        if self.priority is not None:
+            call.unit_priority = self.priority.get(ask.klass).unit_priority
+
+    def bodiless(self, call: Call, request: Exchange, info: RequestInfo) -> None:
+        """A request without a body to read (a GET, a stored response's cancel): what it
+        asks for is known from its route (`call.method`, `send_path` and `home` are set)."""
+        self.ask(call, request, {}, 0)
+        call.accept(info, None, None, b"", {})
 
     def accept(
         self, call: Call, info: RequestInfo, key: int | None, body: bytes, data: dict[str, Any]

@@ -80,6 +80,7 @@ class UpstreamClient:
         traceparent: str | None = None,
         extra: bytes = b"",
         unit: UnitConfig | None = None,
+        method: str = "POST",
     ) -> Answer:
         """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in.
         An https:// unit is reached with `unit`'s TLS settings (its CA, its client certificate)."""
@@ -91,7 +92,9 @@ class UpstreamClient:
                 await self.pool.reserve()
                 reserved = True
                 conn = await self.pool.acquire(endpoint, reserved=True)
-                head = request_head(endpoint, path, len(body), request_id, traceparent, extra)
+                head = request_head(
+                    endpoint, path, len(body), request_id, traceparent, extra, method
+                )
                 conn.send(head, body)
                 await conn.wait_for(lambda: _ready(conn))
             return self._answer(unit_id, endpoint, conn)
@@ -159,14 +162,16 @@ def request_head(
     request_id: str,
     traceparent: str | None,
     extra: bytes = b"",
+    method: str = "POST",
 ) -> bytes:
-    """The POST head of every request to a leader (proxied requests and the prober's canary).
-    `extra` is the unit's own header lines (its API key, its `headers`): the client's own
-    headers, its Authorization among them, never reach a unit."""
+    """The head of every request to a leader (proxied requests and the prober's canary): a
+    POST, or a GET of a stored response or of the tokenizer's description (no body). `extra`
+    is the unit's own header lines (its API key, its `headers`): the client's own headers,
+    its Authorization among them, never reach a unit."""
     trace = f"traceparent: {traceparent}\r\n" if traceparent else ""
     return (
         (
-            f"POST {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
             f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {length}\r\n"
             f"x-request-id: {request_id}\r\n{trace}"
         ).encode("latin-1")

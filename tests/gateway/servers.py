@@ -13,14 +13,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from aiohttp import web
 
 
-async def until(ready: Callable[[], bool], within: float, what: str) -> None:
-    """Poll `ready` until it holds; fail after `within` seconds."""
+async def until(ready: Callable[[], bool], within: float, what: str) -> float:
+    """Poll `ready` until it holds (returns the loop time it did); fail after `within` s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while not ready():
         if loop.time() > deadline:
             raise AssertionError(f"{what}: not within {within} s")
         await asyncio.sleep(0.002)
+    return loop.time()
 
 
 @contextlib.asynccontextmanager

@@ -212,9 +212,12 @@ async def test_apis_beyond_chat_go_only_to_units_that_serve_them(
         await until_routable(gw)
         body = {"model": MODEL, "input": "hi"}
         async with http.post(f"{gw.public_url}/v1/responses", json=body) as resp:
-            assert resp.status == 503
+            assert resp.status == 404  # no unit of the model ever will: not worth a retry
             message = (await resp.json())["error"]["message"]
-        assert message == f"no routable unit serves model '{MODEL}' at /v1/responses"
+        assert message == (
+            f"no unit of model '{MODEL}' serves /v1/responses (the builtin engine serves chat "
+            "and completions only)"
+        )
         assert not any(p == "/v1/responses" for p, _, _ in server.seen)
 
 

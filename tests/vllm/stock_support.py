@@ -19,6 +19,8 @@ from tests.vllm.support import START_S, Proc
 SERVED = "smol"  # the name the stock servers know the model by (`--served-model-name`)
 # What `vllm serve` needs to answer tool calls with a named tool_choice (vLLM 0.32).
 TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+# What `vllm serve` needs to serve GET /tokenizer_info.
+INFO_FLAGS = ("--enable-tokenizer-info-endpoint",)
 
 
 @dataclass
@@ -47,6 +49,7 @@ def start_stock(tmp: Path, name: str, model: Path, *extra: str, cpu: int = 0) ->
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": str(cpu % (os.cpu_count() or 1)),
         "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_RESPONSES_API_STORE": "1",  # stored responses, as docs/fronting.md says
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",

@@ -29,7 +29,14 @@ from gateway.health.kinds.vllm_metrics import QUERY
 from gateway.server import Gateway, running
 from tests.gateway.servers import until
 from tests.support import until_routable
-from tests.vllm.stock_support import TOOL_FLAGS, Stock, export_smollm2, start_stock, wait_ready
+from tests.vllm.stock_support import (
+    INFO_FLAGS,
+    TOOL_FLAGS,
+    Stock,
+    export_smollm2,
+    start_stock,
+    wait_ready,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,8 +55,10 @@ def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iter
     model = export_smollm2(tmp / "smollm2-hf")
     servers = [
         # s0 schedules by priority (the gateway's classes reach it); s1 does not.
-        start_stock(tmp, "s0", model, *TOOL_FLAGS, "--scheduling-policy", "priority", cpu=0),
-        start_stock(tmp, "s1", model, *TOOL_FLAGS, "--api-key", KEY, cpu=1),
+        start_stock(
+            tmp, "s0", model, *TOOL_FLAGS, *INFO_FLAGS, "--scheduling-policy", "priority", cpu=0
+        ),
+        start_stock(tmp, "s1", model, *TOOL_FLAGS, *INFO_FLAGS, "--api-key", KEY, cpu=1),
     ]
     try:
         took = wait_ready(servers)
@@ -254,6 +263,62 @@ async def test_responses_and_messages_stream_through(gateway: Gateway) -> None:
         raw = await resp.read()
     assert raw.startswith(b"event: message_start") and b"event: message_stop" in raw
     assert f'"model":"{PUBLIC}"'.encode() in raw and b'"model":"smol"' not in raw
+
+
+async def test_vllms_other_routes_answer_through_the_gateway(gateway: Gateway) -> None:
+    """Tokenization, the batch chat, SageMaker's entry, vLLM's /health, /version and model
+    cards: each answered by a unit (or from them), the model left out where vLLM allows it."""
+    import vllm  # this venv's: what both units run
+
+    async with aiohttp.ClientSession(gateway.public_url) as http:
+        async with http.post("/tokenize", json={"prompt": "Hello there"}) as resp:
+            assert resp.status == 200, await resp.text()
+            tokens = (await resp.json())["tokens"]
+        async with http.post("/detokenize", json={"model": PUBLIC, "tokens": tokens}) as resp:
+            assert resp.status == 200 and (await resp.json())["prompt"] == "Hello there"
+        async with http.get("/tokenizer_info") as resp:
+            assert resp.status == 200 and "tokenizer_class" in await resp.json()
+        batch = {"messages": [QUESTION, QUESTION], "max_tokens": 3}
+        async with http.post("/v1/chat/completions/batch", json=batch) as resp:
+            assert resp.status == 200, await resp.text()
+            answer = await resp.json()
+        assert len(answer["choices"]) == 2 and answer["model"] == PUBLIC
+        chat = {"messages": QUESTION, "max_tokens": 3}
+        async with http.post("/invocations", json=chat) as resp:
+            assert resp.status == 200 and (await resp.json())["object"] == "chat.completion"
+        async with http.get("/health") as resp:
+            assert (resp.status, await resp.read()) == (200, b"")
+        async with http.get("/version") as resp:
+            said = await resp.json()
+        assert said["version"] == vllm.__version__ and set(said["units"]) == {"s0", "s1"}
+        async with http.get("/v1/models") as resp:
+            (card,) = (await resp.json())["data"]
+        assert card["id"] == PUBLIC and card["max_model_len"] == 2048
+        assert card["root"].endswith("smollm2-hf") and card["owned_by"] == "vllm"
+
+
+async def test_a_stored_response_is_read_and_continued_on_its_unit(gateway: Gateway) -> None:
+    """vLLM keeps a stored response in its own memory: every read and follow-up must reach
+    the unit that made it, whichever of the two that was."""
+    api = client(gateway)
+    first = await api.responses.with_raw_response.create(
+        model=PUBLIC, input="Say hi", max_output_tokens=8
+    )
+    home, made = first.headers["x-unitgate-unit"], first.parse()
+    for _ in range(6):  # with two units, a lucky guess passes six times in 64
+        read = await api.responses.with_raw_response.retrieve(made.id)
+        assert read.headers["x-unitgate-unit"] == home and read.parse().id == made.id
+    follow = await api.responses.with_raw_response.create(
+        model=PUBLIC, input="And again", max_output_tokens=8, previous_response_id=made.id
+    )
+    assert follow.headers["x-unitgate-unit"] == home
+    async with (
+        aiohttp.ClientSession(gateway.public_url) as http,
+        http.get("/v1/responses/resp_nowhere") as resp,
+    ):
+        assert resp.status == 404
+        error = (await resp.json())["error"]
+    assert error["message"] == "Response with id 'resp_nowhere' not found."
 
 
 async def test_priority_classes_reach_the_server_that_schedules_by_them_and_only_it(

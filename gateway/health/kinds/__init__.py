@@ -2,9 +2,10 @@
 
 A kind is one module with a `leader_probe`: an async callable `(pool, within) -> NodeReport`
 that yields the report the verdict already reads (health/result.py), so gang health,
-hysteresis, stall detection and engine-load routing work the same for every kind. Followers
-answer the node contract whatever the kind: the builtin engine's do it themselves, a stock
-server's through `unitgate watch`.
+hysteresis, stall detection and engine-load routing work the same for every kind. A kind whose
+leader reports its own engine's work (`busy_at`) says for how long that report vouches for it
+(`report_window`). Followers answer the node contract whatever the kind: the builtin engine's
+do it themselves, a stock server's through `unitgate watch`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from gateway.tls import unit_context
 
 class NodeProbe(Protocol):
     def __call__(self, pool: ConnectionPool, within: float) -> Awaitable[NodeReport]: ...
+
+
+def report_window(unit: UnitConfig) -> float:
+    """How long (seconds since it was read) the leader's own report of work moving
+    (`NodeReport.busy_at`) vouches for it while its probes time out; 0 for a kind that reports
+    none."""
+    return vllm.report_window(unit) if unit.kind == "vllm" else 0.0
 
 
 def node_probes(unit: UnitConfig, public: tuple[str, ...]) -> list[NodeProbe]:
