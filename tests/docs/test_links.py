@@ -59,3 +59,11 @@ def test_the_slug_rule() -> None:
     assert slug("The leader's `/health` off the serving loop") == (
         "the-leaders-health-off-the-serving-loop"
     )
+
+
+def test_the_docs_index_lists_every_page_once() -> None:
+    """One index (docs/README.md): every page of docs/ in its table, exactly once."""
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| \[([\w-]+\.md)\]\(\1\) \|", index, flags=re.MULTILINE)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(listed) == pages
