@@ -4,7 +4,7 @@ The leader is rank 0 plus the OpenAI server, which also answers /health; given -
 it answers /health there too, from a thread that does not queue behind the API's streams (the
 gateway then probes that port). A follower mirrors the leader's steps and answers /health on
 its own port. `unitgate up` starts these locally; on real hosts an operator (or a
-LeaderWorkerSet, with `--from-env lws`: see engine/lws.py) starts one per host.
+LeaderWorkerSet, with `--from-env lws`: see gateway/base/lws.py) starts one per host.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine import lws
 from engine.backends.registry import BACKENDS
 from engine.backends.vllm.args import add_flags as add_vllm_flags
 from engine.scheduler.config import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
+from gateway.base import lws
 
 DEFAULTS: dict[str, Any] = {
     f.name: f.default

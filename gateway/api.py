@@ -19,6 +19,8 @@ simulated units, which must run in front of any OpenAI server, use them without 
 from __future__ import annotations
 
 from gateway.admin.auth import read_tokens
+from gateway.base.net import LISTEN_BACKLOG, is_loopback
+from gateway.base.oslimits import raise_fd_limit
 from gateway.config import (
     LOG_FORMATS,
     Config,
@@ -27,9 +29,7 @@ from gateway.config import (
     config_from_dict,
     load_config,
 )
-from gateway.net import LISTEN_BACKLOG, is_loopback
 from gateway.observability.logformat import setup as setup_logging
-from gateway.oslimits import raise_fd_limit
 from gateway.server import Gateway, running
 
 __all__ = [

@@ -126,7 +126,7 @@ def _replica_count(text: str) -> int:
 def _run_gateway(config: Config, ready_file: Path | None) -> int:
     import uvloop
 
-    from gateway.oslimits import raise_fd_limit
+    from gateway.base.oslimits import raise_fd_limit
 
     if config.gateway.worker_count > 1:
         from gateway.workers.control import serve

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -25,6 +24,9 @@ from gateway.admin.view import Settle, WorkersView
 from gateway.app import lean_routes, ops_app, public_app
 from gateway.auth.check import Gatekeeper
 from gateway.auth.ring import KeyRing
+from gateway.base import readyfile
+from gateway.base.net import KEEPALIVE_S, LISTEN_BACKLOG
+from gateway.base.oslimits import stream_budget
 from gateway.config import Config
 from gateway.front.protocol import LeanRoute
 from gateway.front.server import Front
@@ -36,7 +38,6 @@ from gateway.heap import freeze_startup
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
 from gateway.native import resolve
-from gateway.net import KEEPALIVE_S, LISTEN_BACKLOG
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
@@ -48,7 +49,6 @@ from gateway.observability.request_tracing import TracingObserver
 from gateway.observability.tenant_labels import TenantLabels
 from gateway.observability.tenants import TenantObserver
 from gateway.observability.tracing import Tracing
-from gateway.oslimits import stream_budget
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
@@ -344,13 +344,9 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
 
 
 def write_ready(path: Path, gateway: Gateway) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            {"pid": os.getpid(), "public": gateway.public_url, "metrics": gateway.metrics_url}
-        )
-    )
-    tmp.replace(path)
+    """The gateway's ready file (gateway/base/readyfile.py): its pid and bound addresses."""
+    info = {"pid": os.getpid(), "public": gateway.public_url, "metrics": gateway.metrics_url}
+    readyfile.write_ready(path, info)
 
 
 def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:

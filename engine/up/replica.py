@@ -20,7 +20,6 @@ from pathlib import Path
 from engine.up.fleet import ReplicaPorts, replica_config
 from engine.up.plan import Plan, PlanError, plan_units
 from engine.up.ready import wait_routable
-from engine.up.readyfile import write_ready
 from gateway.api import (
     LOG_FORMATS,
     Config,
@@ -30,6 +29,7 @@ from gateway.api import (
     running,
     setup_logging,
 )
+from gateway.base.readyfile import write_ready
 
 log = logging.getLogger("unitgate.up")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from engine.up.backoff import Backoff
 from engine.up.fleet import ReplicaPorts
 from engine.up.processes import describe_exit, spawn, terminate
-from engine.up.readyfile import NotReady, clear_ready, wait_ready
+from gateway.base.readyfile import NotReady, clear_ready, wait_ready
 
 log = logging.getLogger("unitgate.up")
 

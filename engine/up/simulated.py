@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from engine.up.processes import spawn, terminate
-from engine.up.readyfile import NotReady, clear_ready, wait_ready
 from engine.up.units import UnitsFailed
+from gateway.base.readyfile import NotReady, clear_ready, wait_ready
 
 log = logging.getLogger("unitgate.up")
 READY_WITHIN_S = 30.0

@@ -15,8 +15,8 @@ import time
 
 from engine.up.backoff import Backoff
 from engine.up.plan import UnitPlan
-from engine.up.ports import free_port
 from engine.up.processes import Launcher, NodeProcess, describe_exit, stop_nodes
+from gateway.base.ports import free_port
 
 log = logging.getLogger("unitgate.up")
 

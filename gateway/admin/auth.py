@@ -20,8 +20,8 @@ from pathlib import Path
 
 from gateway.admin.errors import AdminStartError, Unauthenticated, forbidden
 from gateway.admin.token_strength import HOW_TO, weakness
+from gateway.base.net import is_loopback
 from gateway.config import AdminConfig
-from gateway.net import is_loopback
 
 log = logging.getLogger("unitgate.admin")
 

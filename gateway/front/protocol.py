@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gateway.base.net import head_end
 from gateway.front.head import MAX_HEAD, read_head
 from gateway.front.linger import Linger, LingerLimits
 from gateway.front.reply import server_error, whole
 from gateway.front.request import LeanRequest
-from gateway.net import head_end
 
 log = logging.getLogger("unitgate.front")
 

@@ -9,9 +9,9 @@ from typing import Protocol
 
 from aiohttp import web
 
+from gateway.base.net import LAST_CHUNK
 from gateway.front.head import Head
 from gateway.front.reply import CONTINUE, chunk, stream_head
-from gateway.net import LAST_CHUNK
 from gateway.proxy.exchange import STREAMED, body_late, too_large
 
 

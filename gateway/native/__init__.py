@@ -23,8 +23,8 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
+from gateway.base.cbuild import BuildError, cache_root, compile_cached
 from gateway.envchoice import env_choice
-from gateway.native.build import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("relay.c")
 FLAGS = (

@@ -25,7 +25,7 @@ from typing import Any
 
 import httptools
 
-from gateway.net import head_end
+from gateway.base.net import head_end
 
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]

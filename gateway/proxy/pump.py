@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.base.net import LAST_CHUNK
 from gateway.health.pace import next_gap
-from gateway.net import LAST_CHUNK
 from gateway.proxy.connection import UpstreamConnection
 from gateway.proxy.names import Renamer
 from gateway.proxy.signals import GapSink

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.net import LISTEN_BACKLOG
+from gateway.base.net import LISTEN_BACKLOG
 from gateway.watch.locate import Sighting, Tracker
 from gateway.watch.placement import Identity
 

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from engine import lws
+from gateway.base import lws
 from gateway.watch.locate import CmdlineMatch, FixedPid, Locator, PidFile, Tracker, read_stat
 from gateway.watch.placement import Identity, identify
 

@@ -15,7 +15,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine import lws
+from gateway.base import lws
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level, ns.log_format, text, "worker")
     import uvloop
 
-    from gateway.oslimits import raise_fd_limit
+    from gateway.base.oslimits import raise_fd_limit
     from gateway.workers.worker import run
 
     raise_fd_limit()

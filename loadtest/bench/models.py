@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.bench.machine import machine_facts
 
 QUESTION = [

@@ -107,7 +107,7 @@ def measure(
 
 def start_vllm(tmp: Path, cpu: int | None) -> tuple[subprocess.Popen[bytes], str]:
     from engine.model.export import main as export
-    from engine.up.ports import free_port
+    from gateway.base.ports import free_port
 
     folder = tmp / "smollm2-hf"
     if export([str(folder), "--model", "smollm2"]) != 0:

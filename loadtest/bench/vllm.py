@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 
 from engine.backends.vllm.tinymodel import write_tiny_model
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.bench.machine import machine_facts
 
 BACKENDS = ("builtin", "vllm")

@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
-from gateway.oslimits import raise_fd_limit
+from gateway.base.oslimits import raise_fd_limit
 from loadtest.gen import compare, options, plots, sweep
 from loadtest.gen.actions import ActionRunner, add_timeseries
 from loadtest.gen.checks import Check, Verdict, checks_section, judge

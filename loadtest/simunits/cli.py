@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import uvloop
 
-from gateway.oslimits import raise_fd_limit
+from gateway.base.oslimits import raise_fd_limit
 from loadtest.simunits.cluster import DEFAULT_MAX_TOKENS_CAP, DEFAULT_MODEL, SimCluster
 from loadtest.simunits.state import Settings
 from loadtest.simunits.topology import (

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gateway.net import LISTEN_BACKLOG
+from gateway.base.net import LISTEN_BACKLOG
 from loadtest.simunits.topology import Address
 
 # Handlers are cancelled explicitly before cleanup, so this only bounds stragglers.

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.readyfile import wait_http_ok
 from tests.chaos.harness import RESUME_SECTION
 from tests.chaos.ops import Ops

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.gen.shapes import RunConfig
 from loadtest.gen.workload import RequestSpec
 from tests.chaos.harness import Fault, Trace, run_load, send_traced, workload

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import yaml
 
-from engine.up.ports import free_ports
+from gateway.base.ports import free_ports
 from loadtest.readyfile import wait_http_ok
 from tests.deploy.promql import tool
 from tests.support import stop_process

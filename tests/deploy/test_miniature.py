@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.readyfile import wait_http_ok
 from tests.deploy import dockerfile
 from tests.deploy.manifests import Pod, deployed, gateway_toml, is_lws, one, pods, settings_of

@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import pytest
 
-from engine.up.ports import free_ports
+from gateway.base.ports import free_ports
 from tests.chaos.clusters import RealCluster, start_real
 from tests.chaos.ops import first_event_after
 from tests.deploy.prometheus_server import Prometheus, shorten_for, start_prometheus

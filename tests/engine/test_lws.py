@@ -1,5 +1,5 @@
 """`unitgate node --from-env lws`: the placement read from LeaderWorkerSet's variables
-(engine/lws.py, pure), how it meets the flags (engine/flags.py), and what the command says
+(gateway/base/lws.py, pure), how it meets the flags (engine/flags.py), and what the command says
 when they are missing, malformed or disagree (exit 2, naming the variable and the value)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from engine import cli, lws
+from engine import cli
 from engine.flags import build_parser, explicit, place
 from engine.settings import NodeSettings
+from gateway.base import lws
 
 ENV = {
     "LWS_LEADER_ADDRESS": "smollm2-0.smollm2.unitgate",

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.model import ByteTokenizer, ModelConfig, TPContext, init_from_seed, load_hf_folder
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 
 Worker = Callable[..., dict[str, Any]]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.engine.test_runtime_support import ROOT
 from tests.engine.test_up_support import MODEL, Proc, health, stream_chat, unitgate
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.engine.test_node_cli import node
 
 pytestmark = pytest.mark.slow

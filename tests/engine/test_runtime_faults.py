@@ -13,7 +13,7 @@ import pytest
 
 from engine.api import GenerationRequest, TokenEvent
 from engine.scheduler import SamplingParams
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.engine.test_runtime_support import (
     PROMPT,
     get_health,

@@ -19,7 +19,7 @@ from engine.backends.builtin.node import start_leader
 from engine.flags import parse
 from engine.model import ByteTokenizer
 from engine.runtime import LeaderEngine
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQ_LEN = 1200  # room for a prompt that overflows the one-broadcast step frame

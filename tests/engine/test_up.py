@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.up.ports import free_ports
+from gateway.base.ports import free_ports
 from tests.engine.test_up_support import Proc, eventually, health, pid_gone, stream_chat, unitgate
 
 pytestmark = pytest.mark.slow

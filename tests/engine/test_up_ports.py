@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from engine.up.ports import LOWEST, ephemeral_range, free_port, free_ports, planned_ranges
+from gateway.base.ports import LOWEST, ephemeral_range, free_port, free_ports, planned_ranges
 
 
 def test_no_port_is_handed_out_twice() -> None:

@@ -105,7 +105,9 @@ async def test_every_request_gets_one_access_line_with_its_fields(
     assert entry["logger"] == ACCESS_LOGGER and entry["level"] == "INFO"
     assert {k: entry[k] for k in FIELDS} == stream
     text = TextFormatter("%(name)s: %(message)s").format(lines["acc-bad"])
-    assert text.startswith(f"{ACCESS_LOGGER}: request request_id=acc-bad method=POST path={CHAT} model=- ")
+    assert text.startswith(
+        f"{ACCESS_LOGGER}: request request_id=acc-bad method=POST path={CHAT} model=- "
+    )
     assert " status=400 outcome=invalid_request ttft=- " in text
 
 

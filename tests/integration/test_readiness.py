@@ -9,7 +9,7 @@ import asyncio
 
 import aiohttp
 
-from engine.up.ports import free_ports
+from gateway.base.ports import free_ports
 from gateway.config import UnitConfig
 from gateway.health.states import Health
 from gateway.proxy.call import Call

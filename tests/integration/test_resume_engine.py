@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from gateway.server import Gateway, running
 from tests.engine.test_up_support import MODEL, Proc, unitgate
 from tests.support import gateway_config, sse_events

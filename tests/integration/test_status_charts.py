@@ -27,7 +27,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from engine.up.ports import free_ports
+from gateway.base.ports import free_ports
 from tests.engine.test_up_support import Proc, pid_gone, unitgate
 from tests.integration.browser_support import Recorder, chromium, snapshot, until
 from tests.integration.test_up_replicas import children_of

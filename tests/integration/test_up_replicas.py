@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from engine.up.ports import free_ports
+from gateway.base.ports import free_ports
 from tests.engine.test_up_support import Proc, eventually, pid_gone, stream_chat, unitgate
 from tests.redis_support import redis_server
 from tests.support import MODEL

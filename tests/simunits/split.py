@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.support import SimProcess, start_sim
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.readyfile import wait_ready_file
 
 ROOT = Path(__file__).resolve().parents[2]

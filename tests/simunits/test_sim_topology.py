@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.simunits import SimCluster
 from loadtest.simunits.cli import main
 from loadtest.simunits.topology import ConfigError, units_from_config

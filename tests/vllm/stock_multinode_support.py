@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from engine.backends.vllm.env import clean_shm
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.engine.test_up_support import eventually
 from tests.vllm.support import START_S, Proc, group_gone, spawn
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.model.export import main as export
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.vllm.support import START_S, Proc
 
 SERVED = "smol"  # the name the stock servers know the model by (`--served-model-name`)

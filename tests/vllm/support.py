@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.backends.vllm.env import clean_shm
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.engine.test_up_support import Proc as UpProc
 from tests.engine.test_up_support import eventually
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 
 pytestmark = [
     pytest.mark.slow,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from tests.vllm.support import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_required")]

@@ -4,7 +4,7 @@ Why compiled here and not at install: the flags depend on the CPU that runs them
 path is picked at run time, but the compiler must know the target), a source change must never
 run a stale binary, and an editable install builds nothing. The cache is keyed by the source,
 the flags and the compiler, so each version is compiled once per machine (about 1 s) and ranks
-that start together share it (gateway/native/build.py, which the gateway's native relay
+that start together share it (gateway/base/cbuild.py, which the gateway's native relay
 uses too).
 
 Plain C behind ctypes rather than a torch extension: no torch headers (a torch extension
@@ -18,7 +18,7 @@ import ctypes
 import functools
 from pathlib import Path
 
-from gateway.native.build import BuildError, cache_root, compile_cached
+from gateway.base.cbuild import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("blocks.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import loadtest.bench.engine
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.bench.engine import analyze
 from loadtest.bench.engine.report import render
 from loadtest.bench.engine.run import loadavg, machine, read, run_group, worker

@@ -22,7 +22,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from gateway.config import HealthConfig
 from loadtest.bench.health.observe import (
     CoreTicks,

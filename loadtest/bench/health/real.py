@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.bench.health.detect import Seen, Watch
 from loadtest.bench.health.observe import spread
 from loadtest.bench.processes import stop_child

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.bench.processes import pinned, stop_child
 
 MODEL = "tiny"

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine.up.ports import free_port
+from gateway.base.ports import free_port
 from loadtest.bench.processes import READY_TIMEOUT_S, pinned, stop_child
 from loadtest.readyfile import wait_http_ok
 
