@@ -22,7 +22,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import FrameType  # noqa: E402
 
-from gateway.cli import main as unitgate  # noqa: E402
+from gateway.launcher.cli import main as unitgate  # noqa: E402
 
 
 def _snapshots(folder: Path) -> None:

@@ -2,7 +2,7 @@
 
 The request path (gateway/proxy/) emits signals and its observers do the metrics and the
 tracing: if a proxy module reached prometheus_client or opentelemetry, even through another
-project module, observability would be back inside the path. `unitgate up` (engine/up/)
+project module, observability would be back inside the path. `unitgate up` (gateway/launcher/up/)
 hosts a gateway through its public entry points only (gateway/api.py), so the gateway's
 internals can move without breaking it. Gateway and engine stand side by side on one base
 (gateway/base/): the engine takes nothing else of the gateway, and the base takes nothing of
@@ -55,11 +55,35 @@ def test_unitgate_up_uses_only_the_gateways_public_api() -> None:
     used = {
         target
         for name, targets in edges.items()
-        if name.startswith("engine.up")
+        if name.startswith("gateway.launcher.up")
         for target in targets
-        if target.startswith("gateway")
+        if target.startswith("gateway") and not target.startswith("gateway.launcher")
     }
     assert used <= {"gateway.api"} | BASE, used
+
+
+def test_the_floors_launcher_on_top_gateway_and_engine_side_by_side() -> None:
+    """No product module imports the launcher (`python -m gateway`, its entry, aside), and
+    the gateway below it imports nothing of the engine."""
+    edges, _ = graph()
+    up = {
+        (name, target)
+        for name, targets in edges.items()
+        if name.startswith(("gateway.", "engine."))
+        and not name.startswith("gateway.launcher")
+        and name != "gateway.__main__"
+        for target in targets
+        if target.startswith("gateway.launcher")
+    }
+    assert up == set(), sorted(up)
+    across = {
+        (name, target)
+        for name, targets in edges.items()
+        if name.startswith("gateway.") and not name.startswith("gateway.launcher")
+        for target in targets
+        if target.startswith("engine")
+    }
+    assert across == set(), sorted(across)
 
 
 BASE = {
@@ -75,7 +99,7 @@ BASE = {
 
 def test_the_base_stands_on_nothing_of_the_project() -> None:
     edges, _ = graph()
-    assert BASE <= set(edges), sorted(BASE - set(edges))  # the list above is the package
+    assert set(edges) >= BASE, sorted(BASE - set(edges))  # the list above is the package
     assert {n for n in edges if n.startswith("gateway.base")} == BASE
     project = ("gateway", "engine", "loadtest", "tests")
     assert {n: sorted(t for t in edges[n] if t.startswith(project)) for n in BASE} == {
@@ -84,12 +108,12 @@ def test_the_base_stands_on_nothing_of_the_project() -> None:
 
 
 def test_the_engine_takes_only_the_base_of_the_gateway() -> None:
-    """Its launcher (engine/up/, which starts gateways too) aside."""
+    """Its launcher (gateway/launcher/up/, which starts gateways too) aside."""
     edges, _ = graph()
     used = {
         (name, target)
         for name, targets in edges.items()
-        if name.startswith("engine.") and not name.startswith("engine.up")
+        if name.startswith("engine.") and not name.startswith("gateway.launcher.up")
         for target in targets
         if target.startswith("gateway") and target not in BASE
     }

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from gateway.cli import _DELEGATED
+from gateway.launcher.cli import _DELEGATED
 from tests.deploy.manifests import ROOT
 
 SOURCES = ("pyproject.toml", "README.md", "gateway", "engine", "loadtest")
@@ -57,7 +57,7 @@ def test_no_shipped_module_imports_a_benchmark(wheel: list[str]) -> None:
 
 def test_every_command_and_data_file_ships(wheel: list[str]) -> None:
     names = set(wheel)
-    for module in {*_DELEGATED.values(), "gateway.cli"}:
+    for module in {*_DELEGATED.values(), "gateway.launcher.cli"}:
         path = module.replace(".", "/")
         assert f"{path}.py" in names or f"{path}/__init__.py" in names, module
     static = [p.relative_to(ROOT).as_posix() for p in (ROOT / "gateway/status/static").iterdir()]

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from engine.up.backoff import Backoff
-from engine.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
-from engine.up.main import UpOptions, run_up
-from engine.up.plan import PlanError, plan_units
-from engine.up.ports import check_free
-from engine.up.ready import wait_fleet
-from engine.up.replicas import ReplicaLauncher, ReplicaSupervisor
 from gateway.base.ports import is_free
-from gateway.cli import main as unitgate
 from gateway.config import Config, config_from_dict
+from gateway.launcher.cli import main as unitgate
+from gateway.launcher.up.backoff import Backoff
+from gateway.launcher.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
+from gateway.launcher.up.main import UpOptions, run_up
+from gateway.launcher.up.plan import PlanError, plan_units
+from gateway.launcher.up.ports import check_free
+from gateway.launcher.up.ready import wait_fleet
+from gateway.launcher.up.replicas import ReplicaLauncher, ReplicaSupervisor
 from gateway.server import running
 from tests.support import ROOT
 

@@ -9,9 +9,9 @@ import pytest
 
 from engine.flags import build_parser
 from engine.settings import NodeSettings
-from engine.up.backoff import Backoff
-from engine.up.plan import EngineOptions, NodeSpec, PlanError, is_loopback, plan_units
 from gateway.config import Config, config_from_dict
+from gateway.launcher.up.backoff import Backoff
+from gateway.launcher.up.plan import EngineOptions, NodeSpec, PlanError, is_loopback, plan_units
 
 
 def config(*units: dict[str, Any], models: tuple[str, ...] = ("m",)) -> Config:
@@ -87,7 +87,7 @@ def test_nodes0_on_another_port_is_the_leaders_health_listener() -> None:
     assert (leader.port, leader.health_port, leader.ports) == (8101, 8100, (8101, 8100))
     assert leader.health_url == "http://127.0.0.1:8100/health"
     assert (follower.port, follower.health_port) == (8102, None)
-    ns = build_parser().parse_args(leader.argv("127.0.0.1:5000", EngineOptions())[1:])
+    ns = build_parser().parse_args(leader.argv("127.0.0.1:5000", EngineOptions()))
     assert (ns.host, ns.port, ns.health_host, ns.health_port) == (
         "127.0.0.1",
         8101,
@@ -102,7 +102,7 @@ def test_nodes0_equal_to_the_leader_keeps_health_on_the_api_port() -> None:
     assert (leader.health_port, leader.health_url) == (None, "http://127.0.0.1:8101/health")
     argv = leader.argv("127.0.0.1:5000", EngineOptions())
     assert "--health-port" not in argv and "--health-host" not in argv
-    assert NodeSettings.from_flags(build_parser().parse_args(argv[1:])).health_port is None
+    assert NodeSettings.from_flags(build_parser().parse_args(argv)).health_port is None
 
 
 def test_a_followers_health_port_defaults_to_a_free_one() -> None:
@@ -122,8 +122,8 @@ def test_argv_leader_serves_the_api_followers_serve_health() -> None:
     opts = EngineOptions(seed=3, threads=2)
     leader = NodeSpec("u0", 0, 2, "127.0.0.1", 8101, "m").argv("127.0.0.1:5000", opts)
     follower = NodeSpec("u0", 1, 2, "127.0.0.1", 8102, "m").argv("127.0.0.1:5000", opts)
-    assert leader[:3] == ["node", "--role", "leader"]
-    ns = build_parser().parse_args(leader[1:])
+    assert leader[:2] == ["--role", "leader"]
+    ns = build_parser().parse_args(leader)
     assert (ns.host, ns.port, ns.served_model_name, ns.seed, ns.threads) == (
         "127.0.0.1",
         8101,
@@ -131,7 +131,7 @@ def test_argv_leader_serves_the_api_followers_serve_health() -> None:
         3,
         2,
     )
-    ns = build_parser().parse_args(follower[1:])
+    ns = build_parser().parse_args(follower)
     assert (ns.role, ns.rank, ns.health_port, ns.master, ns.world_size) == (
         "follower",
         1,
@@ -146,20 +146,18 @@ def test_a_units_model_and_context_reach_every_node() -> None:
     smollm2 = unit("u0", 8101, 8102, model="smollm2", max_seq_len=2048, weight_dtype="float16")
     plan = plan_units(config(smollm2))
     for node in plan.units[0].nodes:
-        ns = build_parser().parse_args(node.argv("127.0.0.1:5000", EngineOptions())[1:])
+        ns = build_parser().parse_args(node.argv("127.0.0.1:5000", EngineOptions()))
         assert (ns.model, ns.max_seq_len, ns.weight_dtype) == ("smollm2", 2048, "float16")
         assert NodeSettings.from_flags(ns).max_seq_len == 2048
     plain = plan_units(config(unit("u0", 8101)))
-    ns = build_parser().parse_args(
-        plain.units[0].leader.argv("127.0.0.1:5000", EngineOptions())[1:]
-    )
+    ns = build_parser().parse_args(plain.units[0].leader.argv("127.0.0.1:5000", EngineOptions()))
     assert (ns.model, ns.max_seq_len, ns.weight_dtype) == ("tiny", None, None)
 
 
 def test_a_units_prefill_chunk_reaches_every_node() -> None:
     plan = plan_units(config(unit("u0", 8101, 8102, prefill_chunk=96)))
     for node in plan.units[0].nodes:
-        argv = node.argv("127.0.0.1:5000", EngineOptions())[1:]
+        argv = node.argv("127.0.0.1:5000", EngineOptions())
         assert argv[argv.index("--prefill-chunk") + 1] == "96"
         assert NodeSettings.from_flags(build_parser().parse_args(argv)).prefill_chunk == 96
     plain = plan_units(config(unit("u0", 8101))).units[0].leader
@@ -228,7 +226,7 @@ def test_node_flag_errors_name_the_flag(flags: list[str], message: str) -> None:
 
 def test_up_refuses_workers_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
     """`unitgate up` hosts the gateway in its own process: more workers would be ignored."""
-    from engine.up.main import run_up
+    from gateway.launcher.up.main import run_up
 
     two = config_from_dict(
         {"gateway": {"models": ["m"], "workers": 2}, "units": [unit("u0", 8101)]}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from gateway.cli import _units_toml
 from gateway.config import load_config
+from gateway.launcher.cli import _units_toml
 from loadtest.simunits.topology import units_from_config
 
 FILE = """

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.up.fleet import ReplicaPorts
-from engine.up.replica import _parser as replica_parser
-from engine.up.replicas import ReplicaLauncher
 from gateway.config import ConfigError, config_from_dict
+from gateway.launcher.up.fleet import ReplicaPorts
+from gateway.launcher.up.replica import _parser as replica_parser
+from gateway.launcher.up.replicas import ReplicaLauncher
 from gateway.observability.logformat import (
     JsonFormatter,
     TextFormatter,

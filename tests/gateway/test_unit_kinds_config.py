@@ -85,7 +85,7 @@ def test_served_model_needs_one_public_model() -> None:
 
 
 def test_up_starts_only_units_of_its_own_kind() -> None:
-    from engine.up.plan import plan_units
+    from gateway.launcher.up.plan import plan_units
 
     config = config_from_dict(
         {

@@ -20,8 +20,8 @@ from engine.flags import build_parser
 from engine.model import ModelConfig
 from engine.model.tokenizer import HFTokenizer
 from engine.settings import NodeSettings
-from engine.up.plan import EngineOptions, PlanError, plan_units
 from gateway.config import ConfigError, config_from_dict
+from gateway.launcher.up.plan import EngineOptions, PlanError, plan_units
 from tests.vllm.support import ROOT
 
 
@@ -50,7 +50,7 @@ def test_a_vllm_unit_becomes_vllm_nodes_with_its_model_and_engine_args() -> None
     assert json.loads(argv[argv.index("--vllm-args") + 1]) == {"dtype": "float32"}
     argv = leader.argv("127.0.0.1:29500", EngineOptions())
     assert "--served-model-name" in argv and argv[argv.index("--backend") + 1] == "vllm"
-    ns = build_parser().parse_args(argv[1:])
+    ns = build_parser().parse_args(argv)
     assert (ns.port, ns.health_host, ns.health_port) == (8101, "127.0.0.1", 8100)
 
 

@@ -171,7 +171,8 @@ def run(
     source: Path = Path("config.toml"),
 ) -> RealTrials:
     """`trials` runs of each fault. A kill makes `up` restart u0 whole, after a delay that
-    doubles with each restart up to 30 s (engine/up/backoff.py): kills take the most time."""
+    doubles with each restart up to 30 s (gateway/launcher/up/backoff.py): kills take the
+    most time."""
     text, _ = moved_ports(source.read_text())
     config = tmp / "config.toml"
     config.write_text(text)

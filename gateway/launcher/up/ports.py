@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.up.fleet import ReplicaPorts
-from engine.up.plan import PlanError
 from gateway.api import Config
 from gateway.base.ports import is_free
+from gateway.launcher.up.fleet import ReplicaPorts
+from gateway.launcher.up.plan import PlanError
 
 
 def check_free(config: Config, replicas: Sequence[ReplicaPorts]) -> None:

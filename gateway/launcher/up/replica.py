@@ -17,9 +17,6 @@ import signal
 import sys
 from pathlib import Path
 
-from engine.up.fleet import ReplicaPorts, replica_config
-from engine.up.plan import Plan, PlanError, plan_units
-from engine.up.ready import wait_routable
 from gateway.api import (
     LOG_FORMATS,
     Config,
@@ -30,6 +27,9 @@ from gateway.api import (
     setup_logging,
 )
 from gateway.base.readyfile import write_ready
+from gateway.launcher.up.fleet import ReplicaPorts, replica_config
+from gateway.launcher.up.plan import Plan, PlanError, plan_units
+from gateway.launcher.up.ready import wait_routable
 
 log = logging.getLogger("unitgate.up")
 

@@ -13,10 +13,10 @@ import asyncio
 import logging
 import time
 
-from engine.up.backoff import Backoff
-from engine.up.plan import UnitPlan
-from engine.up.processes import Launcher, NodeProcess, describe_exit, stop_nodes
 from gateway.base.ports import free_port
+from gateway.launcher.up.backoff import Backoff
+from gateway.launcher.up.plan import UnitPlan
+from gateway.launcher.up.processes import Launcher, NodeProcess, describe_exit, stop_nodes
 
 log = logging.getLogger("unitgate.up")
 

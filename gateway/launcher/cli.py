@@ -27,7 +27,7 @@ _DELEGATED = {
     "node": "engine.cli",
     "admin": "gateway.admin.cli",
     "worker": "gateway.workers.cli",  # started by the control plane, not by hand
-    "replica": "engine.up.replica",  # started by `unitgate up --replicas N`, not by hand
+    "replica": "gateway.launcher.up.replica",  # started by `unitgate up --replicas N`, not by hand
     "watch": "gateway.watch.cli",
     "check-config": "gateway.check_config",
 }
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_gateway(config, ns.ready_file)
     if ns.simulated and ns.replicas == 1:
         return _up(config, Path(ns.config))
-    from engine.up.main import UpOptions, run_up
+    from gateway.launcher.up.main import UpOptions, run_up
 
     options = UpOptions(
         log_dir=ns.log_dir,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.up.plan import Plan, PlanError
 from gateway.api import Config
+from gateway.launcher.up.plan import Plan, PlanError
 
 MAX_PORT = 65535
 

@@ -18,9 +18,9 @@ from urllib.parse import quote
 
 import aiohttp
 
-from engine.up.plan import Plan, UnitPlan
-from engine.up.replicas import ReplicaSupervisor, Where
 from gateway.api import Config, Gateway, is_routable
+from gateway.launcher.up.plan import Plan, UnitPlan
+from gateway.launcher.up.replicas import ReplicaSupervisor, Where
 
 POLL_S = 0.2
 

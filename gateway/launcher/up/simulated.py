@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.up.processes import spawn, terminate
-from engine.up.units import UnitsFailed
 from gateway.base.readyfile import NotReady, clear_ready, wait_ready
+from gateway.launcher.up.processes import spawn, terminate
+from gateway.launcher.up.units import UnitsFailed
 
 log = logging.getLogger("unitgate.up")
 READY_WITHIN_S = 30.0

@@ -10,10 +10,10 @@ import asyncio
 import logging
 from typing import Protocol
 
-from engine.up.backoff import Backoff
-from engine.up.plan import Plan
-from engine.up.processes import Launcher
-from engine.up.supervisor import UnitSupervisor
+from gateway.launcher.up.backoff import Backoff
+from gateway.launcher.up.plan import Plan
+from gateway.launcher.up.processes import Launcher
+from gateway.launcher.up.supervisor import UnitSupervisor
 
 log = logging.getLogger("unitgate.up")
 

@@ -62,10 +62,11 @@ class NodeSpec:
         return f"http://{self.host}:{port}/health"
 
     def argv(self, master: str, options: EngineOptions) -> list[str]:
-        """`unitgate node` flags for this node in a group rendezvousing at `master`."""
+        """The node's flags (`python -m engine`, `unitgate node`) for this node in a group
+        rendezvousing at `master`."""
         where = ("--host", "--port") if self.rank == 0 else ("--health-host", "--health-port")
         args = [
-            *("node", "--role", self.role, "--unit", self.unit, "--rank", str(self.rank)),
+            *("--role", self.role, "--unit", self.unit, "--rank", str(self.rank)),
             *("--world-size", str(self.world_size), "--master", master),
             *(where[0], self.host, where[1], str(self.port)),
             *("--model", self.model or options.model, "--seed", str(options.seed)),

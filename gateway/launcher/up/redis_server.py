@@ -19,7 +19,7 @@ from pathlib import Path
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from engine.up.processes import spawn, terminate
+from gateway.launcher.up.processes import spawn, terminate
 
 log = logging.getLogger("unitgate.up")
 INSTALL_HINT = "apt-get install redis-server"

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.up.backoff import Backoff
-from engine.up.fleet import ReplicaPorts
-from engine.up.processes import describe_exit, spawn, terminate
 from gateway.base.readyfile import NotReady, clear_ready, wait_ready
+from gateway.launcher.up.backoff import Backoff
+from gateway.launcher.up.fleet import ReplicaPorts
+from gateway.launcher.up.processes import describe_exit, spawn, terminate
 
 log = logging.getLogger("unitgate.up")
 

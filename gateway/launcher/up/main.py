@@ -31,17 +31,22 @@ from pathlib import Path
 
 from engine.backends.vllm import VllmMissing, require_vllm
 from engine.backends.vllm.args import check_known, known_engine_args
-from engine.up.backoff import Backoff
-from engine.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
-from engine.up.plan import EngineOptions, Plan, PlanError, plan_units
-from engine.up.ports import check_free
-from engine.up.processes import Launcher, node_env
-from engine.up.ready import announce, describe_units, wait_fleet
-from engine.up.redis_server import INSTALL_HINT, LocalRedis, StoreFailed, find_redis_server
-from engine.up.replicas import ReplicaLauncher, ReplicaSupervisor, Where
-from engine.up.simulated import SimulatedUnits
-from engine.up.units import BuiltinUnits, LocalUnits, UnitsFailed
 from gateway.api import Config, ConfigError, Gateway, raise_fd_limit, read_tokens, running
+from gateway.launcher.up.backoff import Backoff
+from gateway.launcher.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
+from gateway.launcher.up.plan import EngineOptions, Plan, PlanError, plan_units
+from gateway.launcher.up.ports import check_free
+from gateway.launcher.up.processes import Launcher, node_env
+from gateway.launcher.up.ready import announce, describe_units, wait_fleet
+from gateway.launcher.up.redis_server import (
+    INSTALL_HINT,
+    LocalRedis,
+    StoreFailed,
+    find_redis_server,
+)
+from gateway.launcher.up.replicas import ReplicaLauncher, ReplicaSupervisor, Where
+from gateway.launcher.up.simulated import SimulatedUnits
+from gateway.launcher.up.units import BuiltinUnits, LocalUnits, UnitsFailed
 
 log = logging.getLogger("unitgate.up")
 READY_TIMEOUT = 180.0  # first start on a small machine: every node imports torch at once

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.up.plan import EngineOptions, NodeSpec
+from gateway.launcher.up.plan import EngineOptions, NodeSpec
 
 PR_SET_PDEATHSIG = 1
 
@@ -74,7 +74,7 @@ class Launcher:
 
     async def start(self, spec: NodeSpec, master: str) -> NodeProcess:
         log_path = self.log_dir / f"{spec.unit}-rank{spec.rank}.log"
-        argv = (sys.executable, "-m", "gateway", *spec.argv(master, self.options))
+        argv = (sys.executable, "-m", "engine", *spec.argv(master, self.options))
         return NodeProcess(spec, await spawn(argv, log_path, self.env))
 
 
