@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from gateway.base.readyfile import wait_ready_blocking
 from gateway.config import Config, config_from_dict
 from gateway.routing.affinity import affinity_key, hash_key, rank
-from loadtest.readyfile import wait_ready_file
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -80,7 +80,7 @@ def start_sim(tmp: Path, *args: str) -> SimProcess:
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    info = wait_ready_file(ready, proc)
+    info = wait_ready_blocking(ready, proc, 30.0, "the simulated units")
     return SimProcess(proc, info["control"], info["units"])
 
 

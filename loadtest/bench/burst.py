@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.base.readyfile import wait_ready_blocking
 from loadtest.bench.processes import (
     CLK_TCK,
     MODEL,
@@ -43,7 +44,7 @@ from loadtest.bench.processes import (
     tree,
     tree_ticks,
 )
-from loadtest.readyfile import wait_http_ok, wait_ready_file
+from loadtest.readyfile import wait_http_ok
 
 ADMIN = """\
 [admin]
@@ -230,7 +231,7 @@ def _child(
             env={**os.environ, **(env or {})},
         )
     try:
-        yield wait_ready_file(ready, proc, READY_TIMEOUT_S, argv[0]), proc
+        yield wait_ready_blocking(ready, proc, READY_TIMEOUT_S, argv[0]), proc
     finally:
         stop_child(proc)
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.readyfile import wait_http_ok, wait_ready_file
+from gateway.base.readyfile import wait_ready_blocking
+from loadtest.readyfile import wait_http_ok
 
 MODEL = "unitgate-sim"  # the model id the simulated units serve (loadtest.simunits)
 READY_TIMEOUT_S = 30.0
@@ -160,7 +161,7 @@ def child(
     with pinned(cpu):
         proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.DEVNULL, cwd=cwd)
     try:
-        info = wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
+        info = wait_ready_blocking(ready, proc, READY_TIMEOUT_S, what)
         if routes:
             wait_http_ok(info["public"] + "/readyz", proc, READY_TIMEOUT_S, what)
         yield info

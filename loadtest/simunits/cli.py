@@ -13,10 +13,10 @@ import signal
 import sys
 from pathlib import Path
 
-import orjson
 import uvloop
 
 from gateway.base.oslimits import raise_fd_limit
+from gateway.base.readyfile import write_ready
 from loadtest.simunits.cluster import DEFAULT_MAX_TOKENS_CAP, DEFAULT_MODEL, SimCluster
 from loadtest.simunits.state import Settings
 from loadtest.simunits.topology import (
@@ -124,10 +124,7 @@ def _check_behaviour(p: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def _announce(cluster: SimCluster, ready_file: Path | None) -> None:
     """Runs in a worker thread: file and stdout writes can block."""
     if ready_file is not None:
-        payload = {"pid": os.getpid(), **cluster.describe()}
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2))
-        tmp.replace(ready_file)
+        write_ready(ready_file, {"pid": os.getpid(), **cluster.describe()})
     print(f"unitgate-sim ready {cluster.control_url}", flush=True)
 
 

@@ -122,7 +122,7 @@ def test_the_engine_takes_only_the_base_of_the_gateway() -> None:
 
 def test_the_load_tools_stand_apart_from_the_gateway() -> None:
     """The load generator and the simulated units run in front of any OpenAI server: from the
-    gateway they take only its two stdlib-only leaf modules (gateway/api.py says so)."""
+    gateway they take only its standard-library-only base."""
     edges, _ = graph()
     used = {
         target
@@ -131,6 +131,4 @@ def test_the_load_tools_stand_apart_from_the_gateway() -> None:
         for target in targets
         if target.startswith("gateway")
     }
-    assert used <= {"gateway.base.oslimits", "gateway.base.net"}, used
-    for leaf in ("gateway.base.oslimits", "gateway.base.net"):
-        assert not {t for t in edges[leaf] if t.startswith("gateway")}, leaf
+    assert used <= BASE, used

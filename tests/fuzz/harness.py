@@ -24,7 +24,7 @@ from typing import Any
 import httptools
 import orjson
 
-from loadtest.readyfile import wait_ready_file
+from gateway.base.readyfile import wait_ready_blocking
 from tests.support import MODEL, ROOT, SimProcess, session_ranking_first
 
 CHAT = "/v1/chat/completions"
@@ -311,7 +311,7 @@ def start_gateway(tmp: Path, sim: SimProcess, raw: RawUnit) -> GatewayProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    info = wait_ready_file(ready, proc)
+    info = wait_ready_blocking(ready, proc, 30.0, "the gateway")
     ids = [u["id"] for u in units]
     sessions = {i: session_ranking_first(i, [o for o in ids if o != i]) for i in ids}
     port = int(info["public"].rsplit(":", 1)[1])

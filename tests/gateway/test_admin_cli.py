@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.admin import tables
-from loadtest.readyfile import wait_ready_file
+from gateway.base.readyfile import wait_ready_blocking
 from tests.support import ROOT, SimProcess, stop_process
 
 TOKEN = "ops-token"
@@ -45,7 +45,7 @@ def ops_url(clean_sim: SimProcess, tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "UNITGATE_ADMIN_TOKEN": f"ops:{TOKEN}"}
     proc = subprocess.Popen([sys.executable, "-m", "gateway", *command], cwd=ROOT, env=env)
     try:
-        yield str(wait_ready_file(ready, proc)["metrics"])
+        yield str(wait_ready_blocking(ready, proc, 30.0, "the gateway")["metrics"])
     finally:
         stop_process(proc)
 

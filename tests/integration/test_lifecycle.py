@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from loadtest.readyfile import wait_ready_file
+from gateway.base.readyfile import wait_ready_blocking
 from tests.support import ROOT, SimProcess, chat_body
 
 
@@ -65,7 +65,7 @@ async def test_sigterm_drains_in_flight_streams(clean_sim: SimProcess, tmp_path:
         cwd=ROOT,
     )
     try:
-        info = await asyncio.to_thread(wait_ready_file, ready, proc)
+        info = await asyncio.to_thread(wait_ready_blocking, ready, proc, 30.0, "the gateway")
         async with aiohttp.ClientSession() as http:
             resp = await http.post(info["public"] + "/v1/chat/completions", json=chat_body())
             first = await resp.content.readany()

@@ -19,9 +19,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from gateway.base.readyfile import wait_ready_blocking
 from gateway.config import ConfigError, config_from_dict
 from gateway.server import running
-from loadtest.readyfile import wait_ready_file
 from tests.gateway.servers import until
 from tests.support import MODEL, ROOT, chat_body, sse_events, stop_process, until_routable
 from tests.tls_support import Certs, make_certs
@@ -246,7 +246,7 @@ def test_workers_serve_the_shared_port_over_https(certs: Certs, tmp_path: Path) 
     argv = ["-m", "gateway", "gateway", "--config", str(config), "--ready-file", str(ready)]
     proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
-        info = wait_ready_file(ready, proc, 30.0, "the gateway")
+        info = wait_ready_blocking(ready, proc, 30.0, "the gateway")
         assert info["public"].startswith("https://127.0.0.1:"), info
         context = certs.client_context()
         for _ in range(4):  # a new connection each: the kernel spreads them over the workers

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.base.ports import free_port
-from loadtest.readyfile import wait_ready_file
+from gateway.base.readyfile import wait_ready_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 15.0
@@ -61,7 +61,7 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path, topology: str) -> N
         stdout=subprocess.PIPE,
     )
     try:
-        info = wait_ready_file(ready, proc, DEADLINE_S, "the simulated units")
+        info = wait_ready_blocking(ready, proc, DEADLINE_S, "the simulated units")
         assert info["pid"] == proc.pid
         (unit,) = info["units"]
         assert len(unit["nodes"]) == 2 and unit["nodes"][0] == unit["leader"]

@@ -19,8 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.base.readyfile import wait_ready_blocking
 from loadtest.bench.processes import READY_TIMEOUT_S, pinned, stop_child
-from loadtest.readyfile import wait_ready_file
 
 # "2026-11-29 20:42:55,017 INFO unitgate.events: unit u942: unhealthy (...) by prober"
 _EVENT = re.compile(
@@ -54,7 +54,7 @@ def logged_child(
             [sys.executable, "-m", *argv], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
-        yield wait_ready_file(ready, proc, READY_TIMEOUT_S, what)
+        yield wait_ready_blocking(ready, proc, READY_TIMEOUT_S, what)
     finally:
         stop_child(proc)
 

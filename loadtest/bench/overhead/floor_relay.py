@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
-import orjson
 import uvloop
 
+from gateway.base.readyfile import write_ready
 from loadtest.simunits.topology import Address, ConfigError, load_config
 
 HOST = "127.0.0.1"
@@ -149,20 +149,13 @@ async def _serve(leaders: list[Address], ready_file: Path) -> None:
     server = await loop.create_server(relay.accept, HOST, 0, backlog=BACKLOG)
     try:
         port = server.sockets[0].getsockname()[1]
-        _write_ready(ready_file, f"http://{HOST}:{port}")
+        write_ready(ready_file, {"pid": os.getpid(), "public": f"http://{HOST}:{port}"})
         await stop.wait()
     finally:
         server.close()
         await relay.close()
         async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
             await server.wait_closed()
-
-
-def _write_ready(path: Path, public: str) -> None:
-    """Written whole then renamed: the harness polls for the file and must never see half."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps({"pid": os.getpid(), "public": public}))
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
