@@ -2,7 +2,7 @@
 
 The document needs no token: it says what the API does, never anything about the fleet, and
 tools (code generators, API browsers) fetch it before they hold one. It is built once, from
-the schemas in gateway/admin/schemas.py; tests/gateway/test_admin_openapi.py checks it against
+the schemas in gateway/admin/schemas.py; tests/gateway/admin/test_admin_openapi.py checks it against
 the routes the admin app registers and validates the real handlers' answers with it.
 """
 

@@ -1,7 +1,7 @@
 """JSON Schemas (draft 2020-12, as OpenAPI 3.1 uses) of the admin API's bodies and answers.
 
 They describe what the handlers really send: objects list every key they carry and allow no
-other, so tests/gateway/test_admin_openapi.py fails when a handler's answer and its schema
+other, so tests/gateway/admin/test_admin_openapi.py fails when a handler's answer and its schema
 part ways. gateway/admin/openapi.py puts them in the OpenAPI document.
 """
 

@@ -20,8 +20,9 @@
  * its Reader with no Python frame between the event loop and this code.
  *
  * gateway/proxy/tracker.py and pump.py are the reference: what this writes to the client,
- * and what it leaves in the tracker, must be byte for byte what they do (tests/gateway/
- * test_native_relay*.py hold both to it over recorded and generated streams).
+ * and what it leaves in the tracker, must be byte for byte what they do
+ * (tests/gateway/native/test_native_relay*.py hold both to it over recorded and generated
+ * streams).
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN

@@ -1,6 +1,6 @@
 """Priority classes through a real gateway on real sockets: the `x-unitgate-priority` header,
 its refusals, and the class's `priority` sent to the units that schedule by it (and only to
-them). What admission does with the classes: tests/gateway/test_admission_classes.py."""
+them). What admission does with the classes: tests/gateway/routing/test_admission_classes.py."""
 
 from __future__ import annotations
 
