@@ -42,6 +42,7 @@ from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
 from gateway.observability.fairness import TokenWindow
+from gateway.observability.health_observers import health_signals
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
@@ -121,7 +122,9 @@ class Gateway:
             role.by_class or self.admission.by_class,
         )
         self.events = EventLog(config.admin.events_kept)
-        self.breakers = BreakerGate(config, self.units, self.events, self.metrics)
+        # Health's observers: it emits signals, the metrics and the events log subscribe.
+        self.health_signals = health_signals(self.events, self.metrics)
+        self.breakers = BreakerGate(config, self.units, self.health_signals)
         # Streams in flight per unit: ejections reach them, and they vouch for a slow unit.
         self.live = LiveStreams(config.health.traffic_window, config.health.pace_factor)
         self.units.on_membership(self._membership)
@@ -129,8 +132,7 @@ class Gateway:
         self.health = HealthSupervisor(
             config,
             self.units,
-            self.events,
-            self.metrics,
+            self.health_signals,
             traffic=role.traffic or self.live.flowing,
             own=role.own or live_count,
         )

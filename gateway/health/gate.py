@@ -1,31 +1,26 @@
 """The breaker gate: feeds traffic outcomes to the breakers and enforces what they decide.
 
 The breaker board is pure; this is its I/O side. It owns the `admitting` bit of every unit
-(and the unit's in-flight cap while only trial requests may pass), records each transition
-once with its reason (the events log's line is its only log line), exports it as a metric,
-and keeps one timer armed for the earliest end of an ejection instead of polling.
+(and the unit's in-flight cap while only trial requests may pass), signals each transition
+once with its reason (the events log and the metrics subscribe: health/signals.py), and keeps
+one timer armed for the earliest end of an ejection instead of polling.
 """
 
 from __future__ import annotations
 
 import asyncio
-from logging import WARNING
 
 from gateway.config import Config
 from gateway.health.breaker import BreakerBoard, BreakerState, Transition
-from gateway.observability.events import EventLog
-from gateway.observability.metrics import Metrics
+from gateway.health.signals import HealthObserver
 from gateway.units import UnitRegistry, UnitState
 
 
 class BreakerGate:
-    def __init__(
-        self, config: Config, registry: UnitRegistry, events: EventLog, metrics: Metrics
-    ) -> None:
+    def __init__(self, config: Config, registry: UnitRegistry, signals: HealthObserver) -> None:
         self.board = BreakerBoard(config.breaker)
         self.registry = registry
-        self.events = events
-        self.metrics = metrics
+        self.signals = signals
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         for unit_id in registry.units:
@@ -55,8 +50,7 @@ class BreakerGate:
 
     def _apply(self, t: Transition) -> None:
         if t.suppressed:
-            self.events.record(t.unit, "ejection suppressed", t.reason, "breaker", WARNING)
-            self.metrics.breaker_transitions.labels(t.unit, "suppressed").inc()
+            self.signals.breaker(t)
             return
         unit = self.registry.units.get(t.unit)
         if unit is not None:
@@ -64,8 +58,7 @@ class BreakerGate:
             unit.cap = unit.configured_cap if cap is None else min(cap, unit.configured_cap)
             admitting = t.new is not BreakerState.EJECTED
             self.registry.set_bit(t.unit, "admitting", admitting, t.reason, "breaker")
-        self.events.record(t.unit, f"breaker {t.new}", t.reason, "breaker", WARNING)
-        self.metrics.breaker_transitions.labels(t.unit, str(t.new)).inc()
+        self.signals.breaker(t)
         self._arm()
 
     def _arm(self) -> None:

@@ -28,11 +28,9 @@ from gateway.config import HealthConfig
 from gateway.health.kinds import node_probes, report_window
 from gateway.health.probe import canary
 from gateway.health.result import NodeReport
-from gateway.health.states import Health
+from gateway.health.signals import HealthObserver
 from gateway.health.ticks import ProbeTicks
 from gateway.health.verdict import Flip, GangVerdict, Round
-from gateway.observability.events import EventLog
-from gateway.observability.metrics import Metrics
 from gateway.proxy.pool import ConnectionPool, Endpoint
 from gateway.routing.load import others
 from gateway.tls import unit_context
@@ -64,8 +62,7 @@ class UnitProber:
         self,
         unit: UnitState,
         registry: UnitRegistry,
-        events: EventLog,
-        metrics: Metrics,
+        signals: HealthObserver,
         pool: ConnectionPool,
         config: HealthConfig,
         rng: Random,
@@ -73,7 +70,7 @@ class UnitProber:
         own: Own | None = live_count,
         ticks: ProbeTicks | None = None,
     ) -> None:
-        self.unit, self.registry, self.events = unit, registry, events
+        self.unit, self.registry, self.signals = unit, registry, signals
         self.ticks = ticks  # shared wake-ups with other probers; None: a timer of its own
         self.own = own  # None: [routing].engine_load is off, the leader's counts are not read
         self.pool, self.config, self.rng = pool, config, rng
@@ -92,10 +89,6 @@ class UnitProber:
             slow_grace=config.slow_grace(),
             report_window=report_window(unit.config),
         )
-        # Label lookups take a lock; do them once, not per failed probe.
-        self.failures = [metrics.probe_failures.labels(unit.id, str(r)) for r in range(len(urls))]
-        to = metrics.health_transitions
-        self.transitions = {h: to.labels(unit.id, h.value) for h in Health}
         self.rounds = 0
 
     async def run(self, first_after: float = 0.0) -> None:
@@ -163,14 +156,13 @@ class UnitProber:
             node.step, node.pending, node.pid = report.step, report.pending, report.pid
             node.kv_usage = report.kv_usage
             if problem is not None:
-                self.failures[node.rank].inc()
+                self.signals.probe_failed(self.unit.id, node.rank)
 
     def _apply(self, flip: Flip) -> None:
         if self.registry.units.get(self.unit.id) is not self.unit:
             return  # removed while this round was out; its bit is nobody's business now
         self.registry.set_health(self.unit.id, flip.health, flip.reason, flip.hard, "prober")
-        self.events.record(self.unit.id, flip.health.value, flip.reason, "prober")
-        self.transitions[flip.health].inc()
+        self.signals.flipped(self.unit.id, flip.health, flip.reason)
 
     async def _until_next(self, started: float, now: float) -> None:
         """Sleep until the next round's start, `interval` +- `jitter` after `started`."""

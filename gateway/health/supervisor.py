@@ -16,9 +16,8 @@ from types import TracebackType
 from gateway.config import Config
 from gateway.health.probe import probe_pool
 from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
+from gateway.health.signals import HealthObserver
 from gateway.health.ticks import ProbeTicks
-from gateway.observability.events import EventLog
-from gateway.observability.metrics import Metrics
 from gateway.proxy.pool import ConnectionPool
 from gateway.units import UnitRegistry, UnitState
 
@@ -33,8 +32,7 @@ class HealthSupervisor:
         self,
         config: Config,
         registry: UnitRegistry,
-        events: EventLog,
-        metrics: Metrics,
+        signals: HealthObserver,
         rng: Random | None = None,
         traffic: Traffic = no_traffic,
         own: Own = live_count,
@@ -43,8 +41,7 @@ class HealthSupervisor:
         self.traffic = traffic
         self.own = own
         self.registry = registry
-        self.events = events
-        self.metrics = metrics
+        self.signals = signals  # the probers' flips and failures, for their observers
         self.rng = rng or Random()
         self._pool: ConnectionPool | None = None
         self._ticks: ProbeTicks | None = None  # the probers' shared wake-ups
@@ -126,8 +123,7 @@ class HealthSupervisor:
         prober = UnitProber(
             unit,
             self.registry,
-            self.events,
-            self.metrics,
+            self.signals,
             self._pool,
             self.config.health,
             self.rng,

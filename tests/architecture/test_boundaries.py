@@ -45,6 +45,25 @@ def test_the_request_path_reaches_no_metrics_or_tracing_library() -> None:
     assert offenders == {}
 
 
+def test_health_reaches_no_observability_module() -> None:
+    """Health emits signals and the metrics and events log subscribe, as on the request path:
+    no health module reaches gateway/observability/, a metrics library or a tracing one (the
+    vLLM kind reads vLLM's /metrics with prometheus_client's text parser, which is no export)."""
+    edges, outside = graph()
+    offenders = {}
+    for name in edges:
+        if name.startswith("gateway.health."):
+            for module in reachable(name, edges):
+                hit = set(outside[module] & OBSERVABILITY_LIBRARIES)
+                if module == "gateway.health.kinds.vllm_metrics":
+                    hit.discard("prometheus_client")
+                if module.startswith("gateway.observability"):
+                    hit.add(module)
+                if hit:
+                    offenders[name] = (module, sorted(hit))
+    assert offenders == {}
+
+
 def test_the_checker_sees_a_transitive_import() -> None:
     edges = {"a": {"b"}, "b": {"c"}, "c": set(), "d": set()}
     assert reachable("a", edges) == {"a", "b", "c"}

@@ -217,7 +217,7 @@ async def test_unit_added_at_run_time_is_probed_and_removed_unit_unprobed(
 
 async def test_disabled_health_starts_nothing(clean_sim: SimProcess) -> None:
     async with running(gateway_config(clean_sim.units[:1])) as gw:
-        supervisor = HealthSupervisor(gw.config, gw.units, gw.events, gw.metrics)
+        supervisor = HealthSupervisor(gw.config, gw.units, gw.health_signals)
         await supervisor.start()
         assert not supervisor.running and supervisor.task("u0") is None
         await supervisor.stop()

@@ -20,6 +20,7 @@ from gateway.health.probe import probe_pool
 from gateway.health.prober import UnitProber
 from gateway.health.verdict import Round
 from gateway.observability.events import EventLog
+from gateway.observability.health_observers import health_signals
 from gateway.observability.metrics import Metrics
 from gateway.proxy.pool import ConnectionPool
 from gateway.units import UnitRegistry, UnitState
@@ -124,7 +125,7 @@ async def rigs() -> AsyncIterator[Build]:
 
         unit = registry.units["u0"]
         prober = UnitProber(
-            unit, registry, events, metrics, pools[-1], c.health, Random(0), traffic
+            unit, registry, health_signals(events, metrics), pools[-1], c.health, Random(0), traffic
         )
         return Rig(prober, registry, events, metrics, asked)
 

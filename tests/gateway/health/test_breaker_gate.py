@@ -7,6 +7,7 @@ import asyncio
 from gateway.config import config_from_dict
 from gateway.health.gate import BreakerGate
 from gateway.observability.events import EventLog
+from gateway.observability.health_observers import health_signals
 from gateway.observability.metrics import Metrics
 from gateway.units import UnitRegistry
 
@@ -19,7 +20,7 @@ def make(**breaker: object) -> tuple[BreakerGate, UnitRegistry, EventLog]:
     )
     registry = UnitRegistry(config)
     events = EventLog()
-    gate = BreakerGate(config, registry, events, Metrics(registry, lambda: 0))
+    gate = BreakerGate(config, registry, health_signals(events, Metrics(registry, lambda: 0)))
     gate.start()
     return gate, registry, events
 

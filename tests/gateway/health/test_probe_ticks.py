@@ -13,6 +13,7 @@ from gateway.config import config_from_dict
 from gateway.health.supervisor import HealthSupervisor
 from gateway.health.ticks import ProbeTicks, TickPlan
 from gateway.observability.events import EventLog
+from gateway.observability.health_observers import health_signals
 from gateway.observability.metrics import Metrics
 from gateway.units import UnitRegistry
 from tests.gateway.health.prober_support import MODEL, Node, served
@@ -179,7 +180,7 @@ async def test_the_supervisors_probers_share_wake_ups() -> None:
         )
         registry = UnitRegistry(c)
         supervisor = HealthSupervisor(
-            c, registry, EventLog(), Metrics(registry, lambda: 0), Random(0)
+            c, registry, health_signals(EventLog(), Metrics(registry, lambda: 0)), Random(0)
         )
         await supervisor.start()
         ticks = supervisor.ticks

@@ -16,6 +16,7 @@ from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
 from gateway.health.verdict import Round
 from gateway.observability.events import EventLog
+from gateway.observability.health_observers import health_signals
 from gateway.observability.metrics import Metrics
 from gateway.units import UnitRegistry
 from tests.gateway.health import prober_support
@@ -102,7 +103,7 @@ async def test_the_supervisor_starts_a_prober_per_unit_and_stop_ends_them_all() 
         c = config(urls, interval=0.02)
         registry = UnitRegistry(c)
         supervisor = HealthSupervisor(
-            c, registry, EventLog(), Metrics(registry, lambda: 0), Random(0)
+            c, registry, health_signals(EventLog(), Metrics(registry, lambda: 0)), Random(0)
         )
         await supervisor.start()
         task = supervisor.task("u0")
@@ -119,7 +120,9 @@ async def test_removing_a_unit_ends_its_prober() -> None:
     async with served(Node(0)) as urls:
         c = config(urls, interval=0.02)
         registry = UnitRegistry(c)
-        async with HealthSupervisor(c, registry, EventLog(), Metrics(registry, lambda: 0)) as sup:
+        async with HealthSupervisor(
+            c, registry, health_signals(EventLog(), Metrics(registry, lambda: 0))
+        ) as sup:
             task = sup.task("u0")
             assert task is not None
             registry.remove("u0")
