@@ -40,7 +40,12 @@ from tests.chaos.simulated import (
 )
 from tests.support import MODEL, SimProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.chaos,
+    pytest.mark.timeout(120),
+    pytest.mark.both_relays,
+]
 
 
 async def test_5_unit_flapping(sim: SimProcess, gateway: GatewayProcess) -> None:

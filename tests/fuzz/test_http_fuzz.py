@@ -35,6 +35,8 @@ from tests.fuzz.harness import (
 from tests.fuzz.strategies import HTTP_FUZZ, hostile_body
 from tests.support import MODEL
 
+pytestmark = pytest.mark.both_relays
+
 
 def check_answer(reply: Reply, stream: bool) -> None:
     assert reply.complete

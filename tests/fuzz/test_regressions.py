@@ -5,9 +5,12 @@ from __future__ import annotations
 import gzip
 
 import orjson
+import pytest
 
 from tests.fuzz.harness import GatewayProcess, RawUnit, Script, exchange, post, post_head
 from tests.support import MODEL
+
+pytestmark = pytest.mark.both_relays
 
 # n > 1 is never resumed: the plain relay, which passes the unit's bytes unchanged.
 STREAM = orjson.dumps(

@@ -10,6 +10,8 @@ import pytest
 from gateway.server import Gateway
 from tests.support import MODEL, SimProcess, chat_body, sim_total
 
+pytestmark = pytest.mark.both_relays
+
 CHAT = "/v1/chat/completions"
 USER = b'"messages": [{"role": "user", "content": "x"}]'
 BAD = [

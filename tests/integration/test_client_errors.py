@@ -19,6 +19,8 @@ from gateway.server import running
 from tests.integration.test_relay_edges import raw_unit
 from tests.support import SimProcess, chat_body, gateway_config, session_ranking_first, sse_events
 
+pytestmark = pytest.mark.both_relays
+
 CHAT = "/v1/chat/completions"
 LEAKS = re.compile(r"127\.0\.0\.1|localhost|errno|refused|connect call|http://", re.IGNORECASE)
 

@@ -15,6 +15,8 @@ from gateway.cors import allow_headers, allowed_origin
 from gateway.server import Gateway, running
 from tests.support import SimProcess, chat_body, gateway_config, sse_events
 
+pytestmark = pytest.mark.both_relays
+
 APP = "https://app.example"
 CHAT = "/v1/chat/completions"
 PREFLIGHT = {

@@ -6,9 +6,12 @@ import asyncio
 import time
 
 import aiohttp
+import pytest
 
 from gateway.server import Gateway
 from tests.support import SimProcess, chat_body, sim_stats
+
+pytestmark = pytest.mark.both_relays
 
 
 async def test_disconnect_closes_upstream_within_100ms(

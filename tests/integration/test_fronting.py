@@ -20,6 +20,8 @@ from gateway.server import running
 from tests.gateway.servers import serve_app, until
 from tests.support import MODEL, SimProcess, sse_events, until_routable
 
+pytestmark = pytest.mark.both_relays
+
 PUBLIC = "Shop-Assistant"
 HEALTH = {"enabled": True, "interval": 0.05, "timeout": 0.5, "fall": 1, "rise": 1}
 

@@ -26,7 +26,7 @@ from gateway.server import Gateway
 from gateway.version import version
 from tests.gateway.servers import serve_app, until
 
-pytestmark = pytest.mark.usefixtures("admin_tokens")
+pytestmark = [pytest.mark.usefixtures("admin_tokens"), pytest.mark.both_relays]
 MODEL = "Shop-Assistant"
 ADMIN = {"Authorization": "Bearer alice-token"}
 

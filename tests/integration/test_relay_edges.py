@@ -7,9 +7,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 
 from gateway.server import running
 from tests.support import SimProcess, chat_body, gateway_config, session_ranking_first
+
+pytestmark = pytest.mark.both_relays
 
 CHAT = "/v1/chat/completions"
 Responder = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

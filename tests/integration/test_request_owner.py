@@ -27,6 +27,8 @@ from tests.support import (
     sse_events,
 )
 
+pytestmark = pytest.mark.both_relays
+
 CHAT = "/v1/chat/completions"
 
 

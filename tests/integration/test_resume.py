@@ -29,6 +29,8 @@ from tests.support import (
     until_routable,
 )
 
+pytestmark = pytest.mark.both_relays
+
 CHAT = "/v1/chat/completions"
 # A session whose first choice (affinity "session") is u0, with u1 as the only other unit.
 FIRST_U0 = {"x-session-id": session_ranking_first("u0", ["u1"])}

@@ -22,7 +22,7 @@ from gateway.server import Gateway, running
 from tests.engine.test_up_support import MODEL, Proc, unitgate
 from tests.support import gateway_config, sse_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.both_relays]
 
 MAX_TOKENS = 320  # long enough that the kill lands mid-answer even on a fast machine
 KILL_AFTER = 8  # content chunks the client has before its unit dies

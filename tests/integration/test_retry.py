@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
 from gateway.server import running
 from tests.support import (
@@ -13,6 +14,8 @@ from tests.support import (
     sim_stats,
     sim_total,
 )
+
+pytestmark = pytest.mark.both_relays
 
 CHAT = "/v1/chat/completions"
 

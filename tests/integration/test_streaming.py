@@ -7,9 +7,12 @@ from collections import Counter
 
 import aiohttp
 import openai
+import pytest
 
 from gateway.server import Gateway, running
 from tests.support import MODEL, SimProcess, chat_body, gateway_config
+
+pytestmark = pytest.mark.both_relays
 
 CHAT = "/v1/chat/completions"
 

@@ -26,6 +26,8 @@ from tests.gateway.servers import until
 from tests.support import MODEL, ROOT, chat_body, sse_events, stop_process, until_routable
 from tests.tls_support import Certs, make_certs
 
+pytestmark = pytest.mark.both_relays
+
 HEALTH = {"enabled": True, "interval": 0.05, "timeout": 0.5, "fall": 1, "rise": 1}
 WORDS = ["Hello", " over", " TLS"]
 

@@ -14,6 +14,8 @@ from aiohttp import web
 
 from tests.gateway.servers import serve_app
 
+pytestmark = pytest.mark.both_relays
+
 KEEPALIVE_S = 0.3
 
 

@@ -37,6 +37,8 @@ from tests.gateway.proxy.relay_support import (
 )
 from tests.gateway.servers import RawServer, serve_app, until
 
+pytestmark = pytest.mark.both_relays
+
 
 async def test_bytes_are_relayed_unchanged_in_order_as_http_chunks(
     upstream: UpstreamClient,

@@ -9,6 +9,8 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from gateway.outcomes import End
 from gateway.proxy.pump import HIGH_WATER
 from gateway.proxy.upstream import Answer, UpstreamClient
@@ -22,6 +24,8 @@ from tests.gateway.proxy.relay_support import (
     stream_of,
 )
 from tests.gateway.servers import RawServer, until
+
+pytestmark = pytest.mark.both_relays
 
 
 async def test_a_client_that_leaves_is_client_gone_and_its_unit_is_cut_off(

@@ -28,6 +28,8 @@ from tests.gateway.proxy.relay_support import (
 )
 from tests.gateway.servers import RawServer, until
 
+pytestmark = pytest.mark.both_relays
+
 
 async def test_an_ejected_units_quiet_stream_breaks_at_once(upstream: UpstreamClient) -> None:
     loop = asyncio.get_running_loop()

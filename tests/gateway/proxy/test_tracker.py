@@ -18,6 +18,8 @@ from gateway.proxy.continuation import (
 from gateway.proxy.sse import EventSplitter, data_of
 from gateway.proxy.tracker import StreamTracker
 
+pytestmark = pytest.mark.both_relays
+
 BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
 PROMPT = [5, 6, 7]
 

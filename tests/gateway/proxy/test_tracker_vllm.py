@@ -13,6 +13,8 @@ import pytest
 from gateway.proxy.names import Renamer
 from gateway.proxy.tracker import StreamTracker
 
+pytestmark = pytest.mark.both_relays
+
 VLLM = Path(__file__).resolve().parents[2] / "data" / "vllm"
 # Per request, per chunk: never the same twice, so not compared.
 VOLATILE = ("id", "created", "system_fingerprint")

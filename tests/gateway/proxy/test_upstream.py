@@ -27,6 +27,8 @@ from tests.gateway.servers import (
     until,
 )
 
+pytestmark = pytest.mark.both_relays
+
 PATH = "/v1/chat/completions"
 BODY = orjson.dumps({"model": "m", "messages": [], "stream": True})
 FIRST = b'data: {"n": 1}\n\n'
