@@ -117,26 +117,15 @@ class UnitCards:
         """The JSON a unit answers a GET of `path` with (None: any failure, or not 200)."""
         deadline = asyncio.get_running_loop().time() + READ_S
         try:
-            answer = await self.upstream.open(
-                unit.id,
-                unit.leader,
-                path,
-                b"",
-                "unitgate-cards",
-                deadline,
-                None,
-                unit.extra_head,
-                unit.config,
-                "GET",
+            status, body = await self.upstream.get(
+                unit.id, unit.leader, path, "unitgate-cards", deadline, unit.extra_head, unit.config
             )
         except UpstreamError:
             return None
-        streamed = answer.streaming
-        self.upstream.finish(answer)  # a stream is not what was asked for: closed
-        if answer.status != 200 or streamed:
+        if status != 200 or body is None:  # not 200, or a stream: not what was asked for
             return None
         try:
-            return orjson.loads(answer.first)
+            return orjson.loads(body)
         except orjson.JSONDecodeError:
             return None
 

@@ -123,20 +123,16 @@ class StoredResponses:
     ) -> tuple[UnitState, bool | None]:
         """Whether `unit` holds the response (None: it could not tell, in time or at all)."""
         try:
-            answer = await self.upstream.open(
+            status, _ = await self.upstream.get(
                 unit.id,
                 unit.leader,
                 target(response_id),
-                b"",
                 rid,
                 deadline,
-                None,
                 unit.extra_head,
                 unit.config,
-                "GET",
             )
         except UpstreamError as exc:
             log.info("looking for response %s on unit %s: %s", response_id, unit.id, exc.detail)
             return unit, None
-        self.upstream.finish(answer)
-        return unit, answer.status == 200
+        return unit, status == 200

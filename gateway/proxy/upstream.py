@@ -110,6 +110,25 @@ class UpstreamClient:
                 error.at = base_url  # for the log's line: the client is never told where
             raise error from exc
 
+    async def get(
+        self,
+        unit_id: str,
+        base_url: str,
+        path: str,
+        request_id: str,
+        deadline: float,
+        extra: bytes = b"",
+        unit: UnitConfig | None = None,
+    ) -> tuple[int, bytes | None]:
+        """A GET of `path` on a leader, read whole by `deadline`: its status and body (None
+        when the unit streamed an answer instead, which is closed)."""
+        answer = await self.open(
+            unit_id, base_url, path, b"", request_id, deadline, None, extra, unit, "GET"
+        )
+        streamed = answer.streaming
+        self.finish(answer)
+        return answer.status, None if streamed else answer.first
+
     def _endpoint(self, base_url: str, unit: UnitConfig | None) -> Endpoint:
         # Keyed by the TLS files too: a unit added again at its URL with other ones gets them.
         key = base_url if unit is None else (base_url, unit.tls_ca, unit.tls_cert, unit.tls_key)
