@@ -60,7 +60,8 @@ def public_app(
         """vLLM's `/health` (and SageMaker's `/ping`): /readyz's verdict, vLLM's empty body."""
         return web.Response(status=503 if unready() else 200)
 
-    for path, route in lean_routes(proxy).items():
+    root = config.gateway.root_path
+    for path, route in lean_routes(proxy, root).items():
         app.router.add_post(path, route)
 
     def keyed(handler: Handler) -> Handler:
@@ -75,24 +76,36 @@ def public_app(
 
         return checked
 
-    app.router.add_get(TOKENIZER_INFO_PATH, proxy.tokenizer_info)
-    app.router.add_get(RESPONSES_PATH + "/{id}", proxy.stored_response)
-    app.router.add_post(RESPONSES_PATH + "/{id}/cancel", proxy.cancel_response)
-    app.router.add_get("/v1/models", keyed(models))
-    app.router.add_get("/v1/models/{model:.+}", keyed(model))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ping", health)
-    app.router.add_post("/ping", health)
-    app.router.add_get("/version", version)
+    others: list[tuple[str, str, Handler]] = [
+        ("GET", TOKENIZER_INFO_PATH, proxy.tokenizer_info),
+        ("GET", RESPONSES_PATH + "/{id}", proxy.stored_response),
+        ("POST", RESPONSES_PATH + "/{id}/cancel", proxy.cancel_response),
+        ("GET", "/v1/models", keyed(models)),
+        ("GET", "/v1/models/{model:.+}", keyed(model)),
+        ("GET", "/healthz", healthz),
+        ("GET", "/readyz", readyz),
+        ("GET", "/health", health),
+        ("GET", "/ping", health),
+        ("POST", "/ping", health),
+        ("GET", "/version", version),
+    ]
+    for method, path, handler in others:
+        for at in rooted(path, root):
+            app.router.add_route(method, at, handler)
     _json_fallbacks(app)
     return app
 
 
-def lean_routes(proxy: ProxyHandler) -> dict[str, Route]:
-    """The proxy's routes (POST): what the lean front serves itself (gateway/front)."""
-    return proxy.posts
+def lean_routes(proxy: ProxyHandler, root_path: str) -> dict[str, Route]:
+    """The proxy's routes (POST): what the lean front serves itself (gateway/front), each
+    also under `[gateway].root_path` when one is set."""
+    return {at: route for path, route in proxy.posts.items() for at in rooted(path, root_path)}
+
+
+def rooted(path: str, root_path: str) -> tuple[str, ...]:
+    """Where a public route is served: its path, and the same under the root path (vLLM's
+    `--root-path` answers both)."""
+    return (path, root_path + path) if root_path else (path,)
 
 
 def _json_fallbacks(app: web.Application) -> None:

@@ -215,7 +215,7 @@ class Gateway:
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
                 self.front = g.front_chosen
-                lean = lean_routes(proxy) if self.front == "lean" else None
+                lean = lean_routes(proxy, g.root_path) if self.front == "lean" else None
                 self.public_url = await self._listen(
                     app,
                     g.host,

@@ -56,9 +56,18 @@ class GatewayConfig:
     # gateway's own, everything else by aiohttp) or "aiohttp" (all of it). UNITGATE_FRONT
     # overrides it.
     front: str = "lean"
+    # A path prefix every public route is served under as well as at its own path (vLLM's
+    # `--root-path`): for a proxy in front that forwards "/llm/v1/..." as it came. "" = none.
+    root_path: str = ""
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", self.port, "must be 0..65535 (0 = any free port)")
+        _check(
+            self.root_path == "" or _root_path(self.root_path),
+            "root_path",
+            self.root_path,
+            'must be "" or "/" followed by path segments, without a trailing "/", "?" or "#"',
+        )
         _check(self.front in FRONTS, "front", self.front, f"must be one of {', '.join(FRONTS)}")
         _check_tls(self.tls_cert, self.tls_key)
         for origin in self.cors_origins:
@@ -92,6 +101,15 @@ class GatewayConfig:
         if isinstance(self.workers, int):
             return self.workers
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def _root_path(value: str) -> bool:
+    segments = value.split("/")
+    return (
+        value.startswith("/")
+        and all(segments[1:])
+        and not any(c in value for c in "?#%{} ")
+    )
 
 
 def _origin(value: str) -> bool:

@@ -171,12 +171,14 @@ def wait_healthy(servers: list[tuple[Proc, str]], within: float) -> None:
 
 def gateway_toml(spec: dict[str, Any], units: list[str]) -> str:
     """The gateway over `units` as docs/fronting.md describes it: `kind = "vllm"`, the
-    admin API off, probes and first-byte deadlines sized for CPU servers on two cores."""
+    admin API off, probes and first-byte deadlines sized for CPU servers on two cores; the
+    servers' `--root-path` as the gateway's `root_path`."""
     lines = [
         "[gateway]",
         "port = 0",
         f"models = {json.dumps(served_names(spec))}",
         "shutdown_timeout = 5.0",
+        f"root_path = {json.dumps((option_values(spec['args'], '--root-path') or [''])[0])}",
         "[metrics]",
         "port = 0",
         "[admin]",

@@ -321,3 +321,22 @@ async def _admin(gw: Gateway, method: str, path: str) -> int:
         http.request(method, gw.metrics_url + path, headers=ADMIN, json=body) as resp,
     ):
         return resp.status
+
+
+async def test_a_root_path_serves_every_route_under_it_as_well(tmp_path: Path) -> None:
+    """vLLM's `--root-path /llm` answers both /v1/... and /llm/v1/...; so does the gateway with
+    `[gateway].root_path`, and it sends the unit the route's own path."""
+    extra = {"gateway": {"port": 0, "models": [MODEL], "root_path": "/llm"}}
+    async with fleet(tmp_path) as (units, urls), gateway(urls, tmp_path, **extra) as (_, http):
+        for path in ("/tokenize", "/llm/tokenize", "/llm/v1/completions"):
+            async with http.post(path, json={"prompt": "hi"}) as resp:
+                assert resp.status == 200, (path, await resp.text())
+                answer = await resp.json()
+            unit = units[int(answer["unit"][1])]
+            assert unit.seen[-1][:2] == ("POST", path.removeprefix("/llm"))
+        for path in ("/llm/health", "/llm/v1/models", "/llm/version", "/health"):
+            async with http.get(path) as resp:
+                assert resp.status == 200, path
+        for path in ("/llmx/tokenize", "/other/tokenize", "/llm/llm/tokenize"):
+            async with http.post(path, json={"prompt": "hi"}) as resp:
+                assert resp.status == 404, path

@@ -69,6 +69,10 @@ def test_ints_accepted_for_floats() -> None:
         ({"state": {"heartbeat": 0}}, "[state].heartbeat must be a positive number"),
         ({"state": {"replica_ttl": 0.5}}, "[state].replica_ttl must be at least 4 heartbeats"),
         ({"state": {"events_kept": 10}}, "[state].events_kept must be >= 100"),
+        ({"gateway": {"root_path": "llm"}}, "[gateway].root_path must be"),
+        ({"gateway": {"root_path": "/llm/"}}, "[gateway].root_path must be"),
+        ({"gateway": {"root_path": "/a//b"}}, "[gateway].root_path must be"),
+        ({"gateway": {"root_path": "/a?b"}}, "[gateway].root_path must be"),
     ],
 )
 def test_errors_name_the_key(raw: dict[str, object], needle: str) -> None:
