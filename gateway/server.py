@@ -53,9 +53,9 @@ from gateway.observability.tracing import Tracing
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
-from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import UpstreamClient
 from gateway.routing.admission import Admission
+from gateway.signals import Signals
 from gateway.tls import scheme, server_context
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
 
@@ -136,7 +136,7 @@ class Gateway:
             traffic=role.traffic or self.live.flowing,
             own=role.own or live_count,
         )
-        # The request path's observers: it emits signals, these subscribe (proxy/signals.py).
+        # The request path's observers: it emits signals, these subscribe (gateway/signals.py).
         self.signals = Signals()
         self.signals.subscribe(MetricsObserver(self.metrics))
         m = config.metrics

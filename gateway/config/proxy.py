@@ -105,11 +105,7 @@ class GatewayConfig:
 
 def _root_path(value: str) -> bool:
     segments = value.split("/")
-    return (
-        value.startswith("/")
-        and all(segments[1:])
-        and not any(c in value for c in "?#%{} ")
-    )
+    return value.startswith("/") and all(segments[1:]) and not any(c in value for c in "?#%{} ")
 
 
 def _origin(value: str) -> bool:

@@ -11,7 +11,7 @@ from gateway.errors import UpstreamError
 from gateway.health.classify import Evidence, attempt_failure, stream_end
 from gateway.outcomes import End
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitState
 
 # (unit, ok, when its attempt or request began, loop time) -> None: the gate's record.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import select
 
-from gateway.proxy.connection import UpstreamConnection
+from gateway.upstream.connection import UpstreamConnection
 
 # A probe ends at most this many timeouts after it started, whatever the checks find.
 LIMIT = 4.0

@@ -31,10 +31,10 @@ from gateway.health.result import NodeReport
 from gateway.health.signals import HealthObserver
 from gateway.health.ticks import ProbeTicks
 from gateway.health.verdict import Flip, GangVerdict, Round
-from gateway.proxy.pool import ConnectionPool, Endpoint
 from gateway.routing.load import others
 from gateway.tls import unit_context
 from gateway.units import UnitRegistry, UnitState
+from gateway.upstream.pool import ConnectionPool, Endpoint
 
 log = logging.getLogger("unitgate.health")
 

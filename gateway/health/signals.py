@@ -3,7 +3,7 @@
 The probers and the breaker gate say what happened (a node failed its probe, a unit's health
 flipped, a breaker moved or an ejection was suppressed) and nothing else: the metrics and the
 events log subscribe (gateway/observability/health_observers.py), as they do to the request
-path's signals (proxy/signals.py), so health imports no observability module. Hooks run
+path's signals (gateway/signals.py), so health imports no observability module. Hooks run
 synchronously on the event loop, once per event.
 """
 

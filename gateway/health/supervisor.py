@@ -18,8 +18,8 @@ from gateway.health.probe import probe_pool
 from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
 from gateway.health.signals import HealthObserver
 from gateway.health.ticks import ProbeTicks
-from gateway.proxy.pool import ConnectionPool
 from gateway.units import UnitRegistry, UnitState
+from gateway.upstream.pool import ConnectionPool
 
 log = logging.getLogger("unitgate.health")
 

@@ -1507,7 +1507,7 @@ static PyTypeObject ReaderType = {
  *
  * The event loop calls its protocol's `data_received` for every read. With the Tap as the
  * protocol, a read of an answer's body goes from the loop straight to `feed_read`: the
- * connection's Python `data_received` (gateway/proxy/connection.py) runs only while the
+ * connection's Python `data_received` (gateway/upstream/connection.py) runs only while the
  * connection has no Reader (the response head), and its `_native_flags` only when the read
  * needs Python, exactly when that method would have called it. The time of the read stays
  * in the Reader (`heard`), where the connection's method keeps it on itself (`last_data`).

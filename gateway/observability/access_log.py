@@ -16,7 +16,7 @@ from typing import Any
 from gateway.config import LoggingConfig
 from gateway.errors import UpstreamError
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer, Signals
+from gateway.signals import Observer, Signals
 
 ACCESS_LOGGER = "unitgate.access"
 log = logging.getLogger(ACCESS_LOGGER)

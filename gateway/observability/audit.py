@@ -13,7 +13,7 @@ from gateway.errors import UpstreamError
 from gateway.observability.events import EventLog
 from gateway.outcomes import End, Resumption
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitState
 
 log = logging.getLogger("unitgate.proxy")

@@ -5,7 +5,7 @@ burst of thousands of requests that reaches seconds, and every deadline the gate
 expires late, and against the wrong party: a connect the kernel finished in microseconds times
 out because the loop ran its timers before it looked at the socket. So the lag is exported
 (`unitgate_event_loop_lag_seconds`) and kept as a running total that deadline keepers consult
-(proxy/pool.py): a timeout that ran out while the gateway itself was behind measures the
+(upstream/pool.py): a timeout that ran out while the gateway itself was behind measures the
 gateway, not the unit.
 
 The timer is due `every` seconds (50 ms) after a tick that ran late; each tick on time doubles

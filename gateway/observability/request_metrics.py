@@ -1,4 +1,4 @@
-"""The request path's Prometheus metrics, as a subscriber to its signals (proxy/signals.py).
+"""The request path's Prometheus metrics, as a subscriber to its signals (gateway/signals.py).
 
 What one request costs here: two dict lookups, for its (unit, model) series and for its
 (unit, model, status) counter, then the increments and observations themselves; `.labels()`
@@ -16,7 +16,7 @@ from gateway.observability.histogram import Histogram
 from gateway.observability.metrics import Metrics
 from gateway.outcomes import End, Failure, Resumption
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitState
 
 NONE = "none"  # the unit, or the model, of a request refused before it was known

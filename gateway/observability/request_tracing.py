@@ -1,4 +1,4 @@
-"""The request path's trace spans, as a subscriber to its signals (proxy/signals.py).
+"""The request path's trace spans, as a subscriber to its signals (gateway/signals.py).
 
 A server span per client request (continuing the client's trace if it sent a
 `traceparent`), a client span per attempt at a unit, whose context the attempt carries to the
@@ -15,7 +15,7 @@ from gateway.errors import UpstreamError
 from gateway.observability.tracing import Span, Tracing, end_span
 from gateway.outcomes import Resumption
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitState
 
 

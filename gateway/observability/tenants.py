@@ -25,7 +25,7 @@ from gateway.observability.counter import CounterChild, CounterFamily
 from gateway.observability.fairness import Shares, TokenWindow, index
 from gateway.observability.tenant_labels import OTHER, TenantLabels
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 
 Child = CounterChild  # a labelled child, as .labels() returns it
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from gateway.config import Config
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.live import LiveStreams
-from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import UpstreamClient
+from gateway.signals import Signals
 
 
 class ProxyContext:

@@ -18,11 +18,11 @@ from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
-from gateway.proxy.signals import Signals
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.routing.admission import Admission
 from gateway.routing.balance import choose
 from gateway.routing.budget import CauseBudget, RetryBudget
+from gateway.signals import Signals
 from gateway.units import UnitRegistry, UnitState
 
 

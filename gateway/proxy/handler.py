@@ -49,12 +49,12 @@ from gateway.proxy.exchange import AioExchange, Exchange
 from gateway.proxy.intake import Intake, Validator, request_id
 from gateway.proxy.lease import PREEMPTED, Lease
 from gateway.proxy.live import LiveStreams
-from gateway.proxy.signals import Signals
 from gateway.proxy.stream import headers_for, relay_stream
 from gateway.proxy.upstream import Answer
 from gateway.proxy.usage import of_body
 from gateway.proxy.validation import RequestInfo, model_of, validate_chat, validate_completion
 from gateway.routing.admission import Admission
+from gateway.signals import Signals
 
 # A route's handler: aiohttp calls it with its request, the lean front with its own.
 Route = Callable[[web.BaseRequest | Exchange], Coroutine[Any, Any, web.StreamResponse]]

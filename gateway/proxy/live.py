@@ -21,7 +21,7 @@ from typing import Protocol
 from gateway.health.pace import is_quiet, quiet_after
 from gateway.outcomes import End
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitState
 
 

@@ -13,11 +13,11 @@ import asyncio
 
 from gateway.base.net import LAST_CHUNK
 from gateway.health.pace import next_gap
-from gateway.proxy.connection import UpstreamConnection
 from gateway.proxy.names import Renamer
-from gateway.proxy.signals import GapSink
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.usage import UsageReader
+from gateway.signals import GapSink
+from gateway.upstream.connection import UpstreamConnection
 
 # Pause reading from the unit while the client has this much unsent data.
 HIGH_WATER = 256 * 1024

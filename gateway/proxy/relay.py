@@ -19,14 +19,14 @@ import asyncio
 from gateway.errors import error_body, with_request_id
 from gateway.health.pace import quiet_after
 from gateway.outcomes import End
-from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.pump import AnyPump, attach
-from gateway.proxy.signals import GapSink
 from gateway.proxy.timers import TimerSlots
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
 from gateway.proxy.usage import UsageReader
+from gateway.signals import GapSink
+from gateway.upstream.connection import ConnectionBroken, UpstreamConnection
 
 DONE = b"data: [DONE]\n\n"
 

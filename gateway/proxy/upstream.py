@@ -16,12 +16,12 @@ from gateway.config import Config, UnitConfig
 from gateway.errors import UpstreamError
 from gateway.native import resolve
 from gateway.outcomes import Failure
-from gateway.proxy.connection import ConnectionBroken, UpstreamConnection
 from gateway.proxy.names import Renamer
-from gateway.proxy.pool import ConnectionPool, Endpoint
-from gateway.proxy.stretch import LagTotal
 from gateway.proxy.timers import TimerSlots
 from gateway.tls import unit_context
+from gateway.upstream.connection import ConnectionBroken, UpstreamConnection
+from gateway.upstream.pool import ConnectionPool, Endpoint
+from gateway.upstream.stretch import LagTotal
 
 _SSE = b"text/event-stream"
 

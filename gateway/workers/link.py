@@ -25,7 +25,7 @@ from gateway.observability import fleet
 from gateway.observability.events import Event
 from gateway.observability.fairness import Shares
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitRegistry, UnitState
 from gateway.workers import frames
 

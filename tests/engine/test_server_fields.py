@@ -16,7 +16,7 @@ from engine.server import fields
 from engine.server.fields import CHAT, COMPLETION, MESSAGE, STREAM_OPTIONS, Policy
 from gateway.health.probe import canary
 from gateway.proxy.continuation import _SAMPLING, continuation, with_token_ids
-from gateway.proxy.pool import ConnectionPool, Endpoint
+from gateway.upstream.pool import ConnectionPool, Endpoint
 from loadtest.bench.vllm import one_request
 from loadtest.gen.workload import Workload, WorkloadConfig
 from tests.engine.test_server_double import (

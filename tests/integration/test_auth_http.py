@@ -16,8 +16,8 @@ import pytest
 
 from gateway.config import Config
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
 from gateway.server import Gateway, running
+from gateway.signals import Observer
 from tests.integration.test_admin import CHAT, call
 from tests.support import SimProcess, chat_body, gateway_config
 

@@ -23,8 +23,8 @@ from gateway.health.kinds.unitgate import probe_node
 from gateway.health.probe import Target
 from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
-from gateway.proxy.pool import ConnectionPool
 from gateway.server import running
+from gateway.upstream.pool import ConnectionPool
 from tests.integration.probing import Traffic, all_probed_ok, probed, until
 from tests.simunits.split import planned_units, start_part, units_toml
 from tests.support import SimProcess, gateway_config, sim_stats, stop_process

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gateway.observability.looplag import LoopLag
-from gateway.proxy.pool import ConnectionPool, Endpoint
-from gateway.proxy.stretch import MAX_STRETCH
+from gateway.upstream.pool import ConnectionPool, Endpoint
+from gateway.upstream.stretch import MAX_STRETCH
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from gateway.base.ports import free_ports
 from gateway.config import UnitConfig
 from gateway.health.states import Health
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
+from gateway.signals import Observer
 from gateway.units import UnitState
 from tests.integration.probing import Traffic, all_probed_ok, probed, until
 from tests.support import SimProcess, chat_body

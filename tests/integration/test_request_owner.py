@@ -16,8 +16,8 @@ import pytest
 
 from gateway.outcomes import End
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
 from gateway.server import Gateway, running
+from gateway.signals import Observer
 from tests.gateway.servers import until
 from tests.support import (
     SimProcess,

@@ -17,8 +17,8 @@ from gateway.config import UnitConfig
 from gateway.health.kinds import openai, unitgate, vllm
 from gateway.health.probe import Target
 from gateway.health.result import NodeReport
-from gateway.proxy.pool import ConnectionPool
 from gateway.tls import unit_context
+from gateway.upstream.pool import ConnectionPool
 
 
 class NodeProbe(Protocol):

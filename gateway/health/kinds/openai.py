@@ -15,7 +15,7 @@ import orjson
 from gateway.config import UnitConfig
 from gateway.health.probe import ProbeFailed, Target, get
 from gateway.health.result import NodeReport
-from gateway.proxy.pool import ConnectionPool
+from gateway.upstream.pool import ConnectionPool
 
 
 class OpenAIProbe:

@@ -42,7 +42,7 @@ from gateway.config import UnitConfig
 from gateway.health.kinds.vllm_metrics import FULL, QUERY, EngineLoad, parse_load
 from gateway.health.probe import ProbeFailed, Target, get
 from gateway.health.result import NodeReport
-from gateway.proxy.pool import ConnectionPool
+from gateway.upstream.pool import ConnectionPool
 
 log = logging.getLogger("unitgate.health")
 

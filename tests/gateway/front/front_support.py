@@ -16,8 +16,8 @@ from aiohttp import web
 from gateway.config.proxy import FRONT_ENV
 from gateway.paths import CHAT_PATH
 from gateway.proxy.call import Call
-from gateway.proxy.signals import Observer
 from gateway.server import Gateway
+from gateway.signals import Observer
 from tests.gateway.servers import serve_app
 from tests.support import MODEL, gateway_config
 

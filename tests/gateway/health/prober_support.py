@@ -22,8 +22,8 @@ from gateway.health.verdict import Round
 from gateway.observability.events import EventLog
 from gateway.observability.health_observers import health_signals
 from gateway.observability.metrics import Metrics
-from gateway.proxy.pool import ConnectionPool
 from gateway.units import UnitRegistry, UnitState
+from gateway.upstream.pool import ConnectionPool
 from tests.gateway.servers import serve_app
 
 MODEL = "m"

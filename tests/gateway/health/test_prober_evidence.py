@@ -14,7 +14,7 @@ import pytest
 from gateway.health.kinds.unitgate import probe_node
 from gateway.health.probe import Target
 from gateway.health.states import Health, Outcome
-from gateway.proxy.pool import ConnectionPool
+from gateway.upstream.pool import ConnectionPool
 from tests.gateway.health import prober_support
 from tests.gateway.health.prober_support import Build, Node, served, timed_round
 from tests.gateway.servers import RawServer, never, refused_url

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from gateway.health.kinds.vllm import VllmProbe
-from gateway.proxy.pool import ConnectionPool
+from gateway.upstream.pool import ConnectionPool
 from tests.gateway.servers import serve_app
 
 

@@ -16,7 +16,7 @@ from gateway.health.kinds.vllm import VllmProbe
 from gateway.health.kinds.vllm_metrics import parse_load, wanted_lines
 from gateway.health.result import NodeReport
 from gateway.health.verdict import GangVerdict
-from gateway.proxy.pool import ConnectionPool
+from gateway.upstream.pool import ConnectionPool
 from tests.gateway.servers import serve_app
 
 VLLM = Path(__file__).resolve().parents[2] / "data" / "vllm"

@@ -18,12 +18,12 @@ from typing import Any
 
 from gateway.native import module
 from gateway.observability.histogram import Histogram
-from gateway.proxy.connection import UpstreamConnection, tapped
 from gateway.proxy.names import Renamer
 from gateway.proxy.pump import attach
 from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import _ready
 from gateway.proxy.usage import UsageReader
+from gateway.upstream.connection import UpstreamConnection, tapped
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
 # The client's response head, when a test has the pump send it (`relay_reads(lean=True)`).

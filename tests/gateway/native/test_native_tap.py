@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from gateway.native import module
-from gateway.proxy.connection import UpstreamConnection, connection_of, tapped
-from gateway.proxy.pool import ConnectionPool, Endpoint
+from gateway.upstream.connection import UpstreamConnection, connection_of, tapped
+from gateway.upstream.pool import ConnectionPool, Endpoint
 from tests.gateway.servers import Peer, RawServer, until
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

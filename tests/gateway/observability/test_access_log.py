@@ -24,9 +24,9 @@ from gateway.observability.logformat import JsonFormatter, TextFormatter
 from gateway.outcomes import End, Failure
 from gateway.proxy.call import Call
 from gateway.proxy.lease import Lease
-from gateway.proxy.signals import Signals
 from gateway.routing.admission import Admission
 from gateway.server import Gateway, running
+from gateway.signals import Signals
 from tests.support import MODEL, SimProcess, chat_body, gateway_config, sse_events
 
 CHAT = "/v1/chat/completions"

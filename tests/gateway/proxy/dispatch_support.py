@@ -22,10 +22,10 @@ from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.lease import Lease
-from gateway.proxy.signals import Observer, Signals
 from gateway.proxy.upstream import UpstreamClient
 from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
+from gateway.signals import Observer, Signals
 from gateway.units import UnitRegistry, UnitState
 from tests.gateway.servers import refused_url
 from tests.support import MODEL, chat_body, gateway_config

@@ -14,8 +14,8 @@ from gateway.outcomes import End, Failure
 from gateway.paths import COMPLETIONS_PATH
 from gateway.proxy.call import Call
 from gateway.proxy.lease import Lease
-from gateway.proxy.signals import DISCARD, Observer, Signals
 from gateway.routing.admission import Admission
+from gateway.signals import DISCARD, Observer, Signals
 from gateway.units import UnitState
 
 UNIT = UnitState(UnitConfig(id="u0", leader="http://127.0.0.1:1"), 8, ("m",))
@@ -54,7 +54,7 @@ def test_every_hook_is_fanned_out_to_exactly_the_observers_that_implement_it(
 ) -> None:
     """Signals calls each hook only on the subscribers that override it (inherited overrides
     count): Observer's own no-ops are never called, and no hook is left out of the fan-out."""
-    from gateway.proxy import signals as module
+    from gateway import signals as module
 
     hooks = {n for n, v in vars(Observer).items() if callable(v) and not n.startswith("_")}
     assert hooks - {"token_gaps"} == set(module._HOOKS)

@@ -13,9 +13,9 @@ import ssl
 from types import ModuleType
 from urllib.parse import urlsplit
 
-from gateway.proxy.connection import UpstreamConnection, connection_of, tapped
-from gateway.proxy.stretch import LagTotal, Stretch
 from gateway.tls import client_context
+from gateway.upstream.connection import UpstreamConnection, connection_of, tapped
+from gateway.upstream.stretch import LagTotal, Stretch
 
 
 class Endpoint:
