@@ -50,6 +50,7 @@ from gateway.observability.request_tracing import TracingObserver
 from gateway.observability.tenant_labels import TenantLabels
 from gateway.observability.tenants import TenantObserver
 from gateway.observability.tracing import Tracing
+from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
@@ -137,7 +138,7 @@ class Gateway:
             own=role.own or live_count,
         )
         # The request path's observers: it emits signals, these subscribe (gateway/signals.py).
-        self.signals = Signals()
+        self.signals: Signals[Call] = Signals()
         self.signals.subscribe(MetricsObserver(self.metrics))
         m = config.metrics
         window = TokenWindow(m.fairness_window)

@@ -12,12 +12,17 @@ relay.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from gateway.errors import UpstreamError
 from gateway.outcomes import End, Failure, Resumption
-from gateway.proxy.call import Call
 from gateway.units import UnitState
+
+# The request as the path hands it to its observers: proxy/call.py's Call. Observers declare
+# what they read of it (`Observer[Call]`, or a protocol of the few fields they need), so this
+# module and the observers below the proxy (health's breaker feed) import nothing of it.
+C_contra = TypeVar("C_contra", contravariant=True)
+T = TypeVar("T")
 
 
 class GapSink(Protocol):
@@ -47,33 +52,33 @@ class _Discard:
 DISCARD = _Discard()
 
 
-class Observer:
+class Observer(Generic[C_contra]):
     """One subscriber: override the hooks it needs; the others do nothing.
 
     Every hook but `rejected`, `retried` and `budget_exhausted` gets the request's Call; an
     observer keeps per-request state in it only through `call.trace` (the tracing observer's
     slot), never in its own tables, so nothing leaks when a request ends abnormally."""
 
-    def received(self, call: Call) -> None:
+    def received(self, call: C_contra) -> None:
         """A request arrived (its path, id, headers and arrival time are known)."""
 
-    def validated(self, call: Call) -> None:
+    def validated(self, call: C_contra) -> None:
         """Intake accepted it: its body, model and routing key are known."""
 
-    def rejected(self, call: Call, code: str) -> None:
+    def rejected(self, call: C_contra, code: str) -> None:
         """Admission said no: `saturated` (429) or `no_routable_unit` (503)."""
 
-    def admitted(self, call: Call, waited: float) -> None:
+    def admitted(self, call: C_contra, waited: float) -> None:
         """Admission gave the call a slot (in its class: `call.lease.ask`) after `waited` s."""
 
-    def attempt_started(self, call: Call, unit: UnitState) -> None:
+    def attempt_started(self, call: C_contra, unit: UnitState) -> None:
         """An attempt at `unit` is about to be sent (`call.attempts` counts it)."""
 
-    def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
+    def attempt_opened(self, call: C_contra, unit: UnitState, status: int) -> None:
         """`unit` answered the attempt in time, with `status` (its first bytes are in hand)."""
 
     def attempt_failed(
-        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+        self, call: C_contra, unit: UnitState, error: UpstreamError, started: float
     ) -> None:
         """An attempt at `unit` failed before its first byte (`started`: loop time)."""
 
@@ -83,18 +88,18 @@ class Observer:
     def budget_exhausted(self) -> None:
         """A retry or resumption was refused by the retry budget."""
 
-    def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
+    def first_byte(self, call: C_contra, unit: UnitState, ttft: float) -> None:
         """The answer's first bytes came, `ttft` seconds after the request arrived."""
 
-    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
+    def answer_ended(self, call: C_contra, unit: UnitState, end: End, gap: float | None) -> None:
         """One answer from `unit` ended (a request's, or a continuation's): `gap` is the
         stream's own gap estimate (None for a non-streamed answer)."""
 
-    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
+    def resumed(self, call: C_contra, broken: UnitState, outcome: Resumption, detail: str) -> None:
         """A stream broken on `broken` was continued elsewhere (`ok`) or ended
         (`gave_up`, `unsupported`)."""
 
-    def ended(self, call: Call) -> None:
+    def ended(self, call: C_contra) -> None:
         """The request is over, once, whatever ended it: `call.status` is what the client
         got (None if it never got a status), `call.unit` who served it (None: refused before
         any unit answered), `call.error` the exception that ended it instead (a
@@ -123,62 +128,60 @@ _HOOKS = (
 )
 
 
-class Signals(Observer):
+class Signals(Observer[T]):
     """Fans every hook out to the subscribers that implement it, in subscription order (a
     hook an observer leaves as Observer's no-op is not called: most observers need two or
     three of the thirteen, and each runs for every request)."""
 
     def __init__(self) -> None:
-        self._observers: list[Observer] = []
-        self._received: tuple[Callable[[Call], None], ...] = ()
-        self._validated: tuple[Callable[[Call], None], ...] = ()
-        self._rejected: tuple[Callable[[Call, str], None], ...] = ()
-        self._admitted: tuple[Callable[[Call, float], None], ...] = ()
-        self._attempt_started: tuple[Callable[[Call, UnitState], None], ...] = ()
-        self._attempt_opened: tuple[Callable[[Call, UnitState, int], None], ...] = ()
-        self._attempt_failed: tuple[
-            Callable[[Call, UnitState, UpstreamError, float], None], ...
-        ] = ()
+        self._observers: list[Observer[T]] = []
+        self._received: tuple[Callable[[T], None], ...] = ()
+        self._validated: tuple[Callable[[T], None], ...] = ()
+        self._rejected: tuple[Callable[[T, str], None], ...] = ()
+        self._admitted: tuple[Callable[[T, float], None], ...] = ()
+        self._attempt_started: tuple[Callable[[T, UnitState], None], ...] = ()
+        self._attempt_opened: tuple[Callable[[T, UnitState, int], None], ...] = ()
+        self._attempt_failed: tuple[Callable[[T, UnitState, UpstreamError, float], None], ...] = ()
         self._retried: tuple[Callable[[Failure], None], ...] = ()
         self._budget_exhausted: tuple[Callable[[], None], ...] = ()
-        self._first_byte: tuple[Callable[[Call, UnitState, float], None], ...] = ()
-        self._answer_ended: tuple[Callable[[Call, UnitState, End, float | None], None], ...] = ()
-        self._resumed: tuple[Callable[[Call, UnitState, Resumption, str], None], ...] = ()
-        self._ended: tuple[Callable[[Call], None], ...] = ()
+        self._first_byte: tuple[Callable[[T, UnitState, float], None], ...] = ()
+        self._answer_ended: tuple[Callable[[T, UnitState, End, float | None], None], ...] = ()
+        self._resumed: tuple[Callable[[T, UnitState, Resumption, str], None], ...] = ()
+        self._ended: tuple[Callable[[T], None], ...] = ()
 
-    def subscribe(self, observer: Observer) -> None:
+    def subscribe(self, observer: Observer[T]) -> None:
         self._observers.append(observer)
         for name in _HOOKS:
             if getattr(type(observer), name) is not getattr(Observer, name):
                 hooks = getattr(self, "_" + name)
                 setattr(self, "_" + name, (*hooks, getattr(observer, name)))
 
-    def received(self, call: Call) -> None:
+    def received(self, call: T) -> None:
         for hook in self._received:
             hook(call)
 
-    def validated(self, call: Call) -> None:
+    def validated(self, call: T) -> None:
         for hook in self._validated:
             hook(call)
 
-    def rejected(self, call: Call, code: str) -> None:
+    def rejected(self, call: T, code: str) -> None:
         for hook in self._rejected:
             hook(call, code)
 
-    def admitted(self, call: Call, waited: float) -> None:
+    def admitted(self, call: T, waited: float) -> None:
         for hook in self._admitted:
             hook(call, waited)
 
-    def attempt_started(self, call: Call, unit: UnitState) -> None:
+    def attempt_started(self, call: T, unit: UnitState) -> None:
         for hook in self._attempt_started:
             hook(call, unit)
 
-    def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
+    def attempt_opened(self, call: T, unit: UnitState, status: int) -> None:
         for hook in self._attempt_opened:
             hook(call, unit, status)
 
     def attempt_failed(
-        self, call: Call, unit: UnitState, error: UpstreamError, started: float
+        self, call: T, unit: UnitState, error: UpstreamError, started: float
     ) -> None:
         for hook in self._attempt_failed:
             hook(call, unit, error, started)
@@ -191,19 +194,19 @@ class Signals(Observer):
         for hook in self._budget_exhausted:
             hook()
 
-    def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
+    def first_byte(self, call: T, unit: UnitState, ttft: float) -> None:
         for hook in self._first_byte:
             hook(call, unit, ttft)
 
-    def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
+    def answer_ended(self, call: T, unit: UnitState, end: End, gap: float | None) -> None:
         for hook in self._answer_ended:
             hook(call, unit, end, gap)
 
-    def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
+    def resumed(self, call: T, broken: UnitState, outcome: Resumption, detail: str) -> None:
         for hook in self._resumed:
             hook(call, broken, outcome, detail)
 
-    def ended(self, call: Call) -> None:
+    def ended(self, call: T) -> None:
         for hook in self._ended:
             hook(call)
 

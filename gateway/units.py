@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from gateway.config import Config, UnitConfig
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.paths import served
 from gateway.routing.affinity import hash_key
 from gateway.shares import below_share

@@ -14,7 +14,7 @@ from gateway.config.unit import BACKENDS, KINDS, WEIGHT_DTYPES
 Schema = dict[str, Any]
 
 ADMIN_STATES = ("enabled", "disabled", "draining", "drained")
-HEALTH_STATES = ("unknown", "healthy", "slow", "unhealthy")  # gateway.health.states.Health
+HEALTH_STATES = ("unknown", "healthy", "slow", "unhealthy")  # gateway.health_states.Health
 BASE_URL = "^https?://[^/]+/?$"  # gateway.config.checks.base_url
 BREAKER_STATES = ("admitting", "ejected", "probing")  # gateway.health.breaker.BreakerState
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 from gateway.errors import UpstreamError
 from gateway.health.classify import Evidence, attempt_failure, stream_end
 from gateway.outcomes import End
-from gateway.proxy.call import Call
 from gateway.signals import Observer
 from gateway.units import UnitState
 
@@ -18,7 +18,16 @@ from gateway.units import UnitState
 Record = Callable[[UnitState, bool, float], None]
 
 
-class BreakerFeed(Observer):
+class Call(Protocol):
+    """What the feed reads of the request path's Call (proxy/call.py)."""
+
+    @property
+    def start(self) -> float:
+        """Loop time of the request's arrival."""
+        ...
+
+
+class BreakerFeed(Observer[Call]):
     def __init__(
         self,
         record: Record,

@@ -18,9 +18,9 @@ import orjson
 
 from gateway.health.lookout import LIMIT, Lookout, Sent
 from gateway.health.result import NodeReport
-from gateway.proxy.upstream import request_head
 from gateway.upstream.connection import ConnectionBroken
 from gateway.upstream.pool import ConnectionPool, Endpoint
+from gateway.upstream.request import request_head
 
 
 class Target:

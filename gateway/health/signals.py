@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gateway.health.breaker import Transition
-from gateway.health.states import Health
+from gateway.health_states import Health
 
 
 class HealthObserver:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.health.result import NodeReport
-from gateway.health.states import Health, Outcome
+from gateway.health_states import Health, Outcome
 
 
 @dataclass(frozen=True, slots=True)

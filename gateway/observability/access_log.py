@@ -22,7 +22,7 @@ ACCESS_LOGGER = "unitgate.access"
 log = logging.getLogger(ACCESS_LOGGER)
 
 
-class AccessLog(Observer):
+class AccessLog(Observer[Call]):
     def __init__(self, logger: logging.Logger = log) -> None:
         self.log = logger
 
@@ -33,7 +33,7 @@ class AccessLog(Observer):
         self.log.info("request", extra=fields)
 
 
-def subscribe(signals: Signals, config: LoggingConfig) -> AccessLog | None:
+def subscribe(signals: Signals[Call], config: LoggingConfig) -> AccessLog | None:
     """Subscribe the access log if `[logging] access` asks for it (else subscribe nothing).
     Its lines are INFO: a gateway run at `--log-level warning` still writes them unless the
     `unitgate.access` logger is given a level of its own."""

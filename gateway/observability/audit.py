@@ -19,7 +19,7 @@ from gateway.units import UnitState
 log = logging.getLogger("unitgate.proxy")
 
 
-class AuditObserver(Observer):
+class AuditObserver(Observer[Call]):
     def __init__(self, events: EventLog | None) -> None:
         self.events = events
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.health.breaker import Transition
 from gateway.health.signals import HealthObserver, HealthSignals
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from gateway.config.proxy import TimeoutConfig
 from gateway.health.breaker import BreakerState
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.observability import process
 from gateway.observability.counter import CounterFamily
 from gateway.observability.fairness import Shares, merged

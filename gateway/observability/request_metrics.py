@@ -34,7 +34,7 @@ class _Series:
         self.completion = m.tokens.labels(unit, model, "completion")
 
 
-class MetricsObserver(Observer):
+class MetricsObserver(Observer[Call]):
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
         self._series: dict[tuple[str, str], _Series] = {}

@@ -27,7 +27,7 @@ class _Trace:
         self.attempt: Span | None = None  # the attempt in flight, if any
 
 
-class TracingObserver(Observer):
+class TracingObserver(Observer[Call]):
     def __init__(self, tracing: Tracing) -> None:
         assert tracing.enabled
         self.tracing = tracing

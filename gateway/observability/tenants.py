@@ -58,7 +58,7 @@ class TenantFamilies:
         self.rejections.labels(OTHER, "saturated")  # at 0 from the start, for increase()
 
 
-class TenantObserver(Observer):
+class TenantObserver(Observer[Call]):
     def __init__(
         self,
         families: TenantFamilies,

@@ -8,6 +8,7 @@ back into the handler. What is particular to one request is on its Call, not her
 from __future__ import annotations
 
 from gateway.config import Config
+from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.upstream import UpstreamClient
@@ -20,4 +21,4 @@ class ProxyContext:
     def __init__(self, config: Config, dispatcher: Dispatcher, live: LiveStreams) -> None:
         self.config, self.dispatcher, self.live = config, dispatcher, live
         self.upstream: UpstreamClient = dispatcher.upstream
-        self.signals: Signals = dispatcher.signals
+        self.signals: Signals[Call] = dispatcher.signals

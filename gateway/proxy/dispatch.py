@@ -33,7 +33,7 @@ class Dispatcher:
         units: UnitRegistry,
         admission: Admission,
         upstream: UpstreamClient,
-        signals: Signals,
+        signals: Signals[Call],
         rng: Random | None = None,
     ) -> None:
         self.config = config

@@ -78,7 +78,7 @@ class ProxyHandler:
         self.live = live  # streams in flight per unit (the gateway's one, shared with probers)
         self.dispatcher = dispatcher
         self.admission: Admission = dispatcher.admission
-        self.signals: Signals = dispatcher.signals
+        self.signals: Signals[Call] = dispatcher.signals
         self.stored = stored.StoredResponses(config, dispatcher.units, dispatcher.upstream)
         self.intake = Intake(config, self.stored)
         self.context = ProxyContext(config, dispatcher, live)

@@ -35,7 +35,7 @@ class Live(Protocol):
         ...
 
 
-class LiveStreams(Observer):
+class LiveStreams(Observer[Call]):
     """Subscribed to the request path's signals for two of them: an answer that opened in
     time, or one that came to its end, is the newest proof that its unit serves (`flowing`)."""
 

@@ -21,6 +21,7 @@ from gateway.proxy.timers import TimerSlots
 from gateway.tls import unit_context
 from gateway.upstream.connection import ConnectionBroken, UpstreamConnection
 from gateway.upstream.pool import ConnectionPool, Endpoint
+from gateway.upstream.request import request_head
 from gateway.upstream.stretch import LagTotal
 
 _SSE = b"text/event-stream"
@@ -172,31 +173,6 @@ def _ready(conn: UpstreamConnection) -> bool:
     if not conn.head_done or conn.status >= 500:
         return False
     return bool(conn.body) and conn.headers.get(b"content-type", b"").startswith(_SSE)
-
-
-def request_head(
-    endpoint: Endpoint,
-    path: str,
-    length: int,
-    request_id: str,
-    traceparent: str | None,
-    extra: bytes = b"",
-    method: str = "POST",
-) -> bytes:
-    """The head of every request to a leader (proxied requests and the prober's canary): a
-    POST, or a GET of a stored response or of the tokenizer's description (no body). `extra`
-    is the unit's own header lines (its API key, its `headers`): the client's own headers,
-    its Authorization among them, never reach a unit."""
-    trace = f"traceparent: {traceparent}\r\n" if traceparent else ""
-    return (
-        (
-            f"{method} {path} HTTP/1.1\r\nHost: {endpoint.host_header.decode()}\r\n"
-            f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {length}\r\n"
-            f"x-request-id: {request_id}\r\n{trace}"
-        ).encode("latin-1")
-        + extra
-        + b"\r\n"
-    )
 
 
 def _classify(unit_id: str, exc: BaseException, *, connected: bool) -> BaseException:

@@ -39,7 +39,7 @@ Progressed = Callable[[str, float, float], float | None]
 METRICS_EVERY = 10  # reports: the metrics' samples go once a second
 
 
-class Link(Observer):
+class Link(Observer[Call]):
     """Also a request-path observer, for one signal: `ended` counts the requests answered."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:

@@ -24,7 +24,7 @@ from gateway.auth.keys import from_record
 from gateway.auth.ring import KeyRing
 from gateway.config import UnitConfig
 from gateway.config.builder import build, table
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.units import Bit, UnitRegistry, UnitState
 
 BITS: tuple[Bit, ...] = ("admitting", "enabled", "draining")

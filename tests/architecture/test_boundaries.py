@@ -151,3 +151,73 @@ def test_the_load_tools_stand_apart_from_the_gateway() -> None:
         if target.startswith("gateway")
     }
     assert used <= BASE, used
+
+
+# The gateway's floors, top to bottom: a package imports its own floor's other packages only
+# where SIDEWAYS allows it, and any package of a floor below. (The base, gateway/base/, is
+# below them all and stands on nothing: test_the_base_stands_on_nothing_of_the_project.)
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("launcher", "__main__"),  # unitgate, unitgate up: starts gateways, engines, redis
+    ("api", "server", "workers", "app", "check_config", "watch"),  # hosting a gateway
+    ("admin", "status"),  # the operator's surfaces
+    ("observability",),  # metrics, traces, logs, events: subscribers
+    ("front",),  # the public listener's lean protocol
+    ("proxy",),  # the request path
+    ("health",),  # probers, breakers, verdicts: an observer of the path's signals
+    ("signals",),  # the request path's signals, which health and observability subscribe to
+    ("units",),  # the fleet's registry
+    ("routing", "limits", "auth", "upstream"),  # policies; the raw client to units
+    ("errors", "paths", "shares", "heap", "cors", "tls", "version"),
+    ("config", "outcomes"),
+    ("native", "health_states"),  # the relay's compiled read path; a unit's health values
+    ("envchoice",),
+)
+SIDEWAYS = {
+    ("__main__", "launcher"),  # python -m gateway is the unitgate command
+    ("api", "server"),  # the public entry point over the server
+    ("api", "workers"),
+    ("workers", "server"),  # a worker hosts a server
+    ("server", "app"),  # the server builds the public app
+    ("admin", "status"),  # the admin API serves the status page; the page checks its token
+    ("status", "admin"),
+    ("auth", "limits"),  # a key carries its limits
+    ("config", "native"),  # [upstream] relay names the native relay's choices
+}
+
+
+def floor_of(package: str) -> int:
+    for at, names in enumerate(FLOORS):
+        if package in names:
+            return at
+    raise AssertionError(f"gateway.{package} is on no floor: add it to FLOORS")
+
+
+def test_every_arrow_between_the_gateways_packages_points_down() -> None:
+    edges, _ = graph()
+    upward = set()
+    for name, targets in edges.items():
+        parts = name.split(".")
+        if parts[0] != "gateway" or len(parts) < 2 or parts[1] == "base":
+            continue
+        for target in targets:
+            tparts = target.split(".")
+            if tparts[0] != "gateway" or len(tparts) < 2 or tparts[1] in ("base", parts[1]):
+                continue
+            a, b = parts[1], tparts[1]
+            if floor_of(b) < floor_of(a) or (
+                floor_of(b) == floor_of(a) and (a, b) not in SIDEWAYS
+            ):
+                upward.add((name, target))
+    assert upward == set(), sorted(upward)
+
+
+def test_health_and_the_upstream_client_import_nothing_of_the_proxy() -> None:
+    edges, _ = graph()
+    offenders = {
+        (name, module)
+        for name in edges
+        if name.startswith(("gateway.health.", "gateway.upstream.", "gateway.signals"))
+        for module in reachable(name, edges)
+        if module.startswith(("gateway.proxy", "gateway.observability"))
+    }
+    assert offenders == set(), sorted(offenders)

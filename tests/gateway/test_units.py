@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.config import config_from_dict
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.units import PanicChange, UnitRegistry
 
 

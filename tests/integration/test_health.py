@@ -21,8 +21,8 @@ import pytest
 from gateway.config import UnitConfig
 from gateway.health.kinds.unitgate import probe_node
 from gateway.health.probe import Target
-from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
+from gateway.health_states import Health
 from gateway.server import running
 from gateway.upstream.pool import ConnectionPool
 from tests.integration.probing import Traffic, all_probed_ok, probed, until

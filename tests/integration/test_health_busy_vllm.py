@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import config_from_dict
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.server import Gateway, running
 from gateway.units import BitChange
 from tests.gateway.servers import serve_app, until

@@ -11,7 +11,7 @@ import aiohttp
 
 from gateway.base.ports import free_ports
 from gateway.config import UnitConfig
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.proxy.call import Call
 from gateway.signals import Observer
 from gateway.units import UnitState

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.watch import cli
 from tests.integration.probing import probed, until
 from tests.simunits.split import planned_units, start_part, units_toml

@@ -12,7 +12,7 @@ from gateway.admin.service import AdminService
 from gateway.admin.state import AddedUnit
 from gateway.admin.store import Store, StoreError
 from gateway.config import config_from_dict
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.observability.events import EventLog
 from gateway.units import BitChange, UnitRegistry
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gateway.health.states import Health, Outcome
 from gateway.health.verdict import Flip
+from gateway.health_states import Health, Outcome
 from gateway.units import UnitState
 from tests.gateway.health import prober_support
 from tests.gateway.health.prober_support import MODEL, Build, Node, served, timed_round

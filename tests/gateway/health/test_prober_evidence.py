@@ -13,7 +13,7 @@ import pytest
 
 from gateway.health.kinds.unitgate import probe_node
 from gateway.health.probe import Target
-from gateway.health.states import Health, Outcome
+from gateway.health_states import Health, Outcome
 from gateway.upstream.pool import ConnectionPool
 from tests.gateway.health import prober_support
 from tests.gateway.health.prober_support import Build, Node, served, timed_round

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gateway.health.states import Health
 from gateway.health.supervisor import HealthSupervisor
 from gateway.health.verdict import Round
+from gateway.health_states import Health
 from gateway.observability.events import EventLog
 from gateway.observability.health_observers import health_signals
 from gateway.observability.metrics import Metrics

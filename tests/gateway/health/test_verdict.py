@@ -8,8 +8,8 @@ import pytest
 from gateway.config import HealthConfig
 from gateway.health.kinds.unitgate import parse_health
 from gateway.health.result import NodeReport
-from gateway.health.states import Health, Outcome
 from gateway.health.verdict import GangVerdict, HealthMachine, StallWatch
+from gateway.health_states import Health, Outcome
 
 URLS = ("http://l:1", "http://f:2", "http://f:3")
 

@@ -12,8 +12,8 @@ import pytest
 from gateway.config import UnitConfig
 from gateway.health.kinds import report_window
 from gateway.health.result import NodeReport
-from gateway.health.states import Health, Outcome
 from gateway.health.verdict import GangVerdict, engine_working
+from gateway.health_states import Health, Outcome
 
 URL = "http://l:1"
 WINDOW = 4.0  # 2 reads of the default load_interval (2 s)

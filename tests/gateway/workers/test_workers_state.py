@@ -11,7 +11,7 @@ import pytest
 from gateway.config import ConfigError, UnitConfig
 from gateway.config.builder import build, table
 from gateway.config.proxy import GatewayConfig
-from gateway.health.states import Health
+from gateway.health_states import Health
 from gateway.units import BitChange, UnitRegistry
 from gateway.workers import frames, state
 from gateway.workers.reports import PEAK_S, SILENT_AFTER, Reports
