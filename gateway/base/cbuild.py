@@ -1,10 +1,11 @@
 """Compiling one C source with the host's compiler into a cache, once per version.
 
 Shared by the gateway's native relay (gateway/native) and the engine's GGUF kernels
-(engine/model/kernels). The cached file's name carries a hash of the source, the flags, the
-compiler and whatever else the caller says the build depends on (`salt`), so a changed source
-never runs a stale binary. Each build goes to a temporary name renamed into place, so
-processes starting together share one.
+(engine/model/kernels). The cached file's name carries a hash of the source, of the files it
+includes (`depends`: headers, the other files of a unity build), of the flags, the compiler
+and whatever else the caller says the build depends on (`salt`), so a changed source never
+runs a stale binary. Each build goes to a temporary name renamed into place, so processes
+starting together share one.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ def compiler(missing: str) -> str:
     raise BuildError(missing)
 
 
+def cache_key(
+    source: Path, flags: Sequence[str], cc: str, salt: str = "", depends: Sequence[Path] = ()
+) -> str:
+    """The hash in a build's name: of `source`, the files it includes (`depends`, each by its
+    name and its content's hash), the flags, the compiler, the machine and `salt`."""
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), *map(str.encode, flags)]))
+    for path in depends:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        key.update(f"\0{path.name}\0{digest}".encode())
+    key.update(f"{cc}\0{platform.machine()}\0{salt}".encode())
+    return key.hexdigest()[:16]
+
+
 def compile_cached(
     source: Path,
     flags: Sequence[str],
@@ -54,12 +68,13 @@ def compile_cached(
     suffix: str,
     missing: str,
     salt: str = "",
+    depends: Sequence[Path] = (),
 ) -> Path:
-    """The compiled `source` in `cache` (`stem`-HASH`suffix`), compiling it if needed."""
+    """The compiled `source` in `cache` (`stem`-HASH`suffix`), compiling it if needed.
+
+    `depends`: the files `source` includes, whose names and contents are in the hash too."""
     cc = compiler(missing)
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), *map(str.encode, flags)]))
-    key.update(f"{cc}\0{platform.machine()}\0{salt}".encode())
-    target = cache / f"{stem}-{key.hexdigest()[:16]}{suffix}"
+    target = cache / f"{stem}-{cache_key(source, flags, cc, salt, depends)}{suffix}"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,22 @@
 """The relay's compiled per-read call (relay.c), built with the host's C compiler and cached.
 
 Built at set-up (`make run`, `make test` and the Dockerfile run `python -m gateway.native`) and
-otherwise on first use, like the engine's GGUF kernels: the cache is keyed by the source, the
-flags, the compiler and the Python it is built for, so a source change never runs a stale
-binary and each version compiles once per machine (about 2 s). Each build goes to a temporary
-name renamed into place, so processes starting together share it.
+otherwise on first use, like the engine's GGUF kernels: the cache is keyed by the sources (every
+.c and .h file here), the flags, the compiler and the Python it is built for, so a change to any
+of them never runs a stale binary and each version compiles once per machine (about 2 s). Each
+build goes to a temporary name renamed into place, so processes starting together share it.
+
+The C is in several files, split where its work divides (relay.c says which holds what), and
+compiled as one unity build: relay.c includes relay.h and then the others, and the compiler
+gets relay.c alone. So every function stays `static`, as it was in one file: the compiler
+still inlines the per-read helpers across the files (the machine code is the one file's), the
+built module exports PyInit__relay alone (no name of a helper can clash with another
+library's), and the build is still one compiler call on one source. Compiling the files
+separately would need an exported symbol per shared function, or link-time optimisation to
+inline them as before.
+
+The module's types are in _relay.pyi (`module()` gives it typed as `Relay`), and the attributes
+of the Python objects its C reads and writes, by name, in contract.py.
 
 Which relay a gateway uses is `[upstream] relay` ("auto", "native" or "python"), overridden
 by the environment variable UNITGATE_RELAY (the test suite runs once with each). "auto" takes
@@ -22,10 +34,15 @@ import subprocess
 import sysconfig
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 from gateway.base.cbuild import BuildError, cache_root, compile_cached
 from gateway.envchoice import env_choice
 
+if TYPE_CHECKING:
+    from gateway.native import _relay
+
+# The translation unit: it includes the other sources (`parts`).
 SOURCE = Path(__file__).with_name("relay.c")
 FLAGS = (
     "-O2",
@@ -43,6 +60,22 @@ RELAYS = ("auto", "native", "python")
 ENV = "UNITGATE_RELAY"
 
 
+class Relay(ModuleType):
+    """The loaded module's type (`module()` gives it): its names, typed by _relay.pyi. A
+    ModuleType, so that what takes one takes it."""
+
+    Reader: type[_relay.Reader]
+    Tap: type[_relay.Tap]
+    GONE: int
+    FAILED: int
+    COMPLETE: int
+    PAUSE: int
+    BROKEN: int
+    JUNK: int
+    ENDED: int
+    MAX_EVENT: int
+
+
 class NativeUnavailable(RuntimeError):
     """No C compiler or no Python headers, or the build failed: the message says which."""
 
@@ -50,6 +83,11 @@ class NativeUnavailable(RuntimeError):
 def cache_dir() -> Path:
     """$UNITGATE_NATIVE_CACHE, else $XDG_CACHE_HOME/unitgate/native, else ~/.cache/..."""
     return cache_root("UNITGATE_NATIVE_CACHE", "native")
+
+
+def parts() -> list[Path]:
+    """The sources beside SOURCE that it includes: every other .c and .h file in its folder."""
+    return sorted(p for p in SOURCE.parent.iterdir() if p.suffix in {".c", ".h"} and p != SOURCE)
 
 
 def build() -> Path:
@@ -61,13 +99,15 @@ def build() -> Path:
     flags = (*FLAGS, f"-I{include}")
     missing = "no C compiler found (install gcc or set CC)"
     try:
-        return compile_cached(SOURCE, flags, cache_dir(), "_relay", suffix, missing, suffix)
+        return compile_cached(
+            SOURCE, flags, cache_dir(), "_relay", suffix, missing, suffix, parts()
+        )
     except BuildError as exc:
         raise NativeUnavailable(str(exc)) from None
 
 
 @functools.cache
-def module() -> ModuleType:
+def module() -> Relay:
     """The loaded extension, built on the first call in this process."""
     path = build()
     loader = importlib.machinery.ExtensionFileLoader("gateway.native._relay", str(path))
@@ -75,7 +115,7 @@ def module() -> ModuleType:
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
-    return mod
+    return cast(Relay, mod)
 
 
 def choice(configured: str) -> str:
@@ -83,7 +123,7 @@ def choice(configured: str) -> str:
     return env_choice(ENV, configured, "[upstream] relay", RELAYS)
 
 
-def resolve(configured: str) -> tuple[ModuleType | None, str | None]:
+def resolve(configured: str) -> tuple[Relay | None, str | None]:
     """The native module to use (None: the Python relay) and, for "auto" without it, why.
 
     Raises NativeUnavailable when "native" was asked for and cannot be had."""

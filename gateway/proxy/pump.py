@@ -158,10 +158,9 @@ class NativePump(Pump):
 
     def __init__(self, conn: UpstreamConnection, itl: GapSink) -> None:
         self.conn, self.itl = conn, itl
-        self.reader = conn.reader
-        native = conn.native
-        assert native is not None
-        self.native = native
+        reader, native = conn.reader, conn.native
+        assert reader is not None and native is not None
+        self.reader, self.native = reader, native
         super().__init__()
 
     def on_flags(self, flags: int) -> None:
@@ -183,19 +182,17 @@ class NativePump(Pump):
 
     @property
     def gap(self) -> float | None:
-        gap: float | None = self.reader.gap
-        return gap
+        return self.reader.gap
 
     @property
     def last(self) -> float:
         """The time of the last read (every write follows one), which the Tap (the connection's
         protocol) keeps in the Reader, not in the connection's `last_data`."""
-        heard: float = self.reader.heard
-        return heard
+        return self.reader.heard
 
     @property
     def mid_event(self) -> bool:
-        return bool(self.reader.mid_event)
+        return self.reader.mid_event
 
     def finish(self) -> None:
         self.reader.settle()  # the tracker's counts, kept in the Reader between reads

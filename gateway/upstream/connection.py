@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 
 from gateway.base.net import head_end
+
+if TYPE_CHECKING:
+    from gateway.native import Relay, _relay
 
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
@@ -82,7 +84,7 @@ class UpstreamConnection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, native: ModuleType | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, native: Relay | None = None) -> None:
         self.loop = loop
         self.native = native  # the compiled relay (gateway/native); None: all in httptools
         self.transport: asyncio.Transport | None = None
@@ -106,7 +108,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         # The native path: the body's Reader once the head is in, the head's bytes until then,
         # whether the head allows keep-alive, and the attached relay's flag sink.
-        self.reader: Any = None
+        self.reader: _relay.Reader | None = None
         self.events: FlagSink | None = None
         self._head = b""
         self._head_keep_alive = False
@@ -231,10 +233,10 @@ class UpstreamConnection(asyncio.Protocol):
         return 2, 0
 
     def _native_flags(self, flags: int) -> None:
-        native = self.native
-        assert native is not None
+        native, reader = self.native, self.reader
+        assert native is not None and reader is not None
         if flags & native.BROKEN:
-            self._broken(str(self.reader.error))
+            self._broken(str(reader.error))
             return
         if flags & native.COMPLETE:
             self._native_complete(not flags & native.JUNK)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from types import ModuleType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gateway.tls import client_context
 from gateway.upstream.connection import UpstreamConnection, connection_of, tapped
 from gateway.upstream.stretch import LagTotal, Stretch
+
+if TYPE_CHECKING:
+    from gateway.native import Relay
 
 
 class Endpoint:
@@ -44,7 +47,7 @@ class ConnectionPool:
         keepalive_timeout: float,
         limit: int,
         lag: LagTotal | None = None,
-        native: ModuleType | None = None,
+        native: Relay | None = None,
     ) -> None:
         """`native` is the compiled relay (gateway/native) its connections read bodies with.
         A connect timeout is measured in the loop's responsive time: what the loop spent

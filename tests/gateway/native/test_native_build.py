@@ -1,10 +1,13 @@
-"""Building and choosing the native relay: compiled once per source into its cache, a missing
-or failing compiler named, "auto" falling back to the Python relay with the reason, "native"
-refusing to go without it, and UNITGATE_RELAY overriding the config."""
+"""Building and choosing the native relay: compiled once per source into its cache (a change
+to any of its files a new build), a missing or failing compiler named, "auto" falling back to
+the Python relay with the reason, "native" refusing to go without it, and UNITGATE_RELAY
+overriding the config."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,46 @@ def test_it_builds_once_per_source_into_the_cache(
     stamp = first.stat().st_mtime_ns
     assert native.build() == first and first.stat().st_mtime_ns == stamp  # reused
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no partial file left
+
+
+# A compiler that only writes its output: the build's name is what these tests look at.
+FAKE_CC = """#!/bin/sh
+while [ $# -gt 0 ]; do
+    if [ "$1" = -o ]; then : > "$2"; fi
+    shift
+done
+"""
+
+
+def test_a_change_to_any_of_its_files_builds_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """relay.c is compiled alone and includes the others: each of them is in the cache key."""
+    sources = tmp_path / "native"
+    sources.mkdir()
+    for path in (native.SOURCE, *native.parts()):
+        shutil.copy(path, sources / path.name)
+    cc = tmp_path / "cc"
+    cc.write_text(FAKE_CC)
+    cc.chmod(0o755)
+    monkeypatch.setattr(native, "SOURCE", sources / "relay.c")
+    monkeypatch.setenv("UNITGATE_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(cc))
+    parts = native.parts()
+    assert {p.name for p in parts} >= {"relay.h", "framing.c", "events.c", "reader.c", "tap.c"}
+    built = [native.build()]
+    assert native.build() == built[0]  # unchanged: the same build
+    for part in parts:
+        part.write_text(part.read_text() + "\n/* changed */\n")
+        built.append(native.build())
+    assert len(set(built)) == len(parts) + 1 and all(path.exists() for path in built)
+
+
+def test_every_file_the_source_includes_is_in_the_key() -> None:
+    names = {path.name for path in native.parts()}
+    for path in (native.SOURCE, *native.parts()):
+        included = set(re.findall(r'^#include "([^"]+)"', path.read_text(), re.MULTILINE))
+        assert included <= names, path.name
 
 
 def test_a_missing_or_failing_compiler_is_named(
