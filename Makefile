@@ -21,9 +21,9 @@ $(PY):
 # compiler on first use and are cached; building them here shows a missing compiler at set-up
 # rather than at a node's start. As root with apt (CI), gcc is installed when missing.
 KERNELS = $(PY) -m engine.model.kernels || { $(call APT_INSTALL,gcc) && $(PY) -m engine.model.kernels; }
-# The gateway's native relay (gateway/native/relay.c, a CPython extension) likewise: it also
+# The gateway's native relay (gateway/relay/native/relay.c, a CPython extension) likewise: it also
 # needs Python's headers. Without it `[upstream] relay = "auto"` relays in Python and says so.
-NATIVE = $(PY) -m gateway.native || { $(call APT_INSTALL,gcc python3-dev) && $(PY) -m gateway.native; }
+NATIVE = $(PY) -m gateway.relay.native || { $(call APT_INSTALL,gcc python3-dev) && $(PY) -m gateway.relay.native; }
 
 # A Debian package a target needs (gcc; for the tests redis-server, curl (the front's
 # Expect: 100-continue client), kubectl for kustomize,
@@ -104,7 +104,7 @@ CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/c
 # front (UNITGATE_FRONT=aiohttp). The native and Python relays' equivalence tests compare both
 # in one run.
 test: lint $(VLLM_STAMP)
-	$(PY) -m gateway.native >/dev/null
+	$(PY) -m gateway.relay.native >/dev/null
 	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "not vllm"
 	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp $(PY) -m pytest -q -m "both_relays and not vllm"
 	UNITGATE_RELAY=native UNITGATE_FRONT=lean UNITGATE_CHAOS_WORKERS=2 \
@@ -141,7 +141,7 @@ $(CONFORMANCE_SITE): tests/conformance/requirements.txt tests/conformance/constr
 
 # CONFORMANCE_ARGS: run.py's options, e.g. "--only chat_completion", "--budget 60" (minutes).
 conformance: $(VLLM_STAMP) $(CONFORMANCE_SITE)
-	$(VPY) -m gateway.native >/dev/null || echo "note: no native relay; the gateway relays in Python"
+	$(VPY) -m gateway.relay.native >/dev/null || echo "note: no native relay; the gateway relays in Python"
 	$(VPY) tests/conformance/run.py $(CONFORMANCE_ARGS)
 
 clean:

@@ -37,7 +37,6 @@ from gateway.health.supervisor import HealthSupervisor
 from gateway.heap import freeze_startup
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
-from gateway.native import resolve
 from gateway.observability import access_log
 from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
@@ -55,6 +54,7 @@ from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.upstream import UpstreamClient
+from gateway.relay.native import resolve
 from gateway.routing.admission import Admission
 from gateway.signals import Signals
 from gateway.tls import scheme, server_context

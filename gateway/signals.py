@@ -12,10 +12,11 @@ relay.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from gateway.errors import UpstreamError
 from gateway.outcomes import End, Failure, Resumption
+from gateway.relay.pace import GapSink
 from gateway.units import UnitState
 
 # The request as the path hands it to its observers: proxy/call.py's Call. Observers declare
@@ -23,19 +24,6 @@ from gateway.units import UnitState
 # module and the observers below the proxy (health's breaker feed) import nothing of it.
 C_contra = TypeVar("C_contra", contravariant=True)
 T = TypeVar("T")
-
-
-class GapSink(Protocol):
-    """Takes the seconds between two relayed chunks (a lock-free histogram, in practice):
-    one by one (the Python relay), or as counts per bucket of `bounds` and their sum at the
-    end of an answer (the native relay counts them as it goes)."""
-
-    @property
-    def bounds(self) -> tuple[float, ...]: ...
-
-    def observe(self, value: float) -> None: ...
-
-    def merge(self, counts: list[int], total: float) -> None: ...
 
 
 class _Discard:

@@ -1,6 +1,6 @@
 """Compiling one C source with the host's compiler into a cache, once per version.
 
-Shared by the gateway's native relay (gateway/native) and the engine's GGUF kernels
+Shared by the gateway's native relay (gateway/relay/native) and the engine's GGUF kernels
 (engine/model/kernels). The cached file's name carries a hash of the source, of the files it
 includes (`depends`: headers, the other files of a unity build), of the flags, the compiler
 and whatever else the caller says the build depends on (`salt`), so a changed source never

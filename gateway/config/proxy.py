@@ -10,7 +10,6 @@ from gateway.config.checks import check as _check
 from gateway.config.checks import positive as _positive
 from gateway.config.tls import check_pair as _check_tls
 from gateway.envchoice import env_choice
-from gateway.native import RELAYS
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +25,8 @@ class ListenerConfig:
         _check_tls(self.tls_cert, self.tls_key)
 
 
+# Which relay streams answers ([upstream] relay; gateway/relay/: native or Python).
+RELAYS = ("auto", "native", "python")
 FRONTS = ("lean", "aiohttp")
 FRONT_ENV = "UNITGATE_FRONT"
 
@@ -143,7 +144,7 @@ class UpstreamConfig:
     # 0 = unbounded. aiohttp's default of 100 silently queues requests beyond it.
     max_connections: int = 0
     keepalive_timeout: float = 30.0
-    # Which relay streams answers: "native" (compiled, gateway/native), "python" (the
+    # Which relay streams answers: "native" (compiled, gateway/relay/native), "python" (the
     # reference), or "auto" (native when it builds). UNITGATE_RELAY overrides it.
     relay: str = "auto"
 

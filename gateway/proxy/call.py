@@ -17,9 +17,9 @@ from gateway.limits.decisions import Grant
 from gateway.outcomes import End
 from gateway.paths import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy.lease import Lease
-from gateway.proxy.tracker import StreamTracker
-from gateway.proxy.usage import Usage
 from gateway.proxy.validation import RequestInfo
+from gateway.relay.tracker import StreamTracker
+from gateway.relay.usage import Usage
 from gateway.units import UnitState
 
 

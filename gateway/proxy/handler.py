@@ -51,8 +51,8 @@ from gateway.proxy.lease import PREEMPTED, Lease
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.stream import headers_for, relay_stream
 from gateway.proxy.upstream import Answer
-from gateway.proxy.usage import of_body
 from gateway.proxy.validation import RequestInfo, model_of, validate_chat, validate_completion
+from gateway.relay.usage import of_body
 from gateway.routing.admission import Admission
 from gateway.signals import Signals
 

@@ -27,8 +27,8 @@ from gateway.proxy.mediatype import require_json
 from gateway.proxy.names import with_model
 from gateway.proxy.priority import ask_of, refuse_own_priority
 from gateway.proxy.stored import StoredResponses
-from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo, Served, parse_body
+from gateway.relay.tracker import StreamTracker
 from gateway.routing.admission import one_class
 from gateway.routing.affinity import affinity_key
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from gateway.health.pace import is_quiet, quiet_after
 from gateway.outcomes import End
 from gateway.proxy.call import Call
+from gateway.relay.pace import is_quiet, quiet_after
 from gateway.signals import Observer
 from gateway.units import UnitState
 

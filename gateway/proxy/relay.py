@@ -9,7 +9,7 @@ fails; the caller (stream.py) then continues the stream on another unit or ends 
 explicit SSE `error` event, never a silent truncation.
 
 The per-read work is pump.py's: in one compiled call per read with the native relay
-(gateway/native), else in Python, the reference the native one is tested against.
+(gateway/relay/native), else in Python, the reference the native one is tested against.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ from __future__ import annotations
 import asyncio
 
 from gateway.errors import error_body, with_request_id
-from gateway.health.pace import quiet_after
 from gateway.outcomes import End
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.pump import AnyPump, attach
 from gateway.proxy.timers import TimerSlots
-from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
-from gateway.proxy.usage import UsageReader
-from gateway.signals import GapSink
+from gateway.relay.pace import GapSink, quiet_after
+from gateway.relay.pump import AnyPump, attach
+from gateway.relay.tracker import StreamTracker
+from gateway.relay.usage import UsageReader
 from gateway.upstream.connection import ConnectionBroken, UpstreamConnection
 
 DONE = b"data: [DONE]\n\n"
@@ -74,7 +73,7 @@ class StreamRelay:
         usage: UsageReader | None = None,
     ) -> None:
         """`timers` time its idle watchdog; `quiet` is (floor, factor) of the pace rule
-        (health/pace.py) that decides when a stream on an ejected unit counts as stalled;
+        (relay/pace.py) that decides when a stream on an ejected unit counts as stalled;
         `usage` reads the answer's usage."""
         self.usage = usage
         self.timers = timers

@@ -18,8 +18,8 @@ from gateway.proxy.call import Call
 from gateway.proxy.context import ProxyContext
 from gateway.proxy.continuation import continuation, max_new_tokens
 from gateway.proxy.relay import StreamRelay
-from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer
+from gateway.relay.tracker import StreamTracker
 from gateway.units import UnitState
 
 

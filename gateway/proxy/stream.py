@@ -19,7 +19,7 @@ from gateway.proxy.exchange import Exchange
 from gateway.proxy.relay import StreamRelay
 from gateway.proxy.resume import resume
 from gateway.proxy.upstream import Answer
-from gateway.proxy.usage import Usage, UsageReader
+from gateway.relay.usage import Usage, UsageReader
 from gateway.units import UnitState
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from gateway.config import Config, UnitConfig
 from gateway.errors import UpstreamError
-from gateway.native import resolve
 from gateway.outcomes import Failure
 from gateway.proxy.names import Renamer
 from gateway.proxy.timers import TimerSlots
+from gateway.relay.native import resolve
 from gateway.tls import unit_context
 from gateway.upstream.connection import ConnectionBroken, UpstreamConnection
 from gateway.upstream.pool import ConnectionPool, Endpoint
@@ -48,7 +48,7 @@ class Answer:
 class UpstreamClient:
     def __init__(self, config: Config, lag: LagTotal | None = None) -> None:
         """Answers' bodies are read by the relay `[upstream] relay` (or UNITGATE_RELAY) picks:
-        the compiled one (gateway/native; built on first use unless the caller has had it
+        the compiled one (gateway/relay/native; built on first use unless the caller has had it
         built off the loop, as the server does) or the Python one."""
         u = config.upstream
         self.native, _ = resolve(u.relay)

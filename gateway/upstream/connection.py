@@ -6,7 +6,7 @@ stream that is most of the gateway's CPU. Here the connection's own `data_receiv
 hands body bytes straight to a sink (the client's transport, see pump.py), with no task
 switch per event, and the request task sleeps until the answer ends or needs attention.
 
-With the native relay (gateway/native), httptools parses only the answer's head: the body's
+With the native relay (gateway/relay/native), httptools parses only the answer's head: the body's
 bytes go to a compiled `Reader`, one call per read, which de-frames them and, once a relay has
 attached, relays them to the client itself and returns flags only when something happened.
 The connection's protocol is then the compiled `Tap` (`tapped`), which hands each read of the
@@ -27,7 +27,7 @@ import httptools
 from gateway.base.net import head_end
 
 if TYPE_CHECKING:
-    from gateway.native import Relay, _relay
+    from gateway.relay.native import Relay, _relay
 
 # (body pieces, answer complete) -> None; called from data_received while relaying.
 Sink = Callable[[list[bytes], bool], None]
@@ -86,7 +86,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, native: Relay | None = None) -> None:
         self.loop = loop
-        self.native = native  # the compiled relay (gateway/native); None: all in httptools
+        self.native = native  # the compiled relay (gateway/relay/native); None: all in httptools
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.tls = False

@@ -18,7 +18,7 @@ from gateway.upstream.connection import UpstreamConnection, connection_of, tappe
 from gateway.upstream.stretch import LagTotal, Stretch
 
 if TYPE_CHECKING:
-    from gateway.native import Relay
+    from gateway.relay.native import Relay
 
 
 class Endpoint:
@@ -49,7 +49,7 @@ class ConnectionPool:
         lag: LagTotal | None = None,
         native: Relay | None = None,
     ) -> None:
-        """`native` is the compiled relay (gateway/native) its connections read bodies with.
+        """`native` is the compiled relay (gateway/relay/native) its connections read bodies with.
         A connect timeout is measured in the loop's responsive time: what the loop spent
         behind schedule while the connect was out is added to its deadline (a kernel-finished
         connect must not time out because the loop ran its timers first), read from `lag`

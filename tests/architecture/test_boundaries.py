@@ -166,10 +166,12 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("health",),  # probers, breakers, verdicts: an observer of the path's signals
     ("signals",),  # the request path's signals, which health and observability subscribe to
     ("units",),  # the fleet's registry
-    ("routing", "limits", "auth", "upstream"),  # policies; the raw client to units
+    # policies; the raw client to units, and the relay of their answers' bytes to the client,
+    # read by read, in C (relay/native/) or in Python
+    ("routing", "limits", "auth", "upstream", "relay"),
     ("errors", "paths", "shares", "heap", "cors", "tls", "version"),
     ("config", "outcomes"),
-    ("native", "health_states"),  # the relay's compiled read path; a unit's health values
+    ("health_states",),  # a unit's health values
     ("envchoice",),
 )
 SIDEWAYS = {
@@ -181,7 +183,8 @@ SIDEWAYS = {
     ("admin", "status"),  # the admin API serves the status page; the page checks its token
     ("status", "admin"),
     ("auth", "limits"),  # a key carries its limits
-    ("config", "native"),  # [upstream] relay names the native relay's choices
+    ("relay", "upstream"),  # the relay reads from a unit's connection ...
+    ("upstream", "relay"),  # ... whose protocol is the native relay's Tap (types only)
 }
 
 
@@ -204,9 +207,7 @@ def test_every_arrow_between_the_gateways_packages_points_down() -> None:
             if tparts[0] != "gateway" or len(tparts) < 2 or tparts[1] in ("base", parts[1]):
                 continue
             a, b = parts[1], tparts[1]
-            if floor_of(b) < floor_of(a) or (
-                floor_of(b) == floor_of(a) and (a, b) not in SIDEWAYS
-            ):
+            if floor_of(b) < floor_of(a) or (floor_of(b) == floor_of(a) and (a, b) not in SIDEWAYS):
                 upward.add((name, target))
     assert upward == set(), sorted(upward)
 

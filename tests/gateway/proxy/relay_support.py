@@ -18,8 +18,8 @@ from gateway.observability.histogram import Histogram
 from gateway.outcomes import End
 from gateway.proxy.exchange import AioExchange
 from gateway.proxy.relay import StreamRelay
-from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import Answer, UpstreamClient
+from gateway.relay.tracker import StreamTracker
 from tests.gateway.servers import Peer, serve_app
 
 PATH = "/v1/chat/completions"

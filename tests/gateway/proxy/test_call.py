@@ -12,8 +12,8 @@ from gateway.paths import CHAT_PATH
 from gateway.proxy.call import Call
 from gateway.proxy.continuation import carried, with_token_ids
 from gateway.proxy.lease import Lease
-from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.validation import RequestInfo
+from gateway.relay.tracker import StreamTracker
 from gateway.routing.admission import Admission
 
 REQUEST = {

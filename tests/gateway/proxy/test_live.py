@@ -1,6 +1,6 @@
 """LiveStreams on an explicit clock: streams in flight per unit, what an ejection reaches, and
 whether a unit's traffic flows (an answer that began or completed lately, or a stream keeping
-its own pace by the rule in health/pace.py)."""
+its own pace by the rule in relay/pace.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.health.pace import is_quiet
 from gateway.outcomes import End
 from gateway.paths import COMPLETIONS_PATH
 from gateway.proxy.call import Call
 from gateway.proxy.lease import Lease
 from gateway.proxy.live import LiveStreams
+from gateway.relay.pace import is_quiet
 from gateway.server import Gateway
 from tests.support import gateway_config
 

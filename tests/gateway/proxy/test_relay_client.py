@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from gateway.outcomes import End
-from gateway.proxy.pump import HIGH_WATER
 from gateway.proxy.upstream import Answer, UpstreamClient
+from gateway.relay.pump import HIGH_WATER
 from tests.gateway.proxy.relay_support import (
     FIRST,
     LAST_CHUNK,

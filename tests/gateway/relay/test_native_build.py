@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import native
 from gateway.config import ConfigError, config_from_dict
 from gateway.proxy.upstream import UpstreamClient
+from gateway.relay import native
 
 
 def test_it_builds_once_per_source_into_the_cache(

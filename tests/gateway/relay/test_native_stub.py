@@ -1,4 +1,4 @@
-"""The stub, gateway/native/_relay.pyi, names exactly what the built module exports: its
+"""The stub, gateway/relay/native/_relay.pyi, names exactly what the built module exports: its
 constants and types, and each type's methods and attributes (a property where the type has a
 getter, with a setter where it can be set). `Relay`, the loaded module's type, names the same."""
 
@@ -9,7 +9,7 @@ import types
 from collections.abc import Iterable
 from pathlib import Path
 
-from gateway import native
+from gateway.relay import native
 
 STUB = Path(native.__file__).with_name("_relay.pyi")
 
@@ -83,5 +83,5 @@ def test_the_stub_names_what_each_type_has() -> None:
 
 
 def test_relay_types_the_names_the_stub_has() -> None:
-    """The module's type in gateway/native/__init__.py annotates the stub's names."""
+    """The module's type in gateway/relay/native/__init__.py annotates the stub's names."""
     assert set(native.Relay.__annotations__) == public(defined(stub().body))

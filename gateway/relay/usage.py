@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gateway.proxy.sse import TOO_LONG, EventSplitter, data_of
+from gateway.relay.sse import TOO_LONG, EventSplitter, data_of
 
 _USAGE = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*null')

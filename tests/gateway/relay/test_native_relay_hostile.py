@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.proxy.sse import MAX_EVENT, TOO_LONG
+from gateway.relay.sse import MAX_EVENT, TOO_LONG
 from gateway.upstream.connection import UpstreamConnection, tapped
-from tests.gateway.native.native_support import (
+from tests.gateway.relay.native_support import (
     SSE_HEAD,
     Clock,
     UnitSide,

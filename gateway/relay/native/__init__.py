@@ -1,10 +1,11 @@
 """The relay's compiled per-read call (relay.c), built with the host's C compiler and cached.
 
-Built at set-up (`make run`, `make test` and the Dockerfile run `python -m gateway.native`) and
-otherwise on first use, like the engine's GGUF kernels: the cache is keyed by the sources (every
-.c and .h file here), the flags, the compiler and the Python it is built for, so a change to any
-of them never runs a stale binary and each version compiles once per machine (about 2 s). Each
-build goes to a temporary name renamed into place, so processes starting together share it.
+Built at set-up (`make run`, `make test` and the Dockerfile run `python -m
+gateway.relay.native`) and otherwise on first use, like the engine's GGUF kernels: the cache is
+keyed by the sources (every .c and .h file here), the flags, the compiler and the Python it is
+built for, so a change to any of them never runs a stale binary and each version compiles once
+per machine (about 2 s). Each build goes to a temporary name renamed into place, so processes
+starting together share it.
 
 The C is in several files, split where its work divides (relay.c says which holds what), and
 compiled as one unity build: relay.c includes relay.h and then the others, and the compiler
@@ -21,7 +22,7 @@ of the Python objects its C reads and writes, by name, in contract.py.
 Which relay a gateway uses is `[upstream] relay` ("auto", "native" or "python"), overridden
 by the environment variable UNITGATE_RELAY (the test suite runs once with each). "auto" takes
 the native one when it builds and says so in the log when it does not; "native" refuses to
-start without it. The Python relay (gateway/proxy/pump.py with httptools and tracker.py) is
+start without it. The Python relay (gateway/relay/pump.py with httptools and tracker.py) is
 the reference the native one is tested against.
 """
 
@@ -37,11 +38,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
 from gateway.base.cbuild import BuildError, cache_root, compile_cached
+from gateway.config.proxy import RELAYS
 from gateway.envchoice import env_choice
 
 if TYPE_CHECKING:
-    from gateway.native import _relay
+    from gateway.relay.native import _relay
 
+NAME = "gateway.relay.native._relay"  # as relay.c names its module
 # The translation unit: it includes the other sources (`parts`).
 SOURCE = Path(__file__).with_name("relay.c")
 FLAGS = (
@@ -56,7 +59,6 @@ FLAGS = (
     "-Wno-missing-field-initializers",
     "-fno-strict-aliasing",
 )
-RELAYS = ("auto", "native", "python")
 ENV = "UNITGATE_RELAY"
 
 
@@ -110,8 +112,10 @@ def build() -> Path:
 def module() -> Relay:
     """The loaded extension, built on the first call in this process."""
     path = build()
-    loader = importlib.machinery.ExtensionFileLoader("gateway.native._relay", str(path))
-    spec = importlib.util.spec_from_file_location("gateway.native._relay", path, loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader("gateway.relay.native._relay", str(path))
+    spec = importlib.util.spec_from_file_location(
+        "gateway.relay.native._relay", path, loader=loader
+    )
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)

@@ -15,8 +15,8 @@ from gateway.proxy.continuation import (
     resumable,
     with_token_ids,
 )
-from gateway.proxy.sse import EventSplitter, data_of
-from gateway.proxy.tracker import StreamTracker
+from gateway.relay.sse import EventSplitter, data_of
+from gateway.relay.tracker import StreamTracker
 
 pytestmark = pytest.mark.both_relays
 

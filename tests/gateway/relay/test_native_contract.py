@@ -1,5 +1,6 @@
-"""The names the native relay's C uses on Python objects are the ones gateway/native/contract.py
-declares, and the classes have them: renaming an attribute on either side fails here.
+"""The names the native relay's C uses on Python objects are the ones
+gateway/relay/native/contract.py declares, and the classes have them: renaming an attribute on
+either side fails here.
 
 The C sources are read, not the built module: the names are the literals of relay.c's INTERN
 calls, the modules and functions it imports at init, the connection's slots the Tap finds by
@@ -15,9 +16,8 @@ import re
 import textwrap
 import types
 
-from gateway import native
-from gateway.native import contract
-from gateway.proxy import tracker
+from gateway.relay import native, tracker
+from gateway.relay.native import contract
 
 
 def c_sources() -> str:

@@ -3,7 +3,7 @@
 The C reads, writes and calls attributes of the gateway's own objects by name: relay.c interns
 each name at module init, and the Tap finds two of the connection's slots by name to read them
 by offset. Nothing else tells the Python side that C depends on them, so they are listed here,
-per class, with what C does with each. tests/gateway/native/test_native_contract.py checks
+per class, with what C does with each. tests/gateway/relay/test_native_contract.py checks
 that each class has them and that the C sources name exactly these (and the keys and module
 functions below), so renaming one on either side fails a test.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# gateway.proxy.tracker.StreamTracker: a resumable stream's tracker (Reader.attach's `tracker`).
+# gateway.relay.tracker.StreamTracker: a resumable stream's tracker (Reader.attach's `tracker`).
 TRACKER: Final = (
     "done",  # read at each sync (events are skipped once done) and at the end; set at [DONE]
     "error",  # read at each sync (the stream breaks); set when an event passes MAX_EVENT
@@ -31,7 +31,7 @@ TRACKER: Final = (
     "_event",  # called with each event C does not handle: the bytes for the client
 )
 
-# gateway.proxy.usage.UsageReader: a plain stream's usage reader (Reader.attach's `usage`).
+# gateway.relay.usage.UsageReader: a plain stream's usage reader (Reader.attach's `usage`).
 USAGE: Final = (
     "_event",  # called with each event that names a usage that is not null
     "error",  # set when an event passes MAX_EVENT
@@ -71,8 +71,8 @@ LOOP: Final = (
 
 # Each class C touches (module.Class) and the names it uses on it.
 TOUCHED: Final[dict[str, tuple[str, ...]]] = {
-    "gateway.proxy.tracker.StreamTracker": TRACKER,
-    "gateway.proxy.usage.UsageReader": USAGE,
+    "gateway.relay.tracker.StreamTracker": TRACKER,
+    "gateway.relay.usage.UsageReader": USAGE,
     "gateway.proxy.names.Renamer": RENAMER,
     "gateway.upstream.connection.UpstreamConnection": CONNECTION,
     "asyncio.WriteTransport": CLIENT,

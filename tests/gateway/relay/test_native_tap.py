@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from gateway.native import module
+from gateway.relay.native import module
 from gateway.upstream.connection import UpstreamConnection, connection_of, tapped
 from gateway.upstream.pool import ConnectionPool, Endpoint
 from tests.gateway.servers import Peer, RawServer, until

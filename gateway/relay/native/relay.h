@@ -1,4 +1,4 @@
-/* relay.h: what the files of the native relay share (gateway/native/__init__.py builds them).
+/* relay.h: what the files of the native relay share (gateway/relay/native/__init__.py builds them).
  *
  * relay.c is the one translation unit: it includes this header, then framing.c, events.c,
  * reader.c and tap.c, then initialises the module. So every function and global here is
@@ -96,8 +96,8 @@ typedef struct {
 } Reader;
 
 /* -- the names, interned at module init (relay.c) ---------------------------------------------
- * The attributes and methods of the Python objects the relay touches (gateway/native/
- * contract.py declares them, and tests/gateway/native/test_native_contract.py holds the two
+ * The attributes and methods of the Python objects the relay touches (gateway/relay/native/
+ * contract.py declares them, and tests/gateway/relay/test_native_contract.py holds the two
  * to each other), and the keys of an answer's first event. */
 static PyObject *s_done, *s_error, *s_capable, *s_continuing, *s_produced, *s_committed,
     *s_unparsed, *s_finish_reason, *s_prompt_ids, *s_template, *s_choices, *s_prompt_key,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.health.pace import GAP_WEIGHT, is_quiet, next_gap, quiet_after
 from gateway.proxy.live import LiveStreams
+from gateway.relay.pace import GAP_WEIGHT, is_quiet, next_gap, quiet_after
 
 FLOOR, FACTOR = 1.0, 4.0
 

@@ -1,5 +1,5 @@
-/* relay.c: the module gateway.native._relay, the relay's per-read work in one compiled call
- * (gateway/native/__init__.py builds and loads it).
+/* relay.c: the module gateway.relay.native._relay, the relay's per-read work in one compiled call
+ * (gateway/relay/native/__init__.py builds and loads it).
  *
  * A `Reader` is one upstream answer's body. `feed(data)` takes the bytes of one read as they
  * came off the socket and de-frames them (HTTP/1.1 chunked, a Content-Length, or until the
@@ -20,16 +20,16 @@
  * A `Tap` is the upstream connection's protocol: it hands each read of an answer's body to
  * its Reader with no Python frame between the event loop and this code.
  *
- * gateway/proxy/tracker.py and pump.py are the reference: what this writes to the client,
+ * gateway/relay/tracker.py and pump.py are the reference: what this writes to the client,
  * and what it leaves in the tracker, must be byte for byte what they do
- * (tests/gateway/native/test_native_relay*.py hold both to it over recorded and generated
+ * (tests/gateway/relay/test_native_relay*.py hold both to it over recorded and generated
  * streams).
  *
  * relay.c is the module: its initialisation, the names it interns (the attributes of the
- * Python objects the relay touches, declared in gateway/native/contract.py) and the objects
+ * Python objects the relay touches, declared in gateway/relay/native/contract.py) and the objects
  * it takes from orjson and array. It is also the one translation unit, a unity build: it
  * includes the other files, so that their functions stay static and inline across files as
- * they did in one file (gateway/native/__init__.py says why).
+ * they did in one file (gateway/relay/native/__init__.py says why).
  *   relay.h    what the files share: the flags, the Reader, the interned names, the calls
  *   framing.c  the body's HTTP framing (chunked, a length, the close): deframe
  *   events.c   SSE events: cutting them, the tracker's common events and first event, usage
@@ -50,7 +50,7 @@ static const char *const TEMPLATE_KEYS[N_TEMPLATE] = {"id", "object", "created",
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "gateway.native._relay",
+    .m_name = "gateway.relay.native._relay",
     .m_doc = "The relay's per-read work in one compiled call.",
     .m_size = -1,
 };

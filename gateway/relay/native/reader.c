@@ -100,7 +100,7 @@ static void observe(Reader *r, double t)
         b++;
     r->counts[b]++;
     r->sum += g;
-    r->gap = r->has_gap ? r->gap + 0.25 * (g - r->gap) : g; /* health/pace.py's next_gap */
+    r->gap = r->has_gap ? r->gap + 0.25 * (g - r->gap) : g; /* relay/pace.py's next_gap */
     r->has_gap = 1;
     r->last = t;
 }
@@ -611,7 +611,7 @@ static PyMethodDef Reader_methods[] = {
 };
 
 static PyTypeObject ReaderType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.native._relay.Reader",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.relay.native._relay.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One upstream answer's body: de-framed, and relayed once a relay attaches.",

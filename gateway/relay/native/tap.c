@@ -199,7 +199,7 @@ static PyGetSetDef Tap_getset[] = {
 };
 
 static PyTypeObject TapType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.native._relay.Tap",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gateway.relay.native._relay.Tap",
     .tp_basicsize = sizeof(Tap),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Tap(conn): an UpstreamConnection's protocol, reading its answer's body in C.",

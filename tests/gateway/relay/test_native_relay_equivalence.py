@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.gateway.native.native_support import (
+from tests.gateway.relay.native_support import (
     CLIENT_HEAD,
     SSE_HEAD,
     ClientSide,
@@ -123,7 +123,7 @@ def test_a_recorded_answer_needs_no_python_tracker(
     """The native relay calls the Python tracker for nothing the servers send: the first event
     (its prompt ids), token chunks, the finish chunk, the usage chunk and [DONE] are read in
     C; an error event, which breaks the stream, goes to Python."""
-    from gateway.proxy.tracker import StreamTracker
+    from gateway.relay.tracker import StreamTracker
 
     called: list[bytes] = []
     event = StreamTracker._event
@@ -335,7 +335,7 @@ def test_the_shapes_read_without_parsing_read_as_the_parser_does(
     """Both relays read the common events without the JSON parser (the tracker's
     `_known_shape`, and its copy in C): over generated streams, what that gives the client and
     leaves in the tracker is what parsing every event gives."""
-    from gateway.proxy.tracker import StreamTracker
+    from gateway.relay.tracker import StreamTracker
 
     class Parsing(StreamTracker):
         __slots__ = ()
@@ -380,7 +380,7 @@ def test_a_client_that_leaves_or_reads_slowly(
 def test_only_events_that_name_a_usage_reach_python(monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenAI's `"usage": null` on every chunk before the last is not parsed, on either relay:
     a plain stream asked for its usage costs no Python per token."""
-    from gateway.proxy.usage import UsageReader
+    from gateway.relay.usage import UsageReader
 
     parsed: list[bytes] = []
     event = UsageReader._event

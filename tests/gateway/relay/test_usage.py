@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.proxy.usage import Usage, UsageReader, of_body, says_usage
+from gateway.relay.usage import Usage, UsageReader, of_body, says_usage
 
 VLLM = Path(__file__).resolve().parents[2] / "data" / "vllm"
 

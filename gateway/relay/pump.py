@@ -10,14 +10,23 @@ four flags (`Pump`), which the request task (relay.py's StreamRelay) waits on.
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from gateway.base.net import LAST_CHUNK
-from gateway.health.pace import next_gap
-from gateway.proxy.names import Renamer
-from gateway.proxy.tracker import StreamTracker
-from gateway.proxy.usage import UsageReader
-from gateway.signals import GapSink
+from gateway.relay.pace import GapSink, next_gap
+from gateway.relay.tracker import StreamTracker
+from gateway.relay.usage import UsageReader
 from gateway.upstream.connection import UpstreamConnection
+
+
+class Renamer(Protocol):
+    """What the relay asks of the unit's model name being put back to the public one
+    (proxy/names.py's Renamer): each read's bytes, then what it held back at the end."""
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
 
 # Pause reading from the unit while the client has this much unsent data.
 HIGH_WATER = 256 * 1024

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from gateway.proxy.sse import TOO_LONG, EventSplitter, data_of
+from gateway.relay.sse import TOO_LONG, EventSplitter, data_of
 
 _TEMPLATE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 _IDS = b',"token_ids":['
@@ -127,7 +127,7 @@ class StreamTracker:
     def feed(self, data: bytes) -> bytes:
         """The bytes to send the client for `data` read from the unit (whole events only).
 
-        gateway/native/relay.c does the same (the splitting, `_known_shape`, [DONE], and
+        gateway/relay/native/relay.c does the same (the splitting, `_known_shape`, [DONE], and
         `_original` for a first event as the servers write it) in C and calls `_event` for
         the rest: the two must stay alike, byte for byte."""
         # The common read: one whole token chunk, taken as `_event` would take it.

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from gateway.native import module
 from gateway.observability.histogram import Histogram
 from gateway.proxy.names import Renamer
-from gateway.proxy.pump import attach
-from gateway.proxy.tracker import StreamTracker
 from gateway.proxy.upstream import _ready
-from gateway.proxy.usage import UsageReader
+from gateway.relay.native import module
+from gateway.relay.pump import attach
+from gateway.relay.tracker import StreamTracker
+from gateway.relay.usage import UsageReader
 from gateway.upstream.connection import UpstreamConnection, tapped
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"

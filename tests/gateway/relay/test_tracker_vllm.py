@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.proxy.names import Renamer
-from gateway.proxy.tracker import StreamTracker
+from gateway.relay.tracker import StreamTracker
 
 pytestmark = pytest.mark.both_relays
 

@@ -1,7 +1,7 @@
-"""The compiled relay, gateway.native._relay (relay.c and the files it includes), as
-gateway/native/__init__.py loads it: its types, their methods and attributes, its constants.
+"""The compiled relay, gateway.relay.native._relay (relay.c and the files it includes), as
+gateway/relay/native/__init__.py loads it: its types, their methods and attributes, its constants.
 
-tests/gateway/native/test_native_stub.py holds these names to the built module's.
+tests/gateway/relay/test_native_stub.py holds these names to the built module's.
 """
 
 import asyncio
@@ -10,9 +10,9 @@ from typing import Final, final
 
 from _typeshed import ReadableBuffer
 
-from gateway.proxy.names import Renamer
-from gateway.proxy.tracker import StreamTracker
-from gateway.proxy.usage import UsageReader
+from gateway.relay.pump import Renamer
+from gateway.relay.tracker import StreamTracker
+from gateway.relay.usage import UsageReader
 from gateway.upstream.connection import UpstreamConnection
 
 # The flags `feed` and `relay` return (0: nothing for the caller to look at).

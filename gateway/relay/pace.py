@@ -9,6 +9,8 @@ young). Pure, with the clock passed in.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 # Weight of the newest gap in a stream's running estimate: about the last four gaps count.
 GAP_WEIGHT = 0.25
 
@@ -25,3 +27,16 @@ def quiet_after(gap: float | None, floor: float, factor: float) -> float:
 
 def is_quiet(now: float, last: float, gap: float | None, floor: float, factor: float) -> bool:
     return now - last > quiet_after(gap, floor, factor)
+
+
+class GapSink(Protocol):
+    """Takes the seconds between two relayed chunks (a lock-free histogram, in practice):
+    one by one (the Python relay), or as counts per bucket of `bounds` and their sum at the
+    end of an answer (the native relay counts them as it goes)."""
+
+    @property
+    def bounds(self) -> tuple[float, ...]: ...
+
+    def observe(self, value: float) -> None: ...
+
+    def merge(self, counts: list[int], total: float) -> None: ...
