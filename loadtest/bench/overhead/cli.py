@@ -75,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     summary = report.rows(runs)
     report.print_table(summary)
     report.print_relays(summary)
-    report.print_room(summary)
     if args.out is not None:
         report.write_json(args.out, machine, counts, args.lockstep, summary, runs)
     failures = sum(r.failures for r in runs)
