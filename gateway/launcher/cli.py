@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from gateway.check_config import report as report_config_errors
@@ -50,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(ns.log_level, log_format)
     if ns.command == "gateway":
         return _run_gateway(config, ns.ready_file)
-    if ns.simulated and ns.replicas == 1:
-        return _up(config, Path(ns.config))
     from gateway.launcher.up.main import UpOptions, run_up
 
     options = UpOptions(
@@ -90,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         help="serve simulated units (a test tool) instead of the builtin engine",
     )
     up.add_argument(
-        "--log-dir", type=Path, help="node and replica logs (default: a new temp directory)"
+        "--log-dir",
+        type=Path,
+        help="node, simulator and replica logs (default: a new temp directory)",
     )
     up.add_argument(
         "--replicas",
@@ -140,53 +136,3 @@ def _run_gateway(config: Config, ready_file: Path | None) -> int:
         report_config_errors(exc)
         return 2
     return 0
-
-
-def _up(config: Config, config_path: Path) -> int:
-    """Start simulated units on the config's unit URLs, then the gateway in the foreground."""
-    ready = config_path.with_name(".unitgate-sim.ready")
-    ready.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="unitgate-sim-") as folder:
-        units = Path(folder, "units.toml")
-        units.write_text(_units_toml(config), encoding="utf-8")
-        return _with_simulated_units(config, units, ready)
-
-
-def _units_toml(config: Config) -> str:
-    """The units as loaded (environment overrides applied), in the `[[units]]` form the
-    simulator reads: it takes the file's tables, not the gateway's checked config."""
-    blocks = [
-        f"[[units]]\nid = {json.dumps(u.id)}\nleader = {json.dumps(u.leader)}\n"
-        f"nodes = [{', '.join(json.dumps(n) for n in u.nodes)}]\n"
-        for u in config.units
-    ]
-    return "\n".join(blocks)
-
-
-def _with_simulated_units(config: Config, units: Path, ready: Path) -> int:
-    sim = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loadtest.simunits",
-            "--from-config",
-            str(units),
-            "--ready-file",
-            str(ready),
-        ]
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if sim.poll() is not None or time.monotonic() > deadline:
-                print("unitgate: simulated units failed to start", file=sys.stderr)
-                return 1
-            time.sleep(0.05)
-        return _run_gateway(config, None)
-    finally:
-        sim.terminate()
-        try:
-            sim.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            sim.kill()
-        ready.unlink(missing_ok=True)

@@ -156,9 +156,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     tmp = tmp_path_factory.mktemp("demo")
     ports = demo_config(tmp)
     log = tmp / "up.log"
+    up = ["up", "--simulated", "--config", "config.toml", "--log-dir", "logs"]  # logs: kept here
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "up", "--simulated", "--config", "config.toml"],
+            [sys.executable, "-m", "gateway", *up],
             cwd=tmp,
             env=block_env(tmp),
             stdout=out,

@@ -62,7 +62,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     )
     # No token in the environment: `up` makes one for the run and prints the signed link.
     env = {k: v for k, v in os.environ.items() if k != "UNITGATE_ADMIN_TOKEN"}
-    # Two replicas: `up --simulated` with one runs the gateway alone, without the announcement.
+    # Two replicas: the page of replica 0 of a fleet, which the printed link opens.
     config, logs = str(tmp / "up.toml"), str(tmp / "logs")
     args = ("up", "--simulated", "--replicas", "2", "--config", config, "--log-dir", logs)
     proc = unitgate(tmp, "up", *args, env=env)

@@ -11,6 +11,9 @@ units, then N gateways sharing admin state through it, this process's gateway as
 and N-1 child replicas (replicas.py, replica.py) on the ports fleet.py lays out; `ready` once
 every replica routes to every unit. At the stop every gateway drains at once, then the units
 stop, then the store.
+
+With `--simulated` (any number of replicas) the units are one simulator process instead
+(simulated.py), serving every unit of the config as loaded; the rest is the same.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from engine.backends.vllm.args import check_known, known_engine_args
 from gateway.api import Config, ConfigError, Gateway, raise_fd_limit, read_tokens, running
 from gateway.launcher.up.backoff import Backoff
 from gateway.launcher.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
-from gateway.launcher.up.plan import EngineOptions, Plan, PlanError, plan_units
+from gateway.launcher.up.plan import EngineOptions, Plan, PlanError, plan_simulated, plan_units
 from gateway.launcher.up.ports import check_free
 from gateway.launcher.up.processes import Launcher, node_env
 from gateway.launcher.up.ready import announce, describe_units, wait_fleet
@@ -55,10 +58,10 @@ STOP_GRACE_S = 5.0  # a child replica's time past its drain before it is killed
 
 @dataclass(frozen=True, slots=True)
 class UpOptions:
-    log_dir: Path | None = None  # node and replica logs (default: a new temp directory)
+    log_dir: Path | None = None  # node (or simulator) and replica logs (default: a new temp dir)
     replicas: int = 1  # gateway replicas; more than one share admin state through Redis
-    simulated: bool = False  # simulated units instead of the builtin engine's (replicas > 1)
-    config_path: Path | None = None  # what child replicas and the simulator load themselves
+    simulated: bool = False  # simulated units instead of the builtin engine's
+    config_path: Path | None = None  # what child replicas load themselves
     log_level: str = "info"  # the child replicas'
     log_format: str = "text"  # the child replicas' (text or json)
 
@@ -86,7 +89,7 @@ def run_up(config: Config, options: UpOptions = UpOptions()) -> int:
         print(f"unitgate up: {refusal}", file=sys.stderr)
         return 2
     try:
-        plan = _local_plan(config)
+        plan = _local_plan(config, options.simulated)
         if not options.simulated:
             _check_vllm_units(plan)
         binary = find_redis_server() if runs_store(config, options.replicas) else None
@@ -113,17 +116,17 @@ def _refusal(config: Config, options: UpOptions) -> str | None:
         return f"--replicas must be an integer >= 1, got {options.replicas}"
     if options.replicas > 1 and options.config_path is None:
         return "--replicas needs the config's file: every replica loads it"
-    if options.simulated and options.config_path is None:
-        return "--simulated needs the config's file: the simulator loads it"
     if not options.simulated and importlib.util.find_spec("torch") is None:
         return (
             "the builtin engine needs the engine extra: "
             "pip install -e '.[engine]' -c constraints.txt (or run `unitgate up --simulated`)"
         )
     if config.gateway.worker_count > 1:
+        beside = " (simulated units beside it: `unitgate sim --from-config FILE`)"
         return (
             f"[gateway].workers = {config.gateway.workers!r}: `up` runs the gateway "
             "inside its own process, so with one worker; `unitgate gateway` runs more"
+            + (beside if options.simulated else "")
         )
     if runs_store(config, options.replicas) and find_redis_server() is None:
         return (
@@ -134,7 +137,9 @@ def _refusal(config: Config, options: UpOptions) -> str | None:
     return None
 
 
-def _local_plan(config: Config) -> Plan:
+def _local_plan(config: Config, simulated: bool) -> Plan:
+    if simulated:
+        return _simulated_plan(config)
     plan = plan_units(config)
     if not plan.units:
         raise PlanError(
@@ -146,6 +151,20 @@ def _local_plan(config: Config) -> Plan:
             " routes)",
             unit,
         )
+    return plan
+
+
+def _simulated_plan(config: Config) -> Plan:
+    plan = plan_simulated(config)
+    kinds = {u.id: u.kind for u in config.units}
+    for unit in plan.units:
+        if not unit.awaited:
+            log.info(
+                'unit %s: simulated, but the gateway probes it as kind "%s", which the simulator'
+                " does not imitate: `ready` does not wait for it",
+                unit.unit,
+                kinds[unit.unit],
+            )
     return plan
 
 
@@ -183,9 +202,8 @@ class _Run:
 
     def units(self, config: Config, plan: Plan) -> LocalUnits:
         env = node_env(os.environ, [config.admin.token_env])
-        if self.options.simulated:
-            assert self.options.config_path is not None  # _refusal said so
-            return SimulatedUnits(self.options.config_path.resolve(), self.log_dir, env)
+        if self.options.simulated:  # the units as loaded: environment overrides applied
+            return SimulatedUnits(config.units, self.log_dir, env)
         return BuiltinUnits(plan, Launcher(EngineOptions(), self.log_dir, env))
 
     def replicas(self, config: Config, store_url: str | None) -> list[ReplicaSupervisor]:
@@ -200,6 +218,7 @@ class _Run:
             READY_TIMEOUT,
             store_url,
             self.options.log_format,
+            self.options.simulated,
         )
         grace = config.gateway.shutdown_timeout + STOP_GRACE_S
         return [ReplicaSupervisor(p, launcher, Backoff(), grace) for p in self.fleet.ports[1:]]

@@ -1,4 +1,5 @@
-"""Config units -> the node processes `unitgate up` runs on this machine.
+"""Config units -> the node processes `unitgate up` runs on this machine, or (`--simulated`)
+the nodes the simulator serves.
 
 Pure: nothing is bound or spawned, so the mapping from URLs to flags is tested without
 processes. The master (rendezvous) port is not in the plan: a unit gets a fresh one at every
@@ -59,7 +60,8 @@ class NodeSpec:
     def health_url(self) -> str:
         """Where the gateway probes this node: its entry in the unit's `nodes`."""
         port = self.port if self.health_port is None else self.health_port
-        return f"http://{self.host}:{port}/health"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"http://{host}:{port}/health"
 
     def argv(self, master: str, options: EngineOptions) -> list[str]:
         """The node's flags (`python -m engine`, `unitgate node`) for this node in a group
@@ -93,6 +95,9 @@ class NodeSpec:
 class UnitPlan:
     unit: str
     nodes: tuple[NodeSpec, ...]
+    # Whether `ready` waits until the gateway routes to it: every unit `up` runs, but for a
+    # simulated unit the gateway probes as another kind (plan_simulated).
+    awaited: bool = True
 
     @property
     def leader(self) -> NodeSpec:
@@ -103,6 +108,11 @@ class UnitPlan:
 class Plan:
     units: tuple[UnitPlan, ...]
     skipped: tuple[str, ...]  # not on loopback, or stock servers: someone else runs them
+
+    @property
+    def awaited(self) -> tuple[UnitPlan, ...]:
+        """The units `ready` waits for: the gateway routes to each, every node says ok."""
+        return tuple(u for u in self.units if u.awaited)
 
 
 def plan_units(config: Config) -> Plan:
@@ -124,6 +134,58 @@ def plan_units(config: Config) -> Plan:
         units.append(plan_unit(unit, _served_model(config, unit)))
     _check_ports_unique(units)
     return Plan(tuple(units), tuple(skipped))
+
+
+def plan_simulated(config: Config) -> Plan:
+    """`unitgate up --simulated`: every unit of the config, of any kind and wherever its URLs
+    point, is served by the simulator at its own addresses, as the config loaded them (what
+    `unitgate sim --from-config` accepts; an address not of this machine fails its bind).
+    `ready` waits for the units of this project's kind: the simulator answers as this
+    project's nodes do, so a unit the gateway probes as a stock server (`kind = "openai"`
+    looks for its model in /v1/models) is served but need not become routable."""
+    seen: dict[tuple[str, int], str] = {}
+    units = []
+    for unit in config.units:
+        units.append(_simulated_unit(unit, _served_model(config, unit)))
+        listeners = [(url, f"unit {unit.id} nodes[{r}]") for r, url in enumerate(unit.nodes)]
+        if _sim_address(unit, unit.leader) != _sim_address(unit, unit.nodes[0]):
+            listeners.append((unit.leader, f"unit {unit.id} leader"))
+        for url, who in listeners:
+            other = seen.setdefault(_sim_address(unit, url), who)
+            if other != who:
+                raise PlanError(f"{url}: given to two simulated listeners, {other} and {who}")
+    return Plan(tuple(units), ())
+
+
+def _simulated_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
+    """Rank 0's spec: /health on nodes[0]'s host and port, the API on the leader's port
+    (`ports` lists both, so replicas are laid out around them)."""
+    leader = _sim_address(unit, unit.leader)
+    specs = []
+    for rank, url in enumerate(unit.nodes):
+        host, port = _sim_address(unit, url)
+        health = None
+        if rank == 0 and (host, port) != leader:
+            health, port = port, leader[1]
+        specs.append(
+            NodeSpec(unit.id, rank, len(unit.nodes), host, port, served_model, health_port=health)
+        )
+    return UnitPlan(unit.id, tuple(specs), awaited=unit.kind == "unitgate")
+
+
+def _sim_address(unit: UnitConfig, url: str) -> tuple[str, int]:
+    """The simulator's own rule (loadtest/simunits/topology.py), checked before it starts."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or not port:
+        raise PlanError(
+            f"unit {unit.id}: a simulated node is served at http://HOST:PORT (plain HTTP, "
+            f"a port other than 0), got {url!r}"
+        )
+    return parts.hostname, port
 
 
 def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:

@@ -150,6 +150,15 @@ async def stop_nodes(nodes: Sequence[NodeProcess], grace: float) -> None:
     await asyncio.gather(*(node.reap_group(min(grace, 2.0)) for node in nodes))
 
 
+def log_tail(path: Path, lines: int = 5) -> str:
+    """A child's last log lines, indented, for the message that says it failed ("" if none)."""
+    try:
+        last = path.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        return ""
+    return "".join(f"\n    {line}" for line in last)
+
+
 def describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):

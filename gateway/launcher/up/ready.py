@@ -20,6 +20,7 @@ import aiohttp
 
 from gateway.api import Config, Gateway, is_routable
 from gateway.launcher.up.plan import Plan, UnitPlan
+from gateway.launcher.up.processes import log_tail
 from gateway.launcher.up.replicas import ReplicaSupervisor, Where
 
 POLL_S = 0.2
@@ -28,12 +29,13 @@ POLL_S = 0.2
 async def wait_routable(
     gateway: Gateway, plan: Plan, stop: asyncio.Event, within: float, log_dir: Path
 ) -> int:
-    """0 once every local unit is ready (or a stop was asked for), 1 at the deadline."""
+    """0 once every local unit `ready` waits for is ready (or a stop was asked for), 1 at the
+    deadline."""
     deadline = time.monotonic() + within
     timeout_s = aiohttp.ClientTimeout(total=1.0)
     async with aiohttp.ClientSession(timeout=timeout_s) as session:
         while not stop.is_set():
-            waiting = [u.unit for u in plan.units if not await _ready(session, gateway, u)]
+            waiting = [u.unit for u in plan.awaited if not await _ready(session, gateway, u)]
             if not waiting:
                 return 0
             if time.monotonic() > deadline:
@@ -103,7 +105,7 @@ async def _replica_ready(replica: ReplicaSupervisor, stop: asyncio.Event, within
         return 1
     result = replica.first_ready.result()
     if isinstance(result, int):
-        tail = await asyncio.to_thread(_tail, log_path)
+        tail = await asyncio.to_thread(log_tail, log_path)
         print(
             f"unitgate up: replica {index} exited with {result} before it was ready "
             f"(its log: {log_path}){tail}",
@@ -111,14 +113,6 @@ async def _replica_ready(replica: ReplicaSupervisor, stop: asyncio.Event, within
         )
         return 1
     return 0
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        last = path.read_text(errors="replace").splitlines()[-lines:]
-    except FileNotFoundError:
-        return ""
-    return "".join(f"\n    {line}" for line in last)
 
 
 def describe_units(plan: Plan, simulated: bool) -> str:

@@ -28,7 +28,7 @@ from gateway.api import (
 )
 from gateway.base.readyfile import write_ready
 from gateway.launcher.up.fleet import ReplicaPorts, replica_config
-from gateway.launcher.up.plan import Plan, PlanError, plan_units
+from gateway.launcher.up.plan import Plan, PlanError, plan_simulated, plan_units
 from gateway.launcher.up.ready import wait_routable
 
 log = logging.getLogger("unitgate.up")
@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True, help="the public API's port")
     p.add_argument("--metrics-port", type=int, required=True, help="the operator listener's")
     p.add_argument("--store-url", help="the redis-server `up` runs (default: the config's)")
+    p.add_argument(
+        "--simulated", action="store_true", help="`up --simulated`: the units are simulated"
+    )
     p.add_argument("--ready-file", type=Path, required=True, help="written once ready")
     p.add_argument("--ready-within", type=float, default=180.0, help="seconds")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -54,7 +57,7 @@ def main(argv: list[str]) -> int:
     setup_logging(ns.log_level, ns.log_format, text, f"replica {ns.index}")
     try:
         file_config = load_config(ns.config)
-        plan = plan_units(file_config)
+        plan = plan_simulated(file_config) if ns.simulated else plan_units(file_config)
         ports = ReplicaPorts(ns.index, ns.port, ns.metrics_port)
         config = replica_config(file_config, ports, ns.store_url)
     except (ConfigError, PlanError) as exc:

@@ -52,6 +52,7 @@ class ReplicaLauncher:
     ready_within: float
     store_url: str | None  # the redis-server `up` started, or None: the config's own [state]
     log_format: str = "text"  # or json
+    simulated: bool = False  # `up --simulated`: the replica plans the units as simulated ones
 
     def log_path(self, index: int) -> Path:
         return self.log_dir / f"replica-{index}.log"
@@ -70,6 +71,8 @@ class ReplicaLauncher:
         ]
         if self.store_url is not None:
             args += ["--store-url", self.store_url]
+        if self.simulated:
+            args.append("--simulated")
         return args
 
     async def start(self, ports: ReplicaPorts) -> asyncio.subprocess.Process:
