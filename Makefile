@@ -103,13 +103,34 @@ CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/c
 # is tested against and falls back to, the Python relay (UNITGATE_RELAY=python) and aiohttp's
 # front (UNITGATE_FRONT=aiohttp). The native and Python relays' equivalence tests compare both
 # in one run.
-test: lint $(VLLM_STAMP)
+#
+# Most tests wait on sockets, processes and clocks (over a whole run the suite kept one core
+# busy, not two), so they run two at a time (pytest-xdist, a file's tests together so that its
+# module fixtures are made once), and the vLLM suite (its own venv, mostly vLLM servers
+# starting) runs beside them, its output printed after theirs. The tests marked `serial` (the
+# chaos scenarios, the engine's model runs, the benchmarks end to end: they load both cores
+# themselves or time themselves under load) run alone afterwards.
+PARALLEL = -n 2 --dist loadfile
+VLLM_LOG = $(VLLM_VENV)/suite.log
+# Set-up builds the two venvs at once (each mostly waits on downloads and unpacking; lint runs
+# once the main one is ready), so a fresh clone spends about 3 minutes there, not 5.
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint vllm-env
 	$(PY) -m gateway.relay.native >/dev/null
-	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "not vllm"
-	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp $(PY) -m pytest -q -m "both_relays and not vllm"
+	$(VPY) -m pytest -q -m vllm tests/vllm >$(VLLM_LOG) 2>&1 & vllm=$$!; \
+	trap 'kill $$vllm 2>/dev/null' INT TERM; \
+	UNITGATE_RELAY=native UNITGATE_FRONT=lean \
+		$(PY) -m pytest -q -m "not vllm and not serial" $(PARALLEL); main=$$?; \
+	wait $$vllm; beside=$$?; \
+	echo "--- tests/vllm in $(VLLM_VENV), run beside the above:"; cat $(VLLM_LOG); \
+	[ $$main = 0 ] && [ $$beside = 0 ]
+	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "serial and not vllm"
+	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp \
+		$(PY) -m pytest -q -m "both_relays and not serial and not vllm" $(PARALLEL)
+	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp \
+		$(PY) -m pytest -q -m "both_relays and serial and not vllm"
 	UNITGATE_RELAY=native UNITGATE_FRONT=lean UNITGATE_CHAOS_WORKERS=2 \
 		$(PY) -m pytest -q -m chaos $(CHAOS_SIM)
-	$(VPY) -m pytest -q -m vllm tests/vllm
 
 format: $(TEST_STAMP)
 	$(VENV)/bin/ruff format .

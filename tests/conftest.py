@@ -9,6 +9,20 @@ import uvloop
 
 from tests.support import SimProcess, start_sim, stop_process
 
+# Tests that load both cores themselves or measure time under load run alone (`make test`
+# runs the others two at a time, pytest-xdist): the chaos scenarios, and the slow tests of the
+# engine (model runs on every core, process groups with deadlines) and of the benchmarks.
+SERIAL_SLOW = ("tests/engine/", "tests/loadtest/test_bench_")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        slow_here = item.get_closest_marker("slow") and where.startswith(SERIAL_SLOW)
+        if item.get_closest_marker("chaos") or slow_here:
+            item.add_marker(pytest.mark.serial)
+
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
     """Async tests run on uvloop, the loop the gateway runs on in production."""
