@@ -108,8 +108,9 @@ CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/c
 # busy, not two), so they run two at a time (pytest-xdist, a file's tests together so that its
 # module fixtures are made once), and the vLLM suite (its own venv, mostly vLLM servers
 # starting) runs beside them, its output printed after theirs. The tests marked `serial` (the
-# chaos scenarios, the engine's model runs, the benchmarks end to end: they load both cores
-# themselves or time themselves under load) run alone afterwards.
+# chaos scenarios, the engine's model runs, the benchmarks end to end, tests that time a
+# propagation or count over real time windows: they load both cores themselves or time
+# themselves under load) run alone afterwards.
 PARALLEL = -n 2 --dist loadfile
 VLLM_LOG = $(VLLM_VENV)/suite.log
 # Set-up builds the two venvs at once (each mostly waits on downloads and unpacking; lint runs

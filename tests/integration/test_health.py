@@ -29,6 +29,9 @@ from tests.integration.probing import Traffic, all_probed_ok, probed, until
 from tests.simunits.split import planned_units, start_part, units_toml
 from tests.support import SimProcess, gateway_config, sim_stats, stop_process
 
+# Times detection (a follower killed, ejected within 1 s): it runs alone in `make test`.
+pytestmark = pytest.mark.serial
+
 FAST = ("--ttft-ms", "5", "--itl-ms", "2", "--tokens", "8")
 
 

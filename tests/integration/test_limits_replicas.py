@@ -23,7 +23,8 @@ from tests.chaos.clusters import GatewayProcess, start_replicas
 from tests.redis_support import RedisServer
 from tests.support import MODEL, SimProcess, chat_body
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# Counts admissions over real minutes' windows across replicas: it runs alone in `make test`.
+pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(180)]
 
 NAMES = ["r0", "r1", "r2"]
 CHAT = "/v1/chat/completions"

@@ -19,6 +19,9 @@ import pytest
 from gateway.health.lookout import LIMIT
 from gateway.health.probe import ProbeFailed, Target, exchange, get, probe_pool
 
+# Times probes to within 50 ms: it runs alone in `make test`.
+pytestmark = pytest.mark.serial
+
 # The probes' default is 0.2 s; twice that here, so that the node (a thread of this process,
 # sharing its CPU and GIL) has room to answer after a stall.
 TIMEOUT = 0.4

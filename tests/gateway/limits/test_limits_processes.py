@@ -15,6 +15,9 @@ import pytest
 
 from tests.redis_support import RedisServer, redis_server
 
+# Counts admissions across processes over real time windows: it runs alone in `make test`.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[3]
 SPEED = 10.0  # the simulated minute lasts 6 s
 REPLICAS, REQUESTS = 3, 100  # each: 300 in all, one every 0.2 simulated seconds
