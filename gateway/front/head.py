@@ -81,41 +81,44 @@ def read_head(head: bytes, routes: Container[bytes], cors: bool) -> Head | None:
     path = fields.url.split(b"?", 1)[0]
     if path not in routes or len(fields.url) > MAX_LINE or len(fields.fields) > MAX_FIELDS:
         return None
-    return _with_fields(path, fields.fields, parser.should_keep_alive(), cors)
+    return _with_fields(head, path, fields.fields, parser.should_keep_alive(), cors)
+
+
+# A request with one of these fields is aiohttp's to serve; one with these codings, only with
+# the value named (compared without case).
+_REFUSED = frozenset((b"transfer-encoding", b"upgrade"))
+_CODED = ((b"content-encoding", b"identity"), (b"expect", b"100-continue"))
 
 
 def _with_fields(
-    path: bytes, fields: list[tuple[bytes, bytes]], keep_alive: bool, cors: bool
+    head: bytes, path: bytes, fields: list[tuple[bytes, bytes]], keep_alive: bool, cors: bool
 ) -> Head | None:
-    length: int | None = None
-    expect_continue = False
-    headers: CIMultiDict[str] = CIMultiDict()
-    seen: set[bytes] = set()
-    for raw_name, raw_value in fields:
-        name, value = raw_name.lower(), raw_value.rstrip(_OWS)
-        if not _taken(name, value, cors) or max(len(raw_name), len(raw_value)) > MAX_LINE:
-            return None
-        if name in SINGLETONS:
-            if name in seen:
-                return None
-            seen.add(name)
-        if name == b"content-length":
-            length = int(value)  # llhttp has checked: digits
-        expect_continue = expect_continue or name == b"expect"
-        headers.add(
-            raw_name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
-        )
-    if length is None:
+    """The head's fields, read once as a whole: the checks are set operations over the
+    lower-cased names, and a field is looked at alone only when its name asks for it."""
+    names = [name.lower() for name, _ in fields]
+    seen = set(names)
+    if b"content-length" not in seen or not seen.isdisjoint(_REFUSED):
         return None
-    return Head(path, headers, length, keep_alive, expect_continue)
-
-
-def _taken(name: bytes, value: bytes, cors: bool) -> bool:
-    """Whether the lean front serves a request with this field (else aiohttp does)."""
-    if name in (b"transfer-encoding", b"upgrade"):
-        return False
-    if name == b"content-encoding":
-        return value.lower() == b"identity"
-    if name == b"expect":
-        return value.lower() == b"100-continue"
-    return name != b"origin" or not cors  # with CORS on, its headers are aiohttp's to add
+    if cors and b"origin" in seen:
+        return None  # with CORS on, its headers are aiohttp's to add
+    if len(seen) != len(names) and any(names.count(name) > 1 for name in SINGLETONS & seen):
+        return None
+    if len(head) > MAX_LINE and any(
+        len(name) > MAX_LINE or len(value) > MAX_LINE for name, value in fields
+    ):
+        return None
+    if b" \r\n" in head or b"\t\r\n" in head:  # llhttp keeps whitespace after a value
+        fields = [(name, value.rstrip(_OWS)) for name, value in fields]
+    for coded, served in _CODED:
+        if coded in seen and any(
+            n == coded and v.lower() != served for n, (_, v) in zip(names, fields, strict=True)
+        ):
+            return None
+    length = int(fields[names.index(b"content-length")][1])  # llhttp has checked: digits
+    headers: CIMultiDict[str] = CIMultiDict(
+        [
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+            for name, value in fields
+        ]
+    )
+    return Head(path, headers, length, keep_alive, b"expect" in seen)

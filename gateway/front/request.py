@@ -35,6 +35,7 @@ class LeanRequest:
         "ended",
         "head",
         "head_sent",
+        "headers",
         "proto",
         "received",
         "refused",
@@ -42,6 +43,7 @@ class LeanRequest:
 
     def __init__(self, proto: Connection, head: Head) -> None:
         self.proto, self.head = proto, head
+        self.headers: Mapping[str, str] = head.headers  # an attribute: read often, no call
         self.received = 0  # body bytes so far
         self._chunks: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None  # the body's, while it is awaited
@@ -77,10 +79,6 @@ class LeanRequest:
         return self.head.keep_alive and self.missing == 0 and (self.ended or not self.head_sent)
 
     # -- the Exchange ---------------------------------------------------------------------
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self.head.headers
 
     @property
     def transport(self) -> asyncio.Transport | None:

@@ -24,23 +24,25 @@ from typing import Any
 from gateway.proxy.jsonbody import dumps, first_member, loads_exact
 
 # Fields whose presence (with a truthy value) rules resumption out; see the module docstring.
-_EXCLUDED = (
-    "tools",
-    "functions",
-    "response_format",
-    "logprobs",
-    "top_logprobs",
-    "echo",
-    "suffix",
-    "best_of",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-    "presence_penalty",
-    "frequency_penalty",
-    "prompt_embeds",
+_EXCLUDED = frozenset(
+    (
+        "tools",
+        "functions",
+        "response_format",
+        "logprobs",
+        "top_logprobs",
+        "echo",
+        "suffix",
+        "best_of",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "presence_penalty",
+        "frequency_penalty",
+        "prompt_embeds",
+    )
 )
 
 # Sampling fields copied to the continuation unchanged (`min_tokens` is adjusted).
@@ -65,6 +67,7 @@ _SAMPLING = (
 # and min_tokens is carried over less what was already generated (continuation).
 _MAX_TOKENS = ("max_completion_tokens", "max_tokens")
 _BUDGET = (*_MAX_TOKENS, "min_tokens")
+_INTEGERS = frozenset(("n", *_BUDGET))  # a continuation computes with them
 
 # OpenAI's (and the builtin engine's, and vLLM's) default for /v1/completions.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -74,10 +77,13 @@ def resumable(data: dict[str, Any], chat: bool) -> bool:
     """True when a broken stream of this request can be continued token-exactly."""
     if data.get("stream") is not True or data.get("n") not in (None, 1):  # null: n = 1
         return False
-    if not all(_plain_int(data.get(name)) for name in ("n", *_BUDGET)):
-        return False
-    if any(data.get(name) for name in _EXCLUDED):
-        return False
+    # Only the fields the request has are looked at (most have none of them).
+    for name in _INTEGERS.intersection(data):
+        if not _plain_int(data[name]):
+            return False
+    for name in _EXCLUDED.intersection(data):
+        if data[name]:
+            return False
     if chat:
         return True
     prompt = data.get("prompt")
