@@ -12,7 +12,7 @@ VLLM_VENV  := .venv-vllm
 VPY        := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm
 
-.PHONY: run test check lint format bench bench-vllm vllm-env conformance clean
+.PHONY: run test test-main test-vllm check lint format bench bench-vllm vllm-env conformance clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -112,19 +112,11 @@ CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/c
 # propagation or count over real time windows: they load both cores themselves or time
 # themselves under load) run alone afterwards.
 PARALLEL = -n 2 --dist loadfile
-VLLM_LOG = $(VLLM_VENV)/suite.log
-# Set-up builds the two venvs at once (each mostly waits on downloads and unpacking; lint runs
-# once the main one is ready), so a fresh clone spends about 3 minutes there, not 5.
+# Set-up builds the two venvs at once (each mostly waits on downloads and unpacking), so a
+# fresh clone spends about 3 minutes there, not 5. Each half of the first phase starts as soon
+# as what it needs is ready: the vLLM suite once its venv is, the main tests once lint passed.
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint vllm-env
-	$(PY) -m gateway.relay.native >/dev/null
-	$(VPY) -m pytest -q -m vllm tests/vllm >$(VLLM_LOG) 2>&1 & vllm=$$!; \
-	trap 'kill $$vllm 2>/dev/null' INT TERM; \
-	UNITGATE_RELAY=native UNITGATE_FRONT=lean \
-		$(PY) -m pytest -q -m "not vllm and not serial" $(PARALLEL); main=$$?; \
-	wait $$vllm; beside=$$?; \
-	echo "--- tests/vllm in $(VLLM_VENV), run beside the above:"; cat $(VLLM_LOG); \
-	[ $$main = 0 ] && [ $$beside = 0 ]
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
 	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "serial and not vllm"
 	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp \
 		$(PY) -m pytest -q -m "both_relays and not serial and not vllm" $(PARALLEL)
@@ -132,6 +124,15 @@ test:
 		$(PY) -m pytest -q -m "both_relays and serial and not vllm"
 	UNITGATE_RELAY=native UNITGATE_FRONT=lean UNITGATE_CHAOS_WORKERS=2 \
 		$(PY) -m pytest -q -m chaos $(CHAOS_SIM)
+
+# The two halves of `make test`'s first phase (run together by it; each works alone too).
+test-main: lint
+	$(PY) -m gateway.relay.native >/dev/null
+	UNITGATE_RELAY=native UNITGATE_FRONT=lean \
+		$(PY) -m pytest -q -m "not vllm and not serial" $(PARALLEL)
+
+test-vllm: $(VLLM_STAMP)
+	$(VPY) -m pytest -q -m vllm tests/vllm
 
 format: $(TEST_STAMP)
 	$(VENV)/bin/ruff format .
