@@ -4,6 +4,7 @@ of the relay (HTTP heads from clients and from units)."""
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit
 
 
 def is_loopback(host: str) -> bool:
@@ -36,3 +37,17 @@ def head_end(buf: bytes) -> int:
     if crlf >= 0 and (lf < 0 or crlf < lf):
         return crlf + 4
     return -1 if lf < 0 else lf + 2
+
+
+def http_address(url: str) -> tuple[str, int | None]:
+    """The host and port (None: not given) of a plain `http://HOST[:PORT]` URL, the form a
+    simulated node listens at; ValueError saying what else it is. The simulator and the
+    launcher that plans it read addresses by this one rule, each saying it its own way."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad port in {url!r}") from exc
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http://host:port URL")
+    return parts.hostname, port

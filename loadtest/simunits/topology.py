@@ -10,7 +10,8 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+
+from gateway.base.net import http_address
 
 
 class ConfigError(ValueError):
@@ -42,16 +43,13 @@ class UnitSpec:
 def parse_url(url: object, where: str) -> Address:
     if not isinstance(url, str):
         raise ConfigError(f"{where}: must be a URL string")
-    parts = urlsplit(url)
     try:
-        port = parts.port
+        host, port = http_address(url)
     except ValueError as exc:
-        raise ConfigError(f"{where}: bad port in {url!r}") from exc
-    if parts.scheme != "http" or not parts.hostname:
-        raise ConfigError(f"{where}: {url!r} is not an http://host:port URL")
+        raise ConfigError(f"{where}: {exc}") from exc
     if port is None:
         raise ConfigError(f"{where}: {url!r} has no port")
-    return Address(parts.hostname, port)
+    return Address(host, port)
 
 
 def _unit_from_table(table: object, index: int) -> UnitSpec:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from engine.backends.vllm.args import check_keys
 from gateway.api import Config, UnitConfig, is_loopback
+from gateway.base.net import http_address
 
 
 class PlanError(ValueError):
@@ -174,18 +175,17 @@ def _simulated_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
 
 
 def _sim_address(unit: UnitConfig, url: str) -> tuple[str, int]:
-    """The simulator's own rule (loadtest/simunits/topology.py), checked before it starts."""
-    parts = urlsplit(url)
+    """The simulator's own rule (gateway/base/net.http_address), checked before it starts."""
     try:
-        port = parts.port
+        host, port = http_address(url)
     except ValueError:
-        port = None
-    if parts.scheme != "http" or not parts.hostname or not port:
+        host, port = "", None
+    if not port:
         raise PlanError(
             f"unit {unit.id}: a simulated node is served at http://HOST:PORT (plain HTTP, "
             f"a port other than 0), got {url!r}"
         )
-    return parts.hostname, port
+    return host, port
 
 
 def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
