@@ -306,8 +306,13 @@ class Gateway:
             host, port = runner.addresses[-1][:2]
             return f"{scheme(tls)}://{host}:{port}"
         assert runner.server is not None
+        native = None if self._upstream is None else self._upstream.native
         front = Front(
-            lean, runner.server, keepalive=KEEPALIVE_S, cors=bool(self.config.gateway.cors_origins)
+            lean,
+            runner.server,
+            keepalive=KEEPALIVE_S,
+            cors=bool(self.config.gateway.cors_origins),
+            quick=None if native is None else native.request_head,
         )
         server = await asyncio.get_running_loop().create_server(
             front, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port, ssl=tls

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.base.net import head_end
-from gateway.front.head import MAX_HEAD, read_head
+from gateway.front.head import MAX_HEAD, QuickHead, read_head
 from gateway.front.linger import Linger, LingerLimits
 from gateway.front.reply import server_error, whole
 from gateway.front.request import LeanRequest
@@ -44,6 +44,7 @@ class Listener(Protocol):
     fallback: Callable[[], asyncio.Protocol]  # aiohttp's RequestHandler for one connection
     keepalive: float
     cors: bool
+    quick: QuickHead | None  # head.py's reader of common heads, compiled (None: Python only)
     connections: set[FrontProtocol]
     linger: LingerLimits
     lingering: set[Linger]  # connections in their lingering close
@@ -133,7 +134,8 @@ class FrontProtocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.close()
             return
-        head = read_head(buf[:end], self.front.routes, self.front.cors)
+        front = self.front
+        head = read_head(buf[:end], front.routes, front.cors, front.quick)
         if head is None:
             self._hand_over()
             return

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from gateway.front.head import QuickHead
 from gateway.front.linger import Linger, LingerLimits
 from gateway.front.protocol import FrontProtocol, LeanRoute
 
@@ -32,11 +33,14 @@ class Front:
         keepalive: float,
         cors: bool,
         linger: LingerLimits = LingerLimits(),  # noqa: B008  # frozen: shared safely
+        quick: QuickHead | None = None,
     ) -> None:
+        """`quick`: the native relay's reader of common request heads (head.py), if built."""
         self.routes: Mapping[bytes, LeanRoute] = {p.encode(): r for p, r in routes.items()}
         self.fallback = fallback  # aiohttp's RequestHandler for one connection
         self.keepalive = keepalive
         self.cors = cors  # CORS is on: a request with an Origin goes to aiohttp
+        self.quick = quick
         self.connections: set[FrontProtocol] = set()
         self.linger = linger  # the bounds of a lingering close (linger.py)
         self.lingering: set[Linger] = set()

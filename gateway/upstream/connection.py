@@ -94,8 +94,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.reset()
 
     def reset(self) -> None:
-        # None once the native path has the head: the Reader reads the rest.
-        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        # The native path makes one only for a head its own reader leaves (relay/native/
+        # heads.c), and drops it once it has the head: the Reader reads the rest.
+        self.parser: httptools.HttpResponseParser | None = (
+            httptools.HttpResponseParser(self) if self.native is None else None
+        )
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
         self.head_done = False
@@ -186,11 +189,12 @@ class UpstreamConnection(asyncio.Protocol):
     # -- the native path --------------------------------------------------------------------
 
     def _native_head(self, data: bytes) -> None:
-        """Gather the head, have httptools parse it (and skip interim 1xx answers), then hand
-        the rest to a native Reader framed as the head says."""
+        """Gather the head, read it (the common shapes in C, any other with httptools, which
+        also skips interim 1xx answers), then hand the rest to a native Reader framed as the
+        head says."""
         buf = self._head + data if self._head else data
-        parser = self.parser
-        assert parser is not None
+        native = self.native
+        assert native is not None
         while True:
             end = head_end(buf)
             if end < 0:
@@ -199,6 +203,15 @@ class UpstreamConnection(asyncio.Protocol):
                 else:
                     self._head = buf
                 return
+            taken = native.response_head(buf, end)
+            if taken is not None:
+                self.status, self.headers, keep_alive = taken
+                self.head_done = True
+                buf = buf[end:]
+                break
+            parser = self.parser
+            if parser is None:
+                parser = self.parser = httptools.HttpResponseParser(self)
             try:
                 parser.feed_data(buf[:end])
             except httptools.HttpParserError as exc:
@@ -206,19 +219,19 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             buf = buf[end:]
             if self.head_done:
+                keep_alive = parser.should_keep_alive()
                 break
-            self.parser = parser = httptools.HttpResponseParser(self)  # after an interim answer
+            self.parser = httptools.HttpResponseParser(self)  # after an interim answer
         self._head = b""
-        assert self.native is not None
-        self._head_keep_alive = parser.should_keep_alive()
+        self._head_keep_alive = keep_alive
         self.parser = None  # about 800 bytes an open stream need not hold
-        self.reader = reader = self.native.Reader(*self._framing())
+        self.reader = reader = native.Reader(*self._framing())
         self.body = reader.body  # the Reader appends to it until a relay attaches
         self.complete = False  # httptools may have said so of an empty body: the Reader says
         if buf:
             flags = reader.feed(buf, self.last_data)
         else:
-            flags = self.native.COMPLETE if reader.complete else 0
+            flags = native.COMPLETE if reader.complete else 0
         self._native_flags(flags)
 
     def _framing(self) -> tuple[int, int]:

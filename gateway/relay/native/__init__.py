@@ -33,6 +33,7 @@ import importlib.machinery
 import importlib.util
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
@@ -68,6 +69,8 @@ class Relay(ModuleType):
 
     Reader: type[_relay.Reader]
     Tap: type[_relay.Tap]
+    request_head: Callable[[bytes], tuple[bytes, list[tuple[str, str]], int, bool] | None]
+    response_head: Callable[[bytes, int], tuple[int, dict[bytes, bytes], bool] | None]
     GONE: int
     FAILED: int
     COMPLETE: int

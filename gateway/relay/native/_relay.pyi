@@ -126,3 +126,12 @@ class Tap:
     def eof_received(self) -> bool | None: ...
     def pause_writing(self) -> None: ...
     def resume_writing(self) -> None: ...
+
+def request_head(head: bytes, /) -> tuple[bytes, list[tuple[str, str]], int, bool] | None:
+    """A request head of the common shape (heads.c) as (path, fields, length, keep_alive): the
+    target up to its query, the fields in order (values without the whitespace around them);
+    None: read it in Python."""
+
+def response_head(buf: bytes, end: int, /) -> tuple[int, dict[bytes, bytes], bool] | None:
+    """The response head `buf[:end]` of the common shape (heads.c) as (status, headers,
+    keep_alive), headers as the connection keeps them; None: read it with httptools."""

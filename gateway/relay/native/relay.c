@@ -35,6 +35,7 @@
  *   events.c   SSE events: cutting them, the tracker's common events and first event, usage
  *   reader.c   the Reader type: feed, relay, attach; the write to the client and its pace
  *   tap.c      the Tap type: the connection's protocol
+ *   heads.c    request and response heads of the common shape, read in one call
  */
 #include "relay.h"
 
@@ -42,6 +43,7 @@
 #include "events.c"
 #include "reader.c"
 #include "tap.c"
+#include "heads.c"
 
 /* tracker.py's _TEMPLATE_KEYS, in its order: what a continuation's chunks take from the
  * answer's first event. */
@@ -53,6 +55,7 @@ static struct PyModuleDef module = {
     .m_name = "gateway.relay.native._relay",
     .m_doc = "The relay's per-read work in one compiled call.",
     .m_size = -1,
+    .m_methods = head_methods,
 };
 
 #define INTERN(var, text)                                                                    \

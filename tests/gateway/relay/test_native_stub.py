@@ -1,6 +1,7 @@
 """The stub, gateway/relay/native/_relay.pyi, names exactly what the built module exports: its
-constants and types, and each type's methods and attributes (a property where the type has a
-getter, with a setter where it can be set). `Relay`, the loaded module's type, names the same."""
+constants, functions and types, and each type's methods and attributes (a property where the
+type has a getter, with a setter where it can be set). `Relay`, the loaded module's type,
+names the same."""
 
 from __future__ import annotations
 
@@ -52,7 +53,11 @@ def test_the_stub_names_what_the_module_exports() -> None:
     assert public(defined(tree.body)) == public(dir(mod))
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
     assert classes == {name for name in public(dir(mod)) if isinstance(getattr(mod, name), type)}
-    for name in public(defined(tree.body)) - classes:
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert functions == {n for n in public(dir(mod)) if callable(getattr(mod, n))} - classes
+    for name in functions:
+        assert isinstance(getattr(mod, name), types.BuiltinFunctionType), name
+    for name in public(defined(tree.body)) - classes - functions:
         assert type(getattr(mod, name)) is int, name
 
 
