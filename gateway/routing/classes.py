@@ -110,7 +110,7 @@ class ClassQueues(Generic[H]):
         self._pruned = 0.0
 
     def __len__(self) -> int:
-        return sum(len(line) for line in self._lines.values())
+        return sum(map(len, self._lines.values()))
 
     def __iter__(self) -> Iterator[Entry[H]]:
         for c in self.ranked:

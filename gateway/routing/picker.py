@@ -35,13 +35,10 @@ def has_room(unit: Loaded) -> bool:
     return unit.inflight < unit.cap
 
 
-def load(unit: Loaded) -> int:
-    return unit.inflight + unit.foreign
-
-
 def weighted_load(unit: Loaded) -> float:
-    # +1 counts the request being placed, so an idle heavy unit still beats an idle light one.
-    return (load(unit) + 1) / unit.weight
+    """Its requests in flight, the gateway's and others' (`foreign`), per unit of weight. +1
+    counts the request being placed, so an idle heavy unit still beats an idle light one."""
+    return (unit.inflight + unit.foreign + 1) / unit.weight
 
 
 def pick_p2c(ready: Sequence[U], rng: Random) -> U | None:
@@ -51,8 +48,9 @@ def pick_p2c(ready: Sequence[U], rng: Random) -> U | None:
         return None
     if n == 1:
         return ready[0]
-    i = rng.randrange(n)
-    j = rng.randrange(n - 1)
+    # random() rather than randrange(): one C call each, where randrange is three of Python.
+    i = int(rng.random() * n)
+    j = int(rng.random() * (n - 1))
     if j >= i:
         j += 1
     a, b = ready[i], ready[j]
