@@ -14,9 +14,7 @@ from hypothesis import strategies as st
 
 from gateway.kvevents.wire import Cleared, Removed, Stored, read_frame
 
-pytestmark = [pytest.mark.vllm]
-
-kv_events = pytest.importorskip("vllm.distributed.kv_events")
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_required")]
 
 
 class OldStored(msgspec.Struct, array_like=True, omit_defaults=True, tag="BlockStored"):
@@ -88,6 +86,8 @@ def expected(made: list[tuple[str, Any]]) -> tuple[Any, ...]:
 @settings(max_examples=100, deadline=None)
 @given(events(), st.integers(0, 2**40))
 def test_vllms_own_batches_read_back(made: list[tuple[str, Any]], seq: int) -> None:
+    from vllm.distributed import kv_events  # .venv-vllm's (the vllm suite's venv)
+
     new, old = [], []
     for kind, (hashes, parent, tokens, size) in made:
         if kind == "stored":

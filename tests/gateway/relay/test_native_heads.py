@@ -222,7 +222,7 @@ def response_heads(draw: st.DrawFn) -> bytes:
     return part(draw, PLAIN_STATUS_LINES, ODD_STATUS_LINES) + b"\r\n" + body + b"\r\n"
 
 
-SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
