@@ -121,6 +121,19 @@ static long long read_length(const Field *f)
     return length;
 }
 
+/* A Connection field: `keep_alive` cleared by `close`; -1 (leave the head) for a second one
+ * or any other value (an upgrade, a list of options: httptools' to read). */
+static int read_connection(const Field *f, int *seen, int *keep_alive)
+{
+    if ((*seen)++)
+        return -1;
+    if (same_name(f->value, f->value_len, "close"))
+        *keep_alive = 0;
+    else if (!same_name(f->value, f->value_len, "keep-alive"))
+        return -1;
+    return 0;
+}
+
 /* request_head(head: bytes) -> (path, fields, length, keep_alive) | None
  *
  * `head` ends in its blank line. Taken: `POST <target> HTTP/1.1` and plain field lines with one
@@ -169,11 +182,7 @@ static PyObject *request_head(PyObject *module, PyObject *arg)
                 goto leave;
         }
         else if (same_name(f.name, f.name_len, "connection")) {
-            if (connection++)
-                goto leave;
-            if (same_name(f.value, f.value_len, "close"))
-                keep_alive = 0;
-            else if (!same_name(f.value, f.value_len, "keep-alive"))
+            if (read_connection(&f, &connection, &keep_alive) < 0)
                 goto leave;
         }
         else if (same_name(f.name, f.name_len, "transfer-encoding") ||
@@ -261,11 +270,7 @@ static PyObject *response_head(PyObject *module, PyObject *const *args, Py_ssize
         else if (same_name(f.name, f.name_len, "content-type"))
             kept = "content-type";
         else if (same_name(f.name, f.name_len, "connection")) {
-            if (connection++)
-                goto leave;
-            if (same_name(f.value, f.value_len, "close"))
-                keep_alive = 0;
-            else if (!same_name(f.value, f.value_len, "keep-alive"))
+            if (read_connection(&f, &connection, &keep_alive) < 0)
                 goto leave;
         }
         else if (same_name(f.name, f.name_len, "upgrade") ||
