@@ -1,7 +1,7 @@
 """Which units hold which blocks, by the gateway's own block keys (keys.py), from their KV events.
 
-Pure and synchronous: the subscriber (one per unit) feeds it each unit's events in order;
-routing asks it, for a request's block keys, how many leading blocks each unit holds.
+Pure and synchronous: whatever reads a unit's events feeds them here in order; routing is
+to ask it, for a request's block keys, how many leading blocks each unit holds.
 
 - A stored block is keyed from its parent's key and its token ids. The parent is the engine's
   hash of the block before; the index maps each unit's engine hashes to keys, so a chain

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from hashlib import blake2b
 
 ROOT = 0  # the parent key of a prompt's first block
-# Mixed into the first block's key of blocks whose engine hashes carry more than tokens (a LoRA
-# adapter, multimodal inputs, a cache salt): such chains never equal a plain prompt's.
+# Mixed into the key of each block whose engine hash carries more than tokens (a LoRA adapter,
+# multimodal inputs, a cache salt): such chains never equal a plain prompt's.
 _EXTRA = b"extra"
 
 

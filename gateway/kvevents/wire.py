@@ -11,8 +11,8 @@ Fields added later (medium, LoRA names, extra keys, group index) may be absent f
 An engine's block hash is bytes (sha256) or an int (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`);
 it is only ever compared, never computed here (keys.py computes the gateway's own).
 
-Pure: no sockets (subscriber.py reads them). A frame that is not of this shape raises
-WireError saying what is wrong with it.
+Pure: no sockets (reading the publisher is another module's job). A frame that is not of
+this shape raises WireError saying what is wrong with it.
 """
 
 from __future__ import annotations
