@@ -24,7 +24,8 @@ async def test_5xx_trips_then_trials_restore(
     breaker = {
         "enabled": True,
         "consecutive_failures": 3,
-        "base_ejection": 0.3,
+        # long enough for ten requests on a loaded machine to see it ejected throughout
+        "base_ejection": 2.0,
         "probe_requests": 2,
     }
     config = gateway_config(
@@ -41,10 +42,11 @@ async def test_5xx_trips_then_trials_restore(
         seen = (await sim_stats(http, clean_sim, "u0"))["requests"]
         for _ in range(10):
             assert await _post(http, gw.public_url) == 200
+        assert gw.breakers.view("u0")["state"] == "ejected", "the test ran past the ejection"
         assert (await sim_stats(http, clean_sim, "u0"))["requests"] == seen  # ejected: no traffic
         clean_sim.post("/reset")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
+        deadline = loop.time() + 10
         while gw.breakers.view("u0")["state"] != "admitting":
             assert loop.time() < deadline, gw.breakers.view("u0")
             assert await _post(http, gw.public_url) == 200  # trial requests reach u0 again

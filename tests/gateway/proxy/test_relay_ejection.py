@@ -57,11 +57,12 @@ async def test_an_ejected_units_quiet_stream_breaks_at_once(upstream: UpstreamCl
 async def test_an_ejected_units_stream_still_receiving_tokens_goes_on(
     upstream: UpstreamClient, then: str
 ) -> None:
-    """Tokens 20 ms apart keep it going (its pace allows 0.2 s of quiet); if it then goes
-    quiet it breaks by that pace, long before the idle time."""
+    """Tokens 20 ms apart keep it going (its pace allows 1 s of quiet: room for a loaded test
+    machine's stalls between them); if it then goes quiet it breaks by that pace, long before
+    the idle time."""
     loop = asyncio.get_running_loop()
     async with RawServer(starts_with(OPENING)) as unit:
-        relayed = Relayed(upstream, unit.url, idle=5.0, tracker=tracked(), quiet=(0.2, 4.0))
+        relayed = Relayed(upstream, unit.url, idle=5.0, tracker=tracked(), quiet=(1.0, 4.0))
         async with stream_of(relayed) as resp:
             await next_chunk(resp)
             assert relayed.relay is not None
@@ -78,7 +79,7 @@ async def test_an_ejected_units_stream_still_receiving_tokens_goes_on(
             else:
                 last = loop.time()
                 assert await relayed.end() is End.UNIT_EJECTED
-                assert 0.15 <= loop.time() - last < 2.0
+                assert 0.9 <= loop.time() - last < 3.0
 
 
 async def test_a_plain_stream_is_not_broken_by_an_ejection(upstream: UpstreamClient) -> None:
