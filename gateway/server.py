@@ -15,6 +15,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
@@ -59,6 +60,9 @@ from gateway.routing.admission import Admission
 from gateway.signals import Signals
 from gateway.tls import scheme, server_context
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
+
+if TYPE_CHECKING:
+    from gateway.kvevents.fleet import KvFleet
 
 log = logging.getLogger("unitgate")
 LIMITER_CLOSE_S = 5.0  # at stop: the limiter's last flush (leases back, last settles)
@@ -175,10 +179,25 @@ class Gateway:
         self._upstream: UpstreamClient | None = None
         self.proxy: ProxyHandler | None = None  # the request path, once started
         self.limiter: Limiter | None = None  # the keys' limits, with the request path
+        # Which units' caches hold which blocks, from their KV events: made when a unit names
+        # a publisher (`kv_events`; its import of zmq is the `kv` extra's), with the path.
+        self.kv: KvFleet | None = None
 
     def _membership(self, unit: UnitState, added: bool) -> None:
         if not added:
             self.live.forget(unit.id)
+            if self.kv is not None:
+                self.kv.leave(unit.id)
+        elif self.role.public and self.proxy is not None and unit.config.kv_events:
+            self._kv_fleet().join(unit.config)
+
+    def _kv_fleet(self) -> KvFleet:
+        if self.kv is None:
+            from gateway.kvevents.fleet import KvFleet
+
+            self.kv = KvFleet(self.config.routing.kv_index_blocks)
+            self.kv.start([])
+        return self.kv
 
     async def start(self) -> None:
         self.lag.start()
@@ -214,6 +233,9 @@ class Gateway:
                     self.config, dispatcher, self.live, gate, self.limiter
                 )
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
+                for unit in self.units.units.values():
+                    if unit.config.kv_events:
+                        self._kv_fleet().join(unit.config)
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
                 self.front = g.front_chosen
                 lean = lean_routes(proxy, g.root_path) if self.front == "lean" else None
@@ -264,6 +286,9 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
             self._upstream = None
+        if self.kv is not None:
+            await self.kv.stop()
+            self.kv = None
         if self.limiter is not None:  # after the drain: the last settles go with its flush
             limiter, self.limiter = self.limiter, None
             try:

@@ -172,8 +172,12 @@ class RoutingConfig:
     # kept this long after its last use (about 200 bytes an id).
     stored_responses: int = 100_000
     stored_response_ttl: float = 86_400.0
+    # Cached blocks the gateway's KV index keeps at most, over all units with `kv_events`
+    # (about 400 bytes a block held by one unit), the least recently stored or matched first out.
+    kv_index_blocks: int = 1_000_000
 
     def __post_init__(self) -> None:
+        _check(self.kv_index_blocks >= 1, "kv_index_blocks", self.kv_index_blocks, "must be >= 1")
         _check(
             self.stored_responses >= 0, "stored_responses", self.stored_responses, "must be >= 0"
         )

@@ -8,6 +8,7 @@ a unit of this project's own kind on this machine; the gateway never reads them.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -108,6 +109,12 @@ class UnitConfig:
     # no otherwise. A stock vLLM schedules by it only when started with `--scheduling-policy
     # priority` (releases before the V1 engine refuse the field otherwise): set true for one.
     priority: bool | None = None
+    # vLLM's KV cache event publisher for the unit (started with `--kv-events-config`): the
+    # address the gateway connects to, tcp://HOST:PORT (or ipc://PATH), and its replay socket
+    # ("" = none: batches lost on the way cannot be asked for again). With it, routing knows
+    # which prompt prefixes the unit's cache holds (docs/routing.md). Needs the `kv` extra.
+    kv_events: str = ""
+    kv_events_replay: str = ""
 
     def __post_init__(self) -> None:
         _check(
@@ -128,6 +135,31 @@ class UnitConfig:
         self._check_kind()
         self._check_backend()
         self._check_tls()
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        for key in ("kv_events", "kv_events_replay"):
+            value = getattr(self, key)
+            _check(
+                not value or _zmq_address(value),
+                key,
+                value,
+                "must be tcp://HOST:PORT or ipc://PATH (where the unit's publisher binds)",
+            )
+        _check(
+            not self.kv_events_replay or bool(self.kv_events),
+            "kv_events_replay",
+            self.kv_events_replay,
+            "needs kv_events (the publisher whose batches it replays)",
+        )
+        if self.kv_events:
+            missing = [m for m in ("zmq", "msgspec") if importlib.util.find_spec(m) is None]
+            _check(
+                not missing,
+                "kv_events",
+                self.kv_events,
+                f"needs {' and '.join(missing)}: pip install 'unitgate[kv]'",
+            )
 
     @property
     def takes_priority(self) -> bool:
@@ -261,6 +293,13 @@ class UnitConfig:
                 f"needs a GGUF model ({', '.join(PACKAGED_MODELS)} or a .gguf path), not "
                 f"{repr(self.model) if self.model else 'the seeded tiny model'}",
             )
+
+
+def _zmq_address(value: str) -> bool:
+    if value.startswith("ipc://"):
+        return len(value) > len("ipc://")
+    match = re.fullmatch(r"tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})", value)
+    return match is not None and 1 <= int(match.group(2)) <= 65535
 
 
 def _printable(value: str) -> bool:

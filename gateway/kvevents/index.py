@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from gateway.kvevents.keys import ROOT, chain
-from gateway.kvevents.wire import EngineHash, Removed, Stored
+from gateway.kvevents.wire import Batch, Cleared, EngineHash, Removed, Stored
 
 
 class KvIndex:
@@ -44,6 +44,16 @@ class KvIndex:
 
     def blocks(self, unit: str) -> int:
         return len(self._keys.get(unit, ()))
+
+    def apply(self, unit: str, batch: Batch) -> None:
+        """A batch of `unit`'s events, in order."""
+        for event in batch.events:
+            if isinstance(event, Stored):
+                self.stored(unit, event)
+            elif isinstance(event, Removed):
+                self.removed(unit, event)
+            elif isinstance(event, Cleared):
+                self.drop(unit)
 
     def stored(self, unit: str, event: Stored) -> int:
         """Index the blocks `event` says `unit` stored; how many were."""

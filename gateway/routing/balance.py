@@ -1,15 +1,22 @@
-"""The balancing decision: affinity first (bounded), else power-of-two-choices."""
+"""The balancing decision: where the prompt's prefix is cached, else affinity (both bounded),
+else power-of-two-choices."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from random import Random
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from gateway.routing.affinity import Hashed, pick_bounded
+from gateway.routing.cached import Identified, pick_cached
 from gateway.routing.picker import has_room, pick_p2c
 
-H = TypeVar("H", bound=Hashed)
+
+class Unit(Hashed, Identified, Protocol):
+    pass
+
+
+H = TypeVar("H", bound=Unit)
 
 
 def choose(
@@ -18,12 +25,18 @@ def choose(
     key: int | None,
     factor: float,
     rng: Random,
+    cached: Mapping[str, int] | None = None,
 ) -> H | None:
     """A unit with room for one more request, or None when every candidate is full.
 
     `exclude` holds units already tried for this request: a retry must go elsewhere.
+    `cached`: how many of the prompt's leading blocks each unit's cache holds (cached.py).
     """
     candidates = [u for u in routable if u not in exclude] if exclude else routable
+    if cached:
+        unit = pick_cached(cached, candidates, factor)
+        if unit is not None:
+            return unit
     if key is not None:
         unit = pick_bounded(key, candidates, factor)
         if unit is not None:

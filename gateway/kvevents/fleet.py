@@ -1,0 +1,90 @@
+"""The KV event subscribers of every unit that names a publisher (`[[units]] kv_events`), one
+task each, feeding one index; the gateway's request path asks it which units hold a prompt's
+prefix and whether each unit's entries are trusted.
+
+Each gateway process subscribes on its own (a worker too, with `workers > 1`): no shared
+state is on the path. A unit that joins the fleet gets a subscriber; one that leaves has its
+subscriber cancelled and its entries dropped. An ejection or an operator's disable changes
+nothing here: the unit's cache is still there for when it comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import zmq.asyncio
+
+from gateway.config import UnitConfig
+from gateway.kvevents.index import KvIndex
+from gateway.kvevents.subscriber import Source, Subscriber, TrustHook
+
+log = logging.getLogger("unitgate.kvevents")
+
+
+class KvFleet:
+    def __init__(self, capacity: int, on_trust: TrustHook | None = None) -> None:
+        self.index = KvIndex(capacity)
+        self._on_trust = on_trust
+        self._context: zmq.asyncio.Context | None = None
+        self._subscribers: dict[str, tuple[Subscriber, asyncio.Task[None]]] = {}
+        self._running = False
+
+    def trusted(self, unit: str) -> bool:
+        entry = self._subscribers.get(unit)
+        return entry is not None and entry[0].trusted
+
+    def subscriber(self, unit: str) -> Subscriber | None:
+        entry = self._subscribers.get(unit)
+        return entry[0] if entry is not None else None
+
+    def start(self, units: list[UnitConfig]) -> None:
+        self._running = True
+        for unit in units:
+            self.join(unit)
+
+    def join(self, unit: UnitConfig) -> None:
+        """Subscribe to `unit`'s publisher, if it names one (nothing before start)."""
+        if not self._running or not unit.kv_events or unit.id in self._subscribers:
+            return
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
+        source = Source(unit.id, unit.kv_events, unit.kv_events_replay)
+        sub = Subscriber(source, self.index, self._context, self._trust)
+        task = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events-{unit.id}")
+        task.add_done_callback(self._ended)
+        self._subscribers[unit.id] = (sub, task)
+        log.info("unit %s: reading its KV events from %s", unit.id, unit.kv_events)
+
+    def leave(self, unit: str) -> None:
+        entry = self._subscribers.pop(unit, None)
+        if entry is not None:
+            entry[1].cancel()
+        self.index.drop(unit)
+
+    async def stop(self) -> None:
+        self._running = False
+        entries, self._subscribers = list(self._subscribers.values()), {}
+        for _, task in entries:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in entries), return_exceptions=True)
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+    def _trust(self, unit: str, trusted: bool, why: str) -> None:
+        if unit not in self._subscribers and trusted is False and why == "stopped":
+            return  # a subscriber that was cancelled with its unit: nothing to say
+        if trusted:
+            log.info("unit %s: KV events trusted (%s)", unit, why)
+        else:
+            log.warning("unit %s: KV events not trusted, routed approximately: %s", unit, why)
+        if self._on_trust is not None:
+            self._on_trust(unit, trusted, why)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("%s ended: %r", task.get_name(), exc, exc_info=exc)
