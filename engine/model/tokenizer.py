@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from gateway.base.chat_template import render
+
 Message = Mapping[str, Any]
 ToolDef = Mapping[str, Any]
 ROLES = ("system", "user", "assistant")
@@ -95,24 +97,6 @@ def _role(message: Message, roles: tuple[str, ...] = ROLES) -> str:
     return str(role)
 
 
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """Hugging Face's `tojson`: jinja's own escapes <, > and & and sorts keys, so a model
-    would see other text than transformers renders for it."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _raise(message: str) -> None:
-    raise ValueError(message)
-
-
 class TemplatedTokenizer:
     """A `tokenizers.Tokenizer` with its jinja chat template when one is given and renders
     (in a sandbox: the template comes with the model), else a minimal text template
@@ -176,22 +160,17 @@ class TemplatedTokenizer:
         """The folder's own template, or None when it has none or it does not render here."""
         if not isinstance(self.template, str):
             return None
+        specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
         try:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise
-            rendered: str = env.from_string(self.template).render(
-                messages=[dict(m) for m in messages],
+            return render(
+                self.template,
+                messages,
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                tools=[dict(t) for t in tools] if tools else None,
+                tools=tools,
+                specials=specials,
             )
         except Exception:
             return None
-        return rendered
 
 
 class HFTokenizer(TemplatedTokenizer):

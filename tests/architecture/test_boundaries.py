@@ -108,6 +108,7 @@ def test_the_floors_launcher_on_top_gateway_and_engine_side_by_side() -> None:
 BASE = {
     "gateway.base",
     "gateway.base.cbuild",
+    "gateway.base.chat_template",
     "gateway.base.lws",
     "gateway.base.net",
     "gateway.base.oslimits",
