@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +43,7 @@ from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
 from gateway.observability.fairness import TokenWindow
 from gateway.observability.health_observers import health_signals
+from gateway.observability.kv_metrics import KvCollector
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
@@ -63,6 +64,7 @@ from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
 
 if TYPE_CHECKING:
     from gateway.kvevents.fleet import KvFleet
+    from gateway.kvevents.prompts import Prompts
 
 log = logging.getLogger("unitgate")
 LIMITER_CLOSE_S = 5.0  # at stop: the limiter's last flush (leases back, last settles)
@@ -182,6 +184,7 @@ class Gateway:
         # Which units' caches hold which blocks, from their KV events: made when a unit names
         # a publisher (`kv_events`; its import of zmq is the `kv` extra's), with the path.
         self.kv: KvFleet | None = None
+        self.metrics.registry.register(KvCollector(lambda: self.kv))
 
     def _membership(self, unit: UnitState, added: bool) -> None:
         if not added:
@@ -190,6 +193,19 @@ class Gateway:
                 self.kv.leave(unit.id)
         elif self.role.public and self.proxy is not None and unit.config.kv_events:
             self._kv_fleet().join(unit.config)
+
+    async def _prompts(self) -> Prompts | None:
+        """Each model's tokenizer (`[routing] tokenizers`), loaded off the loop; None when
+        the prefix is scored approximately or not at all."""
+        r = self.config.routing
+        if not r.tokenizers or r.prefix_scorer != "auto":
+            return None
+        from gateway.kvevents.prompts import Prompts
+
+        return await asyncio.to_thread(Prompts, r.tokenizers)
+
+    def _depths(self, prompt: Sequence[int], units: Iterable[str]) -> Mapping[str, int]:
+        return {} if self.kv is None else self.kv.depths(prompt, units)
 
     def _kv_fleet(self) -> KvFleet:
         if self.kv is None:
@@ -223,7 +239,13 @@ class Gateway:
                     log.warning("%s", why)
                 self._upstream = UpstreamClient(self.config, self.lag)
                 dispatcher = Dispatcher(
-                    self.config, self.units, self.admission, self._upstream, self.signals
+                    self.config,
+                    self.units,
+                    self.admission,
+                    self._upstream,
+                    self.signals,
+                    prompts=await self._prompts(),
+                    depths=self._depths,
                 )
                 gate = Gatekeeper(self.config.auth, self.keys)
                 workers = self.config.gateway.worker_count if self.role.reuse_port else 1

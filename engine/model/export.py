@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from engine.model.config import ModelConfig
 from engine.model.gguf import GGUFFile, GGUFSource, gguf_config, gguf_path, gguf_tokenizer
+from engine.model.tokenizer import TemplatedTokenizer
 
 _LAYER_TENSORS = (
     "input_layernorm",
@@ -40,19 +41,30 @@ _LAYER_TENSORS = (
 def export(file: GGUFFile, out: Path) -> ModelConfig:
     """Write the folder for `file` into `out` (created; existing files are replaced)."""
     config = gguf_config(file)
-    tokenizer = gguf_tokenizer(file)
-    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = export_tokenizer(file, out, config.max_seq_len)
     weights = out / "model.safetensors"
     save_file(_tensors(file, config), str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors writes 0600; a server may run as another user
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     _write_json(out / "config.json", _hf_config(config, bos, eos))
+    generation = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False}
+    _write_json(out / "generation_config.json", generation)
+    return config
+
+
+def export_tokenizer(
+    file: GGUFFile, out: Path, max_seq_len: int | None = None
+) -> TemplatedTokenizer:
+    """Only the tokenizer's files (tokenizer.json, tokenizer_config.json, chat_template.jinja):
+    what reads prompts but runs no model needs (a gateway keying prompts' blocks)."""
+    tokenizer = gguf_tokenizer(file)
+    out.mkdir(parents=True, exist_ok=True)
     tokenizer.tok.save(str(out / "tokenizer.json"))
     settings: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": tokenizer.bos_token,
         "eos_token": tokenizer.eos_token,
-        "model_max_length": config.max_seq_len,
+        "model_max_length": max_seq_len or gguf_config(file).max_seq_len,
         "add_bos_token": False,  # the chat template writes what the model expects
         "clean_up_tokenization_spaces": False,
     }
@@ -60,9 +72,7 @@ def export(file: GGUFFile, out: Path) -> ModelConfig:
         settings["chat_template"] = tokenizer.template
         (out / "chat_template.jinja").write_text(tokenizer.template)
     _write_json(out / "tokenizer_config.json", settings)
-    generation = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False}
-    _write_json(out / "generation_config.json", generation)
-    return config
+    return tokenizer
 
 
 def _tensors(file: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:

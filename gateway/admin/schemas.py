@@ -223,6 +223,11 @@ NEW_UNIT = {
             "boolean",
             "Send each request's class as `priority` (with [priority]; default: builtin units).",
         ),
+        "kv_events": of(
+            "string",
+            "Its vLLM KV event publisher, tcp://HOST:PORT or ipc://PATH (routing by its cache).",
+        ),
+        "kv_events_replay": of("string", "The publisher's replay socket (with kv_events)."),
     },
     "required": ["id", "leader"],
     "additionalProperties": False,

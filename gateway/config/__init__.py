@@ -100,6 +100,8 @@ class Config:
             "required = true",
             "needs the admin API ([admin].enabled = true): keys are made and loaded through it",
         )
+        unknown = sorted(set(self.routing.tokenizers) - set(self.gateway.models))
+        _check(not unknown, "tokenizers", unknown, "names models not in [gateway].models")
         ids = [u.id for u in self.units]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         _check(not dupes, "id", dupes, "unit ids must be unique")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -91,3 +92,11 @@ def base_url(name: str, url: str) -> None:
     parts = urlsplit(url)
     ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/")
     check(ok, name, url, "must be a base URL like http://host:port")
+
+
+def installed(key: str, value: Any, modules: Sequence[str], extra: str) -> None:
+    """`key` needs `modules`, which the package's `extra` installs."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    check(
+        not missing, key, value, f"needs {' and '.join(missing)}: pip install 'unitgate[{extra}]'"
+    )

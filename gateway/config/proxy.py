@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.config.checks import check as _check
+from gateway.config.checks import installed
 from gateway.config.checks import positive as _positive
 from gateway.config.tls import check_pair as _check_tls
 from gateway.envchoice import env_choice
@@ -155,6 +157,7 @@ class UpstreamConfig:
 
 
 AFFINITY_MODES = ("none", "session", "prefix", "session+prefix")
+PREFIX_SCORERS = ("auto", "approximate", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +178,33 @@ class RoutingConfig:
     # Cached blocks the gateway's KV index keeps at most, over all units with `kv_events`
     # (about 400 bytes a block held by one unit), the least recently stored or matched first out.
     kv_index_blocks: int = 1_000_000
+    # Where a prompt's prefix is cached: "auto" (from the units' KV events where a unit names
+    # its publisher, `kv_events`, and a request's prompt ids are known; the approximate
+    # prefix hash of `affinity` elsewhere), "approximate" (the hash alone), "off" (neither:
+    # session affinity alone).
+    prefix_scorer: str = "auto"
+    # Each public model's Hugging Face folder (tokenizer.json and its chat template): the
+    # gateway computes a request's prompt ids with it, as vLLM does, to find the units
+    # holding its blocks. A model without one is routed by the approximate hash.
+    tokenizers: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         _check(self.kv_index_blocks >= 1, "kv_index_blocks", self.kv_index_blocks, "must be >= 1")
+        _check(
+            self.prefix_scorer in PREFIX_SCORERS,
+            "prefix_scorer",
+            self.prefix_scorer,
+            f"must be one of {PREFIX_SCORERS}",
+        )
+        for model, folder in self.tokenizers.items():
+            _check(
+                isinstance(folder, str) and (Path(folder) / "tokenizer.json").is_file(),
+                "tokenizers",
+                f"{model} = {folder!r}",
+                "must name a folder holding tokenizer.json (the model's Hugging Face folder)",
+            )
+        if self.tokenizers:
+            installed("tokenizers", sorted(self.tokenizers), ("tokenizers", "jinja2"), "kv")
         _check(
             self.stored_responses >= 0, "stored_responses", self.stored_responses, "must be >= 0"
         )

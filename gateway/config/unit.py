@@ -8,7 +8,6 @@ a unit of this project's own kind on this machine; the gateway never reads them.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import re
@@ -17,6 +16,7 @@ from typing import Any
 
 from gateway.config.checks import base_url as _url
 from gateway.config.checks import check as _check
+from gateway.config.checks import installed
 from gateway.config.checks import positive as _positive
 from gateway.config.tls import check_ca, check_pair
 
@@ -153,13 +153,7 @@ class UnitConfig:
             "needs kv_events (the publisher whose batches it replays)",
         )
         if self.kv_events:
-            missing = [m for m in ("zmq", "msgspec") if importlib.util.find_spec(m) is None]
-            _check(
-                not missing,
-                "kv_events",
-                self.kv_events,
-                f"needs {' and '.join(missing)}: pip install 'unitgate[kv]'",
-            )
+            installed("kv_events", self.kv_events, ("zmq", "msgspec"), "kv")
 
     @property
     def takes_priority(self) -> bool:

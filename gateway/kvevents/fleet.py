@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Sequence
 
 import zmq.asyncio
 
 from gateway.config import UnitConfig
 from gateway.kvevents.index import KvIndex
+from gateway.kvevents.keys import block_keys
 from gateway.kvevents.subscriber import Source, Subscriber, TrustHook
 
 log = logging.getLogger("unitgate.kvevents")
@@ -34,9 +36,29 @@ class KvFleet:
         entry = self._subscribers.get(unit)
         return entry is not None and entry[0].trusted
 
+    def subscribers(self) -> dict[str, Subscriber]:
+        return {unit: sub for unit, (sub, _) in self._subscribers.items()}
+
+    def index_size(self) -> tuple[int, int]:
+        return len(self.index), self.index.orphans
+
     def subscriber(self, unit: str) -> Subscriber | None:
         entry = self._subscribers.get(unit)
         return entry[0] if entry is not None else None
+
+    def depths(self, prompt: Sequence[int], units: Iterable[str]) -> dict[str, int]:
+        """Of `units`, those whose entries are trusted and hold the prompt's first blocks:
+        how many leading blocks each holds (keyed by each unit's own block size)."""
+        by_size: dict[int, list[str]] = {}
+        for unit in units:
+            size = self.index.block_size(unit) if self.trusted(unit) else None
+            if size is not None:
+                by_size.setdefault(size, []).append(unit)
+        found: dict[str, int] = {}
+        for size, sized in by_size.items():
+            held = self.index.match(block_keys(prompt, size))
+            found.update((u, held[u]) for u in sized if u in held)
+        return found
 
     def start(self, units: list[UnitConfig]) -> None:
         self._running = True

@@ -143,7 +143,12 @@ def _stored(fields: dict[str, Any]) -> Stored:
         raise WireError(
             f"BlockStored has {len(tokens)} token ids for {len(hashes)} blocks of {size}"
         )
-    extra = bool(fields.get("lora_name") or fields.get("lora_id") or fields.get("extra_keys"))
+    # vLLM sends `extra_keys` as one entry per block, None where a block's hash took nothing
+    # beyond its tokens (vLLM 0.32: [None, None, ...] for every plain prompt).
+    extra_keys = fields.get("extra_keys") or ()
+    extra = bool(fields.get("lora_name") or fields.get("lora_id")) or any(
+        k is not None for k in extra_keys
+    )
     return Stored(hashes, parent, tuple(tokens), size, extra, _group(fields))
 
 

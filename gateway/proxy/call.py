@@ -8,7 +8,7 @@ phase learns goes onto the call instead of travelling beside it, so a phase's si
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.auth.caller import ANONYMOUS, Caller
@@ -41,6 +41,7 @@ class Call:
         "lease",
         "method",
         "path",
+        "prompt_ids",
         "rid",
         "send_body",
         "send_path",
@@ -79,6 +80,9 @@ class Call:
         self.caller: Caller = ANONYMOUS  # who it is from (its API key), set before intake
         self.grant: Grant | None = None  # what its key's limits admitted (proxy/quota.py)
         self.tracker: StreamTracker | None = None  # a resumable stream's token bookkeeping
+        # Its prompt's token ids as a unit computes them, where the gateway knows them and
+        # units report their caches (kvevents): routing's, until an attempt is answered.
+        self.prompt_ids: Sequence[int] | None = None
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.method = "POST"  # GET for a stored response's or the tokenizer's read
         self.send_path = path  # the target on the unit (a stored response's id and query too)

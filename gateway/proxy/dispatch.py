@@ -8,7 +8,9 @@ per-call set-up costs tens of microseconds, which the common case should not pay
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from random import Random
+from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_none
 
@@ -25,6 +27,12 @@ from gateway.routing.budget import CauseBudget, RetryBudget
 from gateway.signals import Signals
 from gateway.units import UnitRegistry, UnitState
 
+if TYPE_CHECKING:
+    from gateway.kvevents.prompts import Prompts
+
+# How many of a prompt's leading blocks each of the units holds (gateway/kvevents).
+CacheDepths = Callable[[Sequence[int], Iterable[str]], Mapping[str, int]]
+
 
 class Dispatcher:
     def __init__(
@@ -35,8 +43,14 @@ class Dispatcher:
         upstream: UpstreamClient,
         signals: Signals[Call],
         rng: Random | None = None,
+        prompts: Prompts | None = None,
+        depths: CacheDepths | None = None,
     ) -> None:
+        """`prompts` computes a request's prompt ids at intake, `depths` says which units'
+        caches hold their blocks (both None: routing by load and affinity alone)."""
         self.config = config
+        self.prompts = prompts
+        self.depths = depths
         self.units = units
         self.admission = admission
         self.upstream = upstream
@@ -132,6 +146,7 @@ class Dispatcher:
                 self.signals.attempt_failed(call, unit, exc, started)
             raise  # anything else (the client left: CancelledError) ends the request
         call.send_body = b""  # answered: no retry sends it again (a continuation has its own)
+        call.prompt_ids = None  # placed: routing needs them no more
         if served:
             answer.names = Renamer(served, call.info.model)
         self.signals.attempt_opened(call, unit, answer.status)
@@ -150,7 +165,10 @@ class Dispatcher:
                     retry_after=self.admission.retry_after,
                 )
             factor = self.config.routing.bounded_load_factor
-            return choose(routable, call.tried, call.key, factor, self.rng)
+            cached = None
+            if call.prompt_ids is not None and self.depths is not None:
+                cached = self.depths(call.prompt_ids, (u.id for u in routable))
+            return choose(routable, call.tried, call.key, factor, self.rng, cached)
 
         loop = asyncio.get_running_loop()
         asked = loop.time()

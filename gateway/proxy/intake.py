@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.auth.caller import Caller
 from gateway.config import Config
@@ -31,6 +31,9 @@ from gateway.proxy.validation import RequestInfo, Served, parse_body
 from gateway.relay.tracker import StreamTracker
 from gateway.routing.admission import one_class
 from gateway.routing.affinity import affinity_key
+
+if TYPE_CHECKING:
+    from gateway.kvevents.prompts import Prompts
 
 Validator = Callable[[dict[str, Any], Served, int], RequestInfo]
 
@@ -64,9 +67,15 @@ def request_id(headers: Mapping[str, str]) -> str:
 
 
 class Intake:
-    def __init__(self, config: Config, stored: StoredResponses) -> None:
+    def __init__(
+        self, config: Config, stored: StoredResponses, prompts: Prompts | None = None
+    ) -> None:
         self.config = config
         self.stored = stored  # which unit holds which stored response
+        # Each model's tokenizer, for a prompt's ids (None: routing by the prefix hash only)
+        self.prompts = prompts
+        r = config.routing
+        self.prefix_affinity = r.prefix_scorer != "off"
         self.served = Served.of(config.gateway.models, config.gateway.default_model)
         self.priority = config.priority  # None: no classes, every request `standard`
         a = config.admission
@@ -93,7 +102,12 @@ class Intake:
             if isinstance(previous, str) and previous:  # it continues a stored response
                 call.home = await self.stored.home(previous, info.model, call.rid)
         session = request.headers.get("x-session-id") or info.user
-        key = affinity_key(self.config.routing.affinity, session, info.prefix)
+        mode = self.config.routing.affinity
+        key = affinity_key(mode, session, info.prefix if self.prefix_affinity else "")
+        if self.prompts is not None and not (session and "session" in mode):
+            # Session affinity wins; else the units' caches are asked first (dispatch.py).
+            ids = self.prompts.ids(info.model, call.chat, data)
+            call.prompt_ids = ids if ids else None
         self.accept(call, info, key, body, data)
 
     def ask(self, call: Call, request: Exchange, data: dict[str, Any], size: int) -> None:

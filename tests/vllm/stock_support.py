@@ -3,6 +3,7 @@ on OS-assigned ports, each in its own session (one killpg ends its engine core t
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,10 +24,25 @@ TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 INFO_FLAGS = ("--enable-tokenizer-info-endpoint",)
 
 
+def kv_flags(tmp: Path, name: str) -> tuple[tuple[str, ...], str, str]:
+    """`--kv-events-config` for a server publishing its KV cache events on sockets in `tmp`
+    (ipc: nothing listens beyond this machine), and the two addresses the gateway reads."""
+    events, replay = f"ipc://{tmp}/{name}-kv", f"ipc://{tmp}/{name}-kv-replay"
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": events,
+        "replay_endpoint": replay,
+    }
+    return ("--kv-events-config", json.dumps(config)), events, replay
+
+
 @dataclass
 class Stock:
     proc: Proc
     url: str
+    kv_events: str = ""  # its KV event publisher and replay socket, if it was given them
+    kv_replay: str = ""
 
     def ready(self) -> bool:
         try:
@@ -42,8 +58,15 @@ def export_smollm2(folder: Path) -> Path:
     return folder
 
 
-def start_stock(tmp: Path, name: str, model: Path, *extra: str, cpu: int = 0) -> Stock:
+def start_stock(
+    tmp: Path, name: str, model: Path, *extra: str, cpu: int = 0, kv: bool = False
+) -> Stock:
+    """`kv`: publishing its KV cache events (kv_flags)."""
     port = free_port()
+    events = replay = ""
+    if kv:
+        flags, events, replay = kv_flags(tmp, name)
+        extra = (*extra, *flags)
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -72,7 +95,7 @@ def start_stock(tmp: Path, name: str, model: Path, *extra: str, cpu: int = 0) ->
             cwd=tmp,
             start_new_session=True,
         )
-    return Stock(Proc(proc, log), f"http://127.0.0.1:{port}")
+    return Stock(Proc(proc, log), f"http://127.0.0.1:{port}", events, replay)
 
 
 def wait_ready(servers: list[Stock], within: float = START_S) -> float:

@@ -207,6 +207,12 @@ async def test_a_gateway_reads_the_units_that_name_a_publisher_and_forgets_one_r
             await until(lambda: kv.trusted("a"))
             pubs[0].publish(stored(1, 2))
             await until(lambda: kv.index.match(keys_of(1, 2)) == {"a": 2})
+            scrape = gw.metrics.render().decode()
+            assert 'unitgate_kv_events_trusted{unit="a"} 1.0' in scrape
+            assert 'unitgate_kv_events_batches_total{unit="a"} 1.0' in scrape
+            assert "unitgate_kv_index_blocks 2.0" in scrape
+            trusted = [ln for ln in scrape.splitlines() if ln.startswith("unitgate_kv_events_t")]
+            assert trusted == ['unitgate_kv_events_trusted{unit="a"} 1.0']  # not "plain"
 
             gw.units.add(UnitConfig(**unit("b", **events("b"))))
             await until(lambda: kv.trusted("b"))

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -56,9 +57,16 @@ def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iter
     servers = [
         # s0 schedules by priority (the gateway's classes reach it); s1 does not.
         start_stock(
-            tmp, "s0", model, *TOOL_FLAGS, *INFO_FLAGS, "--scheduling-policy", "priority", cpu=0
+            tmp,
+            "s0",
+            model,
+            *TOOL_FLAGS,
+            *INFO_FLAGS,
+            *("--scheduling-policy", "priority"),
+            cpu=0,
+            kv=True,
         ),
-        start_stock(tmp, "s1", model, *TOOL_FLAGS, *INFO_FLAGS, "--api-key", KEY, cpu=1),
+        start_stock(tmp, "s1", model, *TOOL_FLAGS, *INFO_FLAGS, "--api-key", KEY, cpu=1, kv=True),
     ]
     try:
         took = wait_ready(servers)
@@ -83,13 +91,23 @@ def stock_config(stock: list[Stock], s0: dict[str, Any], **sections: Any) -> dic
         "breaker": {"enabled": False},
         "admin": {"enabled": False},
         "units": [
-            {"id": "s0", "leader": stock[0].url, "kind": "vllm", "served_model": "smol", **s0},
+            {
+                "id": "s0",
+                "leader": stock[0].url,
+                "kind": "vllm",
+                "served_model": "smol",
+                "kv_events": stock[0].kv_events,
+                "kv_events_replay": stock[0].kv_replay,
+                **s0,
+            },
             {
                 "id": "s1",
                 "leader": stock[1].url,
                 "kind": "vllm",
                 "served_model": "smol",
                 "api_key_env": "S1_KEY",
+                "kv_events": stock[1].kv_events,
+                "kv_events_replay": stock[1].kv_replay,
             },
         ],
         **sections,
@@ -350,6 +368,48 @@ async def test_priority_classes_reach_the_server_that_schedules_by_them_and_only
         assert served == {"s0", "s1"}  # both took classed requests, each as it could
 
 
+async def test_a_prompt_cached_on_one_server_draws_its_requests_there(
+    stock: list[Stock], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Both servers publish their KV cache events. A long prompt sent straight to s1 (not
+    through the gateway) is cached there; the gateway learns it from s1's events, and the
+    same prompt through it goes to s1 every time, where load alone would pick either. The
+    prompt ids the gateway computes are the ones s1 reports."""
+    from engine.model.export import export_tokenizer
+    from engine.model.gguf import GGUFFile, gguf_path
+    from gateway.kvevents.prompts import PromptTokens
+
+    export_tokenizer(GGUFFile(gguf_path("smollm2")), tmp_path)
+    system = "You are the shopping assistant of an outdoor store; answer briefly. " * 30
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "A tent?"}]
+    direct = {"model": "smol", "messages": messages, "max_tokens": 1, "return_token_ids": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession() as http:
+        url = f"{stock[1].url}/v1/chat/completions"
+        async with http.post(url, json=direct, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            reported = (await resp.json())["prompt_token_ids"]
+    ids = PromptTokens(tmp_path).chat(messages)
+    assert ids is not None and list(ids) == reported, "the gateway's prompt ids are not vLLM's"
+    assert len(ids) > 3 * 128  # more than three of the CPU build's blocks
+
+    monkeypatch.setenv("S1_KEY", KEY)
+    raw = stock_config(
+        stock, {}, routing={"affinity": "none", "tokenizers": {PUBLIC: str(tmp_path)}}
+    )
+    async with running(config_from_dict(raw)) as gw, aiohttp.ClientSession() as http:
+        await until_routable(gw, within=60.0)
+        kv = gw.kv
+        assert kv is not None
+        await until(lambda: kv.depths(ids, ["s0", "s1"]).get("s1", 0) >= 3, 30.0, "s1's blocks")
+        assert kv.depths(ids, ["s0", "s1"]) == {"s1": len(ids) // 128}
+        chat = {"model": PUBLIC, "messages": messages, "max_tokens": 1}
+        for _ in range(8):  # by load alone, eight in a row to s1 is one chance in 256
+            async with http.post(gw.public_url + "/v1/chat/completions", json=chat) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["x-unitgate-unit"] == "s1"
+
+
 async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_text(
     gateway: Gateway, stock: list[Stock], record_property: Any
 ) -> None:
@@ -389,6 +449,9 @@ async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_t
                 watcher = asyncio.create_task(ejection(victim))
     assert killed_at and watcher is not None, "the stream ended before the kill"
     await watcher
+    kv = gateway.kv
+    assert kv is not None
+    await until(lambda: not kv.trusted(victim), 10.0, f"{victim}'s KV events untrusted")
     record_property("detection_s", round(detected.result(), 3))
     print(f"kill -9 of {victim} mid-stream: ejected {detected.result():.2f} s later")
     assert got == expected

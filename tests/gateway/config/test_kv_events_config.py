@@ -70,3 +70,34 @@ def test_without_the_kv_extra_the_error_says_how_to_get_it(
     )
     with pytest.raises(ConfigError, match=r"needs zmq: pip install 'unitgate\[kv\]'"):
         config_from_dict(unit(kv_events="tcp://h:5557"))
+
+
+def test_the_prefix_scorer_and_tokenizers(tmp_path: Any) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    raw = {
+        "gateway": {"models": ["m"]},
+        "routing": {"prefix_scorer": "approximate", "tokenizers": {"m": str(tmp_path)}},
+    }
+    r = config_from_dict(raw).routing
+    assert (r.prefix_scorer, r.tokenizers) == ("approximate", {"m": str(tmp_path)})
+    assert config_from_dict({}).routing.prefix_scorer == "auto"
+
+
+@pytest.mark.parametrize(
+    ("routing", "message"),
+    [
+        ({"prefix_scorer": "exact"}, "prefix_scorer"),
+        ({"tokenizers": {"m": "/nowhere"}}, "must name a folder holding tokenizer.json"),
+        ({"tokenizers": {"other": "FOLDER"}}, "names models not in"),
+    ],
+)
+def test_bad_routing_keys_are_named(tmp_path: Any, routing: dict[str, Any], message: str) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    if "tokenizers" in routing:
+        routing = {
+            "tokenizers": {
+                k: v.replace("FOLDER", str(tmp_path)) for k, v in routing["tokenizers"].items()
+            }
+        }
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"gateway": {"models": ["m"]}, "routing": routing})

@@ -82,6 +82,21 @@ def test_the_oldest_arrays_and_the_newest_fields() -> None:
     assert read_event(["BlockStored", [3], None, [5, 6], 2, None, "CPU", "adapter"]).extra
 
 
+def test_extra_keys_of_none_per_block_are_no_extra() -> None:
+    """vLLM 0.32 sends `extra_keys` for every stored batch, one entry per block, None where
+    the block's hash took nothing but its tokens: a plain prompt's blocks, keyed plainly."""
+    plain = as_map(
+        "BlockStored",
+        block_hashes=[3, 4],
+        parent_block_hash=None,
+        token_ids=[5, 6, 7, 8],
+        block_size=2,
+        extra_keys=[None, None],
+    )
+    assert not read_event(plain).extra
+    assert read_event({**plain, "extra_keys": [None, ["salt"]]}).extra
+
+
 @given(
     st.lists(st.one_of(st.binary(min_size=1, max_size=32), st.integers(0, 2**64 - 1)), min_size=1),
     st.integers(1, 4),
