@@ -78,17 +78,19 @@ async def test_a_connect_gets_the_lag_sampled_though_the_loop_was_idle(
     listening: Endpoint,
 ) -> None:
     """An idle loop's lag ticks far apart (0.64 s here); a connect out asks for the short
-    gap, so a stall shorter than the idle gap is still counted before its deadline."""
+    gap, so a stall shorter than the idle gap is still counted before its deadline. The
+    stall (0.3 s) outlasts the connect timeout (0.2 s) and leaves half a second to the
+    deadline's limit (4 timeouts), for a loaded machine's own delays on top."""
     lag = LoopLag(every=0.01, idle_every=1.0)
     lag.start()
-    aware = ConnectionPool(0.1, 30.0, 0, lag)
+    aware = ConnectionPool(0.2, 30.0, 0, lag)
     loop = asyncio.get_running_loop()
     try:
         deadline = loop.time() + 5.0
         while lag.histogram.count < 6 and loop.time() < deadline:  # ticks 10, 20 ... 320 ms apart
             await asyncio.sleep(0.005)
         assert lag.histogram.count >= 6
-        assert await connect_while_stuck(aware, listening, 0.25)
+        assert await connect_while_stuck(aware, listening, 0.3)
     finally:
         lag.stop()
         aware.close()

@@ -23,6 +23,20 @@ def no_shm_left_behind() -> Iterator[None]:
     clean_shm(since=started)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vllm_sockets_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """vLLM's processes talk over ZMQ sockets it makes in /tmp (`VLLM_RPC_BASE_PATH`) and
+    removes only when it shuts down cleanly: the servers these tests kill -9 would leave
+    theirs behind. Here they go into the session's own temporary folder."""
+    before = os.environ.get("VLLM_RPC_BASE_PATH")
+    os.environ["VLLM_RPC_BASE_PATH"] = str(tmp_path_factory.mktemp("vllm-ipc"))
+    yield
+    if before is None:
+        os.environ.pop("VLLM_RPC_BASE_PATH", None)
+    else:
+        os.environ["VLLM_RPC_BASE_PATH"] = before
+
+
 @pytest.fixture(scope="session")
 def vllm_required(no_shm_left_behind: None) -> None:
     """Locally a missing vLLM skips with the way to get it; in CI it fails, so a broken vLLM
