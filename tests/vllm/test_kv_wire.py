@@ -84,8 +84,12 @@ def expected(made: list[tuple[str, Any]]) -> tuple[Any, ...]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(events(), st.integers(0, 2**40))
-def test_vllms_own_batches_read_back(made: list[tuple[str, Any]], seq: int) -> None:
+@given(events(), st.integers(0, 2**40), st.booleans())
+def test_vllms_own_batches_read_back(
+    made: list[tuple[str, Any]], seq: int, per_block: bool
+) -> None:
+    """`per_block`: extra_keys as vLLM 0.32's engine sends them for a plain prompt, one None
+    per block (no extra hash input: the blocks are keyed by their tokens alone)."""
     from vllm.distributed import kv_events  # .venv-vllm's (the vllm suite's venv)
 
     new, old = [], []
@@ -100,6 +104,7 @@ def test_vllms_own_batches_read_back(made: list[tuple[str, Any]], seq: int) -> N
                     lora_id=None,
                     medium="CPU",
                     lora_name=None,
+                    extra_keys=[None] * len(hashes) if per_block else None,
                 )
             )
             old.append(OldStored(hashes, parent, tokens, size, None, "CPU"))
