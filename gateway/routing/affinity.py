@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Protocol, TypeVar
 
-from gateway.routing.picker import Loaded, has_room
+from gateway.routing.picker import Loaded, first_within_bound
 
 _MASK = (1 << 64) - 1
 
@@ -73,10 +73,4 @@ def pick_bounded(key: int, units: Sequence[H], factor: float) -> H | None:
     """
     if not units:
         return None
-    total_inflight = sum(u.inflight for u in units) + 1
-    total_weight = sum(u.weight for u in units)
-    for unit in rank(key, units):
-        bound = math.ceil(factor * total_inflight * unit.weight / total_weight)
-        if unit.inflight + 1 <= bound and has_room(unit):
-            return unit
-    return None
+    return first_within_bound(rank(key, units), units, factor)

@@ -11,11 +11,10 @@ on a second unit, which takes its share from there on).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from gateway.routing.picker import Loaded, has_room
+from gateway.routing.picker import Loaded, first_within_bound, weighted_load
 
 
 class Identified(Loaded, Protocol):
@@ -30,14 +29,8 @@ def pick_cached(depths: Mapping[str, int], units: Sequence[C], factor: float) ->
     """Of `units` (the candidates), the one holding the most leading blocks that has room and
     stays within the load bound; among equal depths the least loaded (then the first). None
     when no candidate holds a block, or none that does may take one more request."""
-    holding = [(depths[u.id], u) for u in units if depths.get(u.id, 0) > 0]
+    holding = [u for u in units if depths.get(u.id, 0) > 0]
     if not holding:
         return None
-    total_inflight = sum(u.inflight for u in units) + 1
-    total_weight = sum(u.weight for u in units)
-    holding.sort(key=lambda du: (-du[0], (du[1].inflight + du[1].foreign + 1) / du[1].weight))
-    for _, unit in holding:
-        bound = math.ceil(factor * total_inflight * unit.weight / total_weight)
-        if unit.inflight + 1 <= bound and has_room(unit):
-            return unit
-    return None
+    holding.sort(key=lambda u: (-depths[u.id], weighted_load(u)))
+    return first_within_bound(holding, units, factor)

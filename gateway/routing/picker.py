@@ -7,7 +7,8 @@ herding that a global minimum causes when many requests arrive between load upda
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from random import Random
 from typing import Protocol, TypeVar
 
@@ -39,6 +40,18 @@ def weighted_load(unit: Loaded) -> float:
     """Its requests in flight, the gateway's and others' (`foreign`), per unit of weight. +1
     counts the request being placed, so an idle heavy unit still beats an idle light one."""
     return (unit.inflight + unit.foreign + 1) / unit.weight
+
+
+def first_within_bound(ordered: Iterable[U], units: Sequence[Loaded], factor: float) -> U | None:
+    """The first of `ordered` with room whose requests in flight, this one counted, stay within
+    `factor` times its weighted fair share of all `units`' plus this one (bounded load)."""
+    total_inflight = sum(u.inflight for u in units) + 1
+    total_weight = sum(u.weight for u in units)
+    for unit in ordered:
+        bound = math.ceil(factor * total_inflight * unit.weight / total_weight)
+        if unit.inflight + 1 <= bound and has_room(unit):
+            return unit
+    return None
 
 
 def pick_p2c(ready: Sequence[U], rng: Random) -> U | None:
