@@ -212,7 +212,6 @@ class Gateway:
             from gateway.kvevents.fleet import KvFleet
 
             self.kv = KvFleet(self.config.routing.kv_index_blocks)
-            self.kv.start([])
         return self.kv
 
     async def start(self) -> None:

@@ -19,18 +19,17 @@ import zmq.asyncio
 from gateway.config import UnitConfig
 from gateway.kvevents.index import KvIndex
 from gateway.kvevents.keys import block_keys
-from gateway.kvevents.subscriber import Source, Subscriber, TrustHook
+from gateway.kvevents.subscriber import Source, Subscriber
 
 log = logging.getLogger("unitgate.kvevents")
 
 
 class KvFleet:
-    def __init__(self, capacity: int, on_trust: TrustHook | None = None) -> None:
+    def __init__(self, capacity: int) -> None:
         self.index = KvIndex(capacity)
-        self._on_trust = on_trust
         self._context: zmq.asyncio.Context | None = None
         self._subscribers: dict[str, tuple[Subscriber, asyncio.Task[None]]] = {}
-        self._running = False
+        self._running = True  # until stop: no unit joins after it
 
     def trusted(self, unit: str) -> bool:
         entry = self._subscribers.get(unit)
@@ -60,13 +59,8 @@ class KvFleet:
             found.update((u, held[u]) for u in sized if u in held)
         return found
 
-    def start(self, units: list[UnitConfig]) -> None:
-        self._running = True
-        for unit in units:
-            self.join(unit)
-
     def join(self, unit: UnitConfig) -> None:
-        """Subscribe to `unit`'s publisher, if it names one (nothing before start)."""
+        """Subscribe to `unit`'s publisher, if it names one (on the running loop)."""
         if not self._running or not unit.kv_events or unit.id in self._subscribers:
             return
         if self._context is None:
@@ -101,8 +95,6 @@ class KvFleet:
             log.info("unit %s: KV events trusted (%s)", unit, why)
         else:
             log.warning("unit %s: KV events not trusted, routed approximately: %s", unit, why)
-        if self._on_trust is not None:
-            self._on_trust(unit, trusted, why)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
