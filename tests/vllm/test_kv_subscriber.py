@@ -190,7 +190,11 @@ async def test_a_gateway_reads_the_units_that_name_a_publisher_and_forgets_one_r
         return {"id": name, "leader": "http://127.0.0.1:9", "kind": "vllm", **fields}
 
     def events(name: str) -> dict[str, str]:
-        return {"kv_events": f"ipc://{tmp_path / name}/pub", "kv_events_replay": ""}
+        # With its replay socket, as docs/routing.md configures a unit: a batch published
+        # while the new subscription was still reaching the publisher (ZMQ drops what a
+        # subscriber has not yet subscribed to) is asked for again at the next quiet poll.
+        folder = tmp_path / name
+        return {"kv_events": f"ipc://{folder}/pub", "kv_events_replay": f"ipc://{folder}/replay"}
 
     config = config_from_dict(
         {
