@@ -6,14 +6,13 @@ detokenization that never emits half a UTF-8 character (`DetokenizeStream`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from gateway.base.chat_template import render
+from gateway.base.chat_template import render, token_text, tokenizer_settings
 
 Message = Mapping[str, Any]
 ToolDef = Mapping[str, Any]
@@ -179,28 +178,14 @@ class HFTokenizer(TemplatedTokenizer):
 
     def __init__(self, folder: str | Path) -> None:
         folder = Path(folder)
-        settings = _read_json(folder / "tokenizer_config.json")
+        settings = tokenizer_settings(folder)
         template = settings.get("chat_template")
         super().__init__(
             _HFTokenizer.from_file(str(folder / "tokenizer.json")),
-            _token_text(settings.get("bos_token")),
-            _token_text(settings.get("eos_token")),
+            token_text(settings.get("bos_token")),
+            token_text(settings.get("eos_token")),
             template if isinstance(template, str) else None,
         )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
-
-
-def _token_text(value: object) -> str | None:
-    """tokenizer_config stores special tokens as a string or as {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
 
 
 class DetokenizeStream:

@@ -1,6 +1,7 @@
 """A model's own chat template rendered as Hugging Face transformers renders it, for vLLM and
 the builtin engine alike: the engine renders its prompts with it, and the gateway renders a
-request's prompt with it to know which blocks of it a unit has cached.
+request's prompt with it to know which blocks of it a unit has cached. Both read a folder's
+tokenizer settings and special tokens here too.
 
 The template comes with the model, so it runs sandboxed (jinja2's immutable sandbox), with
 what transformers gives it: `trim_blocks` and `lstrip_blocks`, the loop controls, a `tojson`
@@ -16,6 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 
@@ -87,3 +89,19 @@ def render(
     except jinja2.TemplateError as exc:
         raise TemplateError(str(exc)) from exc
     return text
+
+
+def tokenizer_settings(folder: Path) -> dict[str, Any]:
+    """A Hugging Face folder's `tokenizer_config.json` ({} without one)."""
+    path = folder / "tokenizer_config.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def token_text(value: object) -> str | None:
+    """A special token as tokenizer_config keeps it: a string, or {"content": ...}."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None

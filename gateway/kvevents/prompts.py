@@ -15,7 +15,6 @@ the approximate prefix hash. A wrong guess costs only a cache hit, never an answ
 
 from __future__ import annotations
 
-import json
 import re
 from array import array
 from collections import OrderedDict
@@ -25,7 +24,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.base.chat_template import TemplateError, render
+from gateway.base.chat_template import TemplateError, render, token_text, tokenizer_settings
 
 # transformers' special tokens, passed to a template by name
 SPECIALS = (
@@ -45,11 +44,11 @@ PIECE_TOKENS = 2_000_000  # and their ids at most, in all (4 bytes each, their t
 class PromptTokens:
     def __init__(self, folder: str | Path) -> None:
         folder = Path(folder)
-        settings = _read_json(folder / "tokenizer_config.json")
+        settings = tokenizer_settings(folder)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.template = _template(folder, settings)
         self.specials = {
-            name: text for name in SPECIALS if (text := _token_text(settings.get(name))) is not None
+            name: text for name in SPECIALS if (text := token_text(settings.get(name))) is not None
         }
         self._pieces: OrderedDict[str, array[int]] = OrderedDict()
         self._piece_tokens = 0
@@ -179,20 +178,6 @@ def _template(folder: Path, settings: Mapping[str, Any]) -> str | None:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         template = named.get("default")
     return template if isinstance(template, str) else None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    data = json.loads(path.read_text())
-    return data if isinstance(data, dict) else {}
-
-
-def _token_text(value: object) -> str | None:
-    """tokenizer_config keeps a special token as a string or as {"content": ...}."""
-    if isinstance(value, Mapping):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
 
 
 class Prompts:
