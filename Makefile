@@ -11,9 +11,11 @@ PIP    := $(PY) -m pip
 # every test starts Python processes that import torch.
 UV     := $(VENV)/bin/uv
 PIP_SET = $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^global\.$(1)='\(.*\)'$$/\1/p")
-UV_PIP  = $(UV) pip install -q --compile-bytecode --python $(1) \
+# Read once per make, on first use (pip takes a moment to start).
+UV_SOURCES = $(eval UV_SOURCES := \
 	$(foreach l,$(sort $(call PIP_SET,find-links) $(PIP_FIND_LINKS)),--find-links $(l)) \
-	$(foreach c,$(sort $(call PIP_SET,constraint) $(PIP_CONSTRAINT)),-c $(c)) -c constraints.txt
+	$(foreach c,$(sort $(call PIP_SET,constraint) $(PIP_CONSTRAINT)),-c $(c)))$(UV_SOURCES)
+UV_PIP  = $(UV) pip install -q --compile-bytecode --python $(1) $(UV_SOURCES) -c constraints.txt
 INSTALL  = $(call UV_PIP,$(PY))
 VINSTALL = $(call UV_PIP,$(VPY))
 RUN_STAMP  := $(VENV)/.installed-run
