@@ -1,17 +1,39 @@
-"""`unitgate up` policy without processes: config units -> node specs, restart backoff, and
-`unitgate node`'s flag checks (engine.settings)."""
+"""`unitgate up` policy without processes: config units -> node specs, restart backoff,
+`unitgate node`'s flag checks (engine.settings), and the vLLM units' KV events."""
 
 from __future__ import annotations
 
+import logging
+import stat
+import tempfile
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine.backends.vllm.args import engine_kwargs
+from engine.backends.vllm.kv_events import readers as kv_readers
 from engine.flags import build_parser
 from engine.settings import NodeSettings
+from gateway.api import is_loopback
 from gateway.config import Config, config_from_dict
 from gateway.launcher.up.backoff import Backoff
-from gateway.launcher.up.plan import EngineOptions, NodeSpec, PlanError, is_loopback, plan_units
+from gateway.launcher.up.fleet import ReplicaPorts
+from gateway.launcher.up.kv_events import (
+    SUN_PATH_MAX,
+    SocketFolder,
+    fits,
+    publishing_here,
+    socket_folder,
+    socket_paths,
+    tokenizer_folder,
+    untokenized,
+    with_kv_events,
+)
+from gateway.launcher.up.plan import EngineOptions, NodeSpec, Plan, PlanError, plan_units
+from gateway.launcher.up.replica import _parser as replica_parser
+from gateway.launcher.up.replicas import ReplicaLauncher
 
 
 def config(*units: dict[str, Any], models: tuple[str, ...] = ("m",)) -> Config:
@@ -233,3 +255,206 @@ def test_up_refuses_workers_it_cannot_run(capsys: pytest.CaptureFixture[str]) ->
     )
     assert run_up(two) == 2
     assert "[gateway].workers = 2" in capsys.readouterr().err
+
+
+def vllm_config(tmp: Path, *units: dict[str, Any], **sections: Any) -> Config:
+    """A vLLM unit on 8301-8302 serving model `m` from `tmp` (a folder with tokenizer.json),
+    beside `units`."""
+    (tmp / "tokenizer.json").write_text("{}")
+    v0 = {**unit("v0", 8301, 8302), "backend": "vllm", "model": str(tmp)}
+    return config_from_dict({"gateway": {"models": ["m"]}, "units": [v0, *units], **sections})
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_up_turns_a_vllm_units_kv_events_on_and_tells_the_gateway(tmp_path: Path) -> None:
+    cfg = vllm_config(tmp_path, unit("b0", 8401))
+    plan = plan_units(cfg)
+    assert [u.id for u in publishing_here(cfg, plan)] == ["v0"]
+    kv = with_kv_events(cfg, plan, tmp_path / "kv")
+    v0, b0 = kv.units
+    events, replay = f"ipc://{tmp_path}/kv/v0.sock", f"ipc://{tmp_path}/kv/v0.replay.sock"
+    assert (v0.kv_events, v0.kv_events_replay) == (events, replay)
+    assert v0.engine_args["kv_events_config"] == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": events,  # a Unix socket: nothing listens beyond this machine
+        "replay_endpoint": replay,
+        "topic": "kv",
+    }
+    assert b0 == cfg.units[1] and not b0.kv_events
+    assert kv.routing.tokenizers == {"m": str(tmp_path.resolve())}
+    assert untokenized(kv, plan) == []
+    for node in plan_units(kv).units[0].nodes:  # leader and follower alike
+        argv = node.argv("127.0.0.1:5000", EngineOptions())
+        settings = NodeSettings.from_flags(build_parser().parse_args(argv))
+        assert engine_kwargs(settings)["kv_events_config"] == v0.engine_args["kv_events_config"]
+
+
+def test_the_configs_own_kv_settings_are_kept(tmp_path: Path) -> None:
+    theirs = {"kv_events": "tcp://127.0.0.1:7000"}
+    engine = {"engine_args": {"kv_events_config": {"enable_kv_cache_events": True}}}
+    cfg = vllm_config(
+        tmp_path,
+        {**unit("v1", 8311), "backend": "vllm", "model": str(tmp_path), **theirs},
+        {**unit("v2", 8321), "backend": "vllm", "model": str(tmp_path), **engine},
+        routing={"tokenizers": {"m": str(tmp_path)}},
+    )
+    plan = plan_units(cfg)
+    assert [u.id for u in publishing_here(cfg, plan)] == ["v0"]
+    kv = with_kv_events(cfg, plan, tmp_path / "kv")
+    v1, v2 = kv.units[1:]
+    assert v1 == cfg.units[1]
+    # vLLM's default endpoint, tcp://*:5557, read on loopback; no replay socket was named.
+    assert (v2.kv_events, v2.kv_events_replay) == ("tcp://127.0.0.1:5557", "")
+    assert v2.engine_args == cfg.units[2].engine_args
+    assert kv.routing.tokenizers == {"m": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    ("config", "readers"),
+    [
+        (
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": "ipc:///t/a",
+                "replay_endpoint": "ipc:///t/b",
+            },
+            ("ipc:///t/a", "ipc:///t/b"),
+        ),
+        (
+            '{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000", '
+            '"replay_endpoint": "tcp://0.0.0.0:6001"}',
+            ("tcp://127.0.0.1:6000", "tcp://127.0.0.1:6001"),
+        ),
+        ({"enable_kv_cache_events": False}, None),
+        ({"enable_kv_cache_events": True, "publisher": "null"}, None),
+        # an endpoint vLLM connects out from (to a collector), not one it binds
+        ({"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:6000"}, None),
+        ({"enable_kv_cache_events": True, "replay_endpoint": "tcp://10.0.0.5:6001"}, None),
+        ("not json", None),
+    ],
+)
+def test_where_the_gateway_reads_a_publisher_the_config_set_up(config: Any, readers: Any) -> None:
+    assert kv_readers(config) == readers
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"engine_args": {"chat_template": "/t/chat.jinja"}},  # the gateway renders the folder's
+        {"model": "HuggingFaceTB/SmolLM2-135M-Instruct"},  # a hub id: no folder here
+    ],
+)
+def test_a_model_the_gateway_cannot_tokenize_is_said_once(
+    tmp_path: Path, extra: dict[str, Any]
+) -> None:
+    cfg = vllm_config(tmp_path)
+    cfg = replace(cfg, units=(replace(cfg.units[0], **extra),))
+    plan = plan_units(cfg)
+    kv = with_kv_events(cfg, plan, tmp_path / "kv")
+    assert kv.units[0].kv_events and kv.routing.tokenizers == {}
+    assert tokenizer_folder(kv.units[0]) is None
+    (line,) = untokenized(kv, plan)
+    assert line.startswith("unit v0: the gateway reads its KV events but has no tokenizer")
+
+
+def test_each_unit_gets_sockets_of_its_own_with_paths_a_socket_can_bind() -> None:
+    folder = Path("/r")
+    assert socket_paths(folder, "v0") == (Path("/r/v0.sock"), Path("/r/v0.replay.sock"))
+    odd = ["a/../b", "x" * 33, "two words", "a", "a-replay", "unit"]
+    paths = [p for uid in odd for p in socket_paths(folder, uid)]
+    assert len(set(paths)) == len(paths) and {p.parent for p in paths} == {folder}
+    assert all(len(p.name) <= len("unit.0123456789ab.replay.sock") for p in paths)
+    # 107 bytes is the most a socket's path may have (sun_path's 108, its NUL aside)
+    deep = Path("/" + "d" * (SUN_PATH_MAX - len("/v0.replay.sock") - 1))
+    assert fits(deep, ["v0"]) and not fits(deep / "e", ["v0"])
+
+
+def test_the_socket_folder_is_the_runs_own_and_private(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "kv").mkdir(parents=True, mode=0o755)  # from an earlier run, opened up
+    folder = socket_folder(run, ["v0"])
+    assert folder == SocketFolder(run / "kv", owned=False) and mode(run / "kv") == 0o700
+    folder.remove()  # the run's folder keeps it
+    assert (run / "kv").is_dir()
+
+
+def test_a_folder_too_deep_or_not_ours_falls_back_to_a_temp_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "kv").symlink_to(tmp_path)  # a symlink there is not a folder of this run's
+    for run in (deep, linked):
+        folder = socket_folder(run, ["v0"])
+        assert folder is not None and folder.owned and mode(folder.path) == 0o700
+        assert folder.path.name.startswith("unitgate-kv-") and fits(folder.path, ["v0"])
+        folder.remove()
+        assert not folder.path.exists()
+    assert not (deep / "kv").exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))  # TMPDIR itself too deep
+    deep.mkdir()
+    assert socket_folder(deep, ["v0"]) is None and list(deep.iterdir()) == []
+
+
+def test_child_replicas_read_the_sockets_in_the_folder_up_made(tmp_path: Path) -> None:
+    cfg = vllm_config(tmp_path)
+    plan = plan_units(cfg)
+    folder = tmp_path / "kv"
+    launcher = ReplicaLauncher(Path("up.toml"), Path("logs"), {}, "info", 30.0, None)
+    argv = replace(launcher, kv_dir=folder).argv(ReplicaPorts(1, 9000, 9001))
+    ns = replica_parser().parse_args(argv[argv.index("replica") + 1 :])
+    assert ns.kv_dir == folder
+    assert with_kv_events(cfg, plan, ns.kv_dir) == with_kv_events(cfg, plan, folder)
+    assert "--kv-dir" not in launcher.argv(ReplicaPorts(1, 9000, 9001))
+
+
+def test_up_leaves_kv_events_off_where_nothing_would_read_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gateway.launcher.up import main
+
+    cfg = vllm_config(tmp_path, unit("b0", 8401))
+    plan = plan_units(cfg)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main._kv_folder(cfg, plan, run) == SocketFolder(run / "kv", owned=False)
+    approximate = replace(cfg, routing=replace(cfg.routing, prefix_scorer="approximate"))
+    assert main._kv_folder(approximate, plan, run) is None
+    builtin = config(unit("b0", 8401))
+    assert main._kv_folder(builtin, plan_units(builtin), run) is None
+    monkeypatch.setattr(main, "kv_missing", lambda: ["zmq", "msgspec"])
+    with caplog.at_level(logging.INFO, "unitgate.up"):
+        assert main._kv_folder(cfg, plan, run) is None
+    (record,) = caplog.records
+    assert "KV cache events not turned on" in record.message
+    assert "zmq, msgspec missing" in record.message
+
+
+def test_up_removes_a_temp_socket_folder_when_it_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.launcher.up import main
+
+    cfg = vllm_config(tmp_path)
+    plan = plan_units(cfg)
+    ran: list[tuple[Config, Path | None]] = []
+
+    def run_loop(config: Config, plan: Plan, run: Any) -> int:
+        ran.append((config, run.fleet.kv_dir))
+        assert run.fleet.kv_dir is not None and mode(run.fleet.kv_dir) == 0o700
+        return 0
+
+    monkeypatch.setattr(main, "_refusal", lambda config, options: None)
+    monkeypatch.setattr(main, "_prepare", lambda config, options: (plan, main.Fleet((), None)))
+    monkeypatch.setattr(main, "_run_loop", run_loop)
+    logs = tmp_path / ("d" * 100)  # too deep for a socket's path: a temp folder instead
+    assert main.run_up(cfg, main.UpOptions(log_dir=logs)) == 0
+    ((config, kv_dir),) = ran
+    assert kv_dir is not None and kv_dir.name.startswith("unitgate-kv-")
+    assert config.units[0].kv_events == f"ipc://{kv_dir}/v0.sock"
+    assert not kv_dir.exists() and not (logs / "kv").exists()

@@ -6,6 +6,10 @@ Order matters both ways. At start the gateway comes up while the units still loa
 gateway drains first (clients get their answers or a clean end), then the units go, leaders
 first so followers are told STOP instead of timing out in a collective.
 
+Units of the vLLM backend publish their KV cache events on Unix sockets in a folder of the
+run only its user may enter, and the gateway is told where to read them and the model's
+tokenizer (kv_events.py): routing by what each unit has cached works from the first request.
+
 With `--replicas N` the run is a local fleet: a redis-server first (redis_server.py), then the
 units, then N gateways sharing admin state through it, this process's gateway as replica 0
 and N-1 child replicas (replicas.py, replica.py) on the ports fleet.py lays out; `ready` once
@@ -29,7 +33,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.backends.vllm import VllmMissing, require_vllm
@@ -37,6 +41,16 @@ from engine.backends.vllm.args import check_known, known_engine_args
 from gateway.api import Config, ConfigError, Gateway, raise_fd_limit, read_tokens, running
 from gateway.launcher.up.backoff import Backoff
 from gateway.launcher.up.fleet import ReplicaPorts, replica_config, replica_ports, runs_store
+from gateway.launcher.up.kv_events import (
+    SUN_PATH_MAX,
+    SocketFolder,
+    kv_missing,
+    publishing_here,
+    socket_folder,
+    untokenized,
+    vllm_units,
+    with_kv_events,
+)
 from gateway.launcher.up.plan import EngineOptions, Plan, PlanError, plan_simulated, plan_units
 from gateway.launcher.up.ports import check_free
 from gateway.launcher.up.processes import Launcher, node_env
@@ -72,6 +86,9 @@ class Fleet:
 
     ports: tuple[ReplicaPorts, ...]
     redis_server: str | None  # the binary, when `up` runs the store for them
+    # The folder of the vLLM units' KV event sockets (kv_events.py), from which child
+    # replicas apply the events as replica 0 did; None when `up` does not turn them on.
+    kv_dir: Path | None = None
 
     def store(self, config: Config, local: LocalRedis | None) -> str | None:
         """What the announcement says the replicas share their state through."""
@@ -89,13 +106,7 @@ def run_up(config: Config, options: UpOptions = UpOptions()) -> int:
         print(f"unitgate up: {refusal}", file=sys.stderr)
         return 2
     try:
-        plan = _local_plan(config, options.simulated)
-        if not options.simulated:
-            _check_vllm_units(plan)
-        binary = find_redis_server() if runs_store(config, options.replicas) else None
-        fleet = Fleet(replica_ports(config, plan, options.replicas), binary)
-        if options.replicas > 1:
-            check_free(config, fleet.ports)
+        plan, fleet = _prepare(config, options)
     except (PlanError, VllmMissing) as exc:
         print(f"unitgate up: {exc}", file=sys.stderr)
         return 2
@@ -107,7 +118,27 @@ def run_up(config: Config, options: UpOptions = UpOptions()) -> int:
         print(f"unitgate up: --log-dir {logs}: {exc.strerror}", file=sys.stderr)
         return 2
     logs = logs.resolve()  # children run elsewhere (redis-server in its data folder)
-    return _run_loop(config, plan, _Run(options, fleet, logs, generated))
+    kv = None if options.simulated else _kv_folder(config, plan, logs)
+    try:
+        if kv is not None:
+            config, plan = _with_kv(config, plan, kv.path)
+            fleet = replace(fleet, kv_dir=kv.path)
+        return _run_loop(config, plan, _Run(options, fleet, logs, generated))
+    finally:
+        if kv is not None:
+            kv.remove()  # once every unit stopped: a temp folder of its own goes
+
+
+def _prepare(config: Config, options: UpOptions) -> tuple[Plan, Fleet]:
+    """The units and the gateways, checked before anything starts."""
+    plan = _local_plan(config, options.simulated)
+    if not options.simulated:
+        _check_vllm_units(plan)
+    binary = find_redis_server() if runs_store(config, options.replicas) else None
+    ports = replica_ports(config, plan, options.replicas)
+    if options.replicas > 1:
+        check_free(config, ports)
+    return plan, Fleet(ports, binary)
 
 
 def _refusal(config: Config, options: UpOptions) -> str | None:
@@ -168,6 +199,42 @@ def _simulated_plan(config: Config) -> Plan:
     return plan
 
 
+def _kv_folder(config: Config, plan: Plan, run: Path) -> SocketFolder | None:
+    """The folder of the local vLLM units' KV event sockets, in the run's folder `run` (or a
+    temp folder); None when `up` leaves the events off: no such unit, routing that does not
+    read them (`prefix_scorer`), a gateway that cannot, or no folder short enough."""
+    if not vllm_units(config, plan) or config.routing.prefix_scorer != "auto":
+        return None
+    missing = kv_missing()
+    if missing:
+        log.info(
+            "vLLM units: KV cache events not turned on, so prefix routing is approximate: the "
+            "gateway needs the kv extra (%s missing): pip install 'unitgate[kv]'",
+            ", ".join(missing),
+        )
+        return None
+    folder = socket_folder(run, [unit.id for unit in publishing_here(config, plan)])
+    if folder is None:
+        log.info(
+            "vLLM units: KV cache events not turned on, so prefix routing is approximate: "
+            "no folder only this user may enter, %s or a new temp folder, gives their Unix "
+            "sockets a path of at most %d bytes (set TMPDIR to a short folder of yours)",
+            run / "kv",
+            SUN_PATH_MAX,
+        )
+    return folder
+
+
+def _with_kv(config: Config, plan: Plan, folder: Path) -> tuple[Config, Plan]:
+    """The config and plan the run goes on with: the vLLM units' KV events turned on, their
+    sockets in `folder` (kv_events.py)."""
+    config = with_kv_events(config, plan, folder)
+    plan = plan_units(config)  # the units' engine_args now turn their events on
+    for line in untokenized(config, plan):
+        log.info("%s", line)
+    return config, plan
+
+
 def _check_vllm_units(plan: Plan) -> None:
     """A vLLM unit that cannot start should fail here, once, with the unit's name, not in a
     restart loop with the reason buried in a node log."""
@@ -219,6 +286,7 @@ class _Run:
             store_url,
             self.options.log_format,
             self.options.simulated,
+            self.fleet.kv_dir,
         )
         grace = config.gateway.shutdown_timeout + STOP_GRACE_S
         return [ReplicaSupervisor(p, launcher, Backoff(), grace) for p in self.fleet.ports[1:]]

@@ -1,10 +1,12 @@
 """`unitgate replica`: gateway replica i of `unitgate up --replicas N`, in a process of its own.
 
 Started by `up` (replicas.py), not by hand. It loads the same config file as `up`, applies
-fleet.py's `replica_config` for its index (its ports, the shared store), and hosts the gateway
-as `up` hosts replica 0. It writes its ready file only once it routes to every local unit on
-its own probers' verdict, the same test `up` applies to replica 0 (ready.py), so `up` says
-`ready` only when every replica would serve. SIGTERM drains it like any gateway.
+the vLLM units' KV events as `up` did (kv_events.py, their sockets in the folder `up` made,
+`--kv-dir`) and fleet.py's `replica_config` for its index (its ports, the shared store), and
+hosts the gateway as `up` hosts replica 0. It writes its ready file only once it routes to
+every local unit on its own probers' verdict, the same test `up` applies to replica 0
+(ready.py), so `up` says `ready` only when every replica would serve. SIGTERM drains it like
+any gateway.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gateway.api import (
 )
 from gateway.base.readyfile import write_ready
 from gateway.launcher.up.fleet import ReplicaPorts, replica_config
+from gateway.launcher.up.kv_events import with_kv_events
 from gateway.launcher.up.plan import Plan, PlanError, plan_simulated, plan_units
 from gateway.launcher.up.ready import wait_routable
 
@@ -44,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--simulated", action="store_true", help="`up --simulated`: the units are simulated"
     )
+    p.add_argument(
+        "--kv-dir",
+        type=Path,
+        help="the folder of the vLLM units' KV event sockets: the events read as replica 0 does",
+    )
     p.add_argument("--ready-file", type=Path, required=True, help="written once ready")
     p.add_argument("--ready-within", type=float, default=180.0, help="seconds")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -57,6 +65,8 @@ def main(argv: list[str]) -> int:
     setup_logging(ns.log_level, ns.log_format, text, f"replica {ns.index}")
     try:
         file_config = load_config(ns.config)
+        if ns.kv_dir is not None:
+            file_config = with_kv_events(file_config, plan_units(file_config), ns.kv_dir)
         plan = plan_simulated(file_config) if ns.simulated else plan_units(file_config)
         ports = ReplicaPorts(ns.index, ns.port, ns.metrics_port)
         config = replica_config(file_config, ports, ns.store_url)

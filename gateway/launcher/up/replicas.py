@@ -53,6 +53,7 @@ class ReplicaLauncher:
     store_url: str | None  # the redis-server `up` started, or None: the config's own [state]
     log_format: str = "text"  # or json
     simulated: bool = False  # `up --simulated`: the replica plans the units as simulated ones
+    kv_dir: Path | None = None  # the vLLM units' KV event sockets' folder (kv_events.py)
 
     def log_path(self, index: int) -> Path:
         return self.log_dir / f"replica-{index}.log"
@@ -73,6 +74,8 @@ class ReplicaLauncher:
             args += ["--store-url", self.store_url]
         if self.simulated:
             args.append("--simulated")
+        if self.kv_dir is not None:
+            args += ["--kv-dir", str(self.kv_dir)]
         return args
 
     async def start(self, ports: ReplicaPorts) -> asyncio.subprocess.Process:
