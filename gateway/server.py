@@ -44,6 +44,12 @@ from gateway.observability.events import EventLog
 from gateway.observability.fairness import TokenWindow
 from gateway.observability.health_observers import health_signals
 from gateway.observability.kv_metrics import KvCollector
+from gateway.observability.latency_metrics import (
+    Figures,
+    LatencyCollector,
+    PredictionObserver,
+    ratio_family,
+)
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
@@ -53,11 +59,14 @@ from gateway.observability.tenants import TenantObserver
 from gateway.observability.tracing import Tracing
 from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
+from gateway.proxy.forecast_feed import ForecastFeed
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.upstream import UpstreamClient
 from gateway.relay.native import resolve
 from gateway.routing.admission import Admission
+from gateway.routing.forecast import Forecast
+from gateway.routing.latency import lag_reason
 from gateway.signals import Signals
 from gateway.tls import scheme, server_context
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
@@ -94,6 +103,9 @@ class Role:
     # Each priority class's (waiting, in flight) for the metrics and the status page
     # (default: this process's admission; the control plane's: its workers', as reported).
     by_class: Callable[[], Mapping[str, tuple[int, int]]] | None = None
+    # Each unit's learned latency figures (default: this process's forecast; the control
+    # plane's: its workers', as reported), for the metrics and the probers' lag verdict.
+    latency: Figures | None = None
 
 
 ALL = Role()
@@ -136,27 +148,31 @@ class Gateway:
         self.live = LiveStreams(config.health.traffic_window, config.health.pace_factor)
         self.units.on_membership(self._membership)
         self.units.on_panic(lambda change: _log_panic(self.events, change))
+        # Each unit's latency, learned from its answers (gateway/routing/forecast.py).
+        self.forecast = (
+            Forecast() if config.routing.latency_model != "off" and role.public else None
+        )
         self.health = HealthSupervisor(
             config,
             self.units,
             self.health_signals,
             traffic=role.traffic or self.live.flowing,
             own=role.own or live_count,
+            lagging=self._lagging,
         )
         # The request path's observers: it emits signals, these subscribe (gateway/signals.py).
         self.signals: Signals[Call] = Signals()
         self.signals.subscribe(MetricsObserver(self.metrics))
-        m = config.metrics
-        window = TokenWindow(m.fairness_window)
-        self.tenants = TenantObserver(self.metrics.tenants, TenantLabels(m.tenants_top), window)
+        window, top = TokenWindow(config.metrics.fairness_window), config.metrics.tenants_top
+        self.tenants = TenantObserver(self.metrics.tenants, TenantLabels(top), window)
         self.signals.subscribe(self.tenants)
         self.metrics.window = self.tenants.shares
         self.signals.subscribe(AuditObserver(self.events))
-        t, h = config.timeouts, config.health
         record = role.record or self.breakers.record
-        feed = BreakerFeed(record, self.live.flowing, t.idle, h.pace_factor)
-        self.signals.subscribe(feed)
+        idle, pace = config.timeouts.idle, config.health.pace_factor
+        self.signals.subscribe(BreakerFeed(record, self.live.flowing, idle, pace))
         self.signals.subscribe(self.live)  # an answer that opened: its unit serves
+        self._observe_latency()
         if self.tracing.enabled:
             self.signals.subscribe(TracingObserver(self.tracing))
         access_log.subscribe(self.signals, config.logging)  # only if [logging] access
@@ -169,7 +185,13 @@ class Gateway:
         if config.admin.enabled and role.control:
             views = (self.breakers.view, role.workers, self.metrics)
             self.admin = Admin(
-                config, self.units, self.events, *views, keys=self.keys, settle=role.settle
+                config,
+                self.units,
+                self.events,
+                *views,
+                keys=self.keys,
+                settle=role.settle,
+                latency=self.latency_figures,
             )
         self.draining = False
         self.public_url = ""
@@ -186,9 +208,34 @@ class Gateway:
         self.kv: KvFleet | None = None
         self.metrics.registry.register(KvCollector(lambda: self.kv))
 
+    def _observe_latency(self) -> None:
+        """The forecast learns from the request path's signals; its figures and accuracy are
+        exported."""
+        if self.forecast is not None:
+            self.signals.subscribe(ForecastFeed(self.forecast, _loop_time))
+            ratio = ratio_family()
+            self.metrics.registry.register(ratio)
+            self.signals.subscribe(PredictionObserver(ratio, _loop_time))
+        self.metrics.registry.register(LatencyCollector(self.latency_figures))
+
+    def latency_figures(self) -> Mapping[str, Mapping[str, float]]:
+        """Each unit's learned latency figures (Forecast.figures), or its workers'."""
+        if self.role.latency is not None:
+            return self.role.latency()
+        return self.forecast.figures() if self.forecast is not None else {}
+
+    def _lagging(self, unit_id: str) -> str | None:
+        factor = self.config.health.prefill_lag_factor
+        if factor <= 0 or self.config.routing.latency_model == "off":
+            return None
+        per_k = {unit: f["ttft_1k_idle"] for unit, f in self.latency_figures().items()}
+        return lag_reason(per_k, unit_id, factor)
+
     def _membership(self, unit: UnitState, added: bool) -> None:
         if not added:
             self.live.forget(unit.id)
+            if self.forecast is not None:
+                self.forecast.drop(unit.id)
             if self.kv is not None:
                 self.kv.leave(unit.id)
         elif self.role.public and self.proxy is not None and unit.config.kv_events:
@@ -245,6 +292,7 @@ class Gateway:
                     self.signals,
                     prompts=await self._prompts(),
                     depths=self._depths,
+                    forecast=self.forecast,
                 )
                 gate = Gatekeeper(self.config.auth, self.keys)
                 workers = self.config.gateway.worker_count if self.role.reuse_port else 1
@@ -416,6 +464,10 @@ def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
                 count,
                 proxy.config.resume.ejected_idle,
             )
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _log_panic(events: EventLog, change: PanicChange) -> None:

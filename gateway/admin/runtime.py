@@ -28,7 +28,8 @@ from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.status.classes import ClassesAndTenants
-from gateway.status.feed import StatusFeed
+from gateway.status.feed import Annotator, StatusFeed
+from gateway.status.latency import Figures, Latency
 from gateway.status.page import StatusPage
 from gateway.status.traffic import Traffic
 from gateway.units import UnitRegistry
@@ -48,14 +49,20 @@ class Admin:
         metrics: Metrics | None = None,
         keys: KeyRing | None = None,
         settle: Settle | None = None,
+        latency: Figures | None = None,
     ) -> None:
+        """`latency`: each unit's learned latency figures, for the status page."""
         self._config = config
         self.service = AdminService(config, units, events, keys=keys)
         self._auth: Authenticator | None = None
         self.api = AdminApi(self.service, self._authenticator, breaker_view, workers, settle)
         # The status page (/status) shows what the admin API does, pushed on every change,
         # and each unit's recent traffic, the classes and the top tenants from the metrics.
-        found = () if metrics is None else (Traffic(metrics), ClassesAndTenants(metrics))
+        found: list[Annotator] = []
+        if metrics is not None:
+            found += [Traffic(metrics), ClassesAndTenants(metrics)]
+        if latency is not None:
+            found.append(Latency(latency))
         feed = StatusFeed(self.api.snapshot, *found)
         units.on_change(feed.changed)
         units.on_membership(feed.changed)

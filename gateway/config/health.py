@@ -34,6 +34,10 @@ class HealthConfig:
     # Fewer than this share of a model's units in service routable: route across the ones out
     # for soft reasons or by their breaker too. 0 = never.
     panic_threshold: float = 0.5
+    # A unit whose learned prefill time per token ([routing] latency_model) is more than this
+    # many times the fleet's median (of at least three units) is `slow`, with that reason: a
+    # multi-node unit with a lagging node shows here before a probe fails. 0 = never.
+    prefill_lag_factor: float = 2.0
 
     def slow_grace(self) -> float:
         """How long traffic last seen flowing still vouches for a `slow` unit: its share of
@@ -58,6 +62,12 @@ class HealthConfig:
             "must be in [0, 1]",
         )
         check(0.0 <= self.jitter < 1.0, "jitter", self.jitter, "must be in [0, 1)")
+        check(
+            self.prefill_lag_factor == 0.0 or self.prefill_lag_factor > 1.0,
+            "prefill_lag_factor",
+            self.prefill_lag_factor,
+            "must be > 1 (times the fleet's median), or 0 for never",
+        )
         check(self.fall >= 1, "fall", self.fall, "must be >= 1")
         check(self.rise >= 1, "rise", self.rise, "must be >= 1")
         check(self.canary_every >= 0, "canary_every", self.canary_every, "must be >= 0")

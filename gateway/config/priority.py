@@ -29,6 +29,12 @@ class PriorityClass:
     queue_size: int = 1024
     queue_timeout: float = 5.0  # seconds a request of this class may wait for a slot
     unit_priority: int = 0  # sent as `priority` to units that schedule by it
+    # Seconds to first token the class aims at: units predicted to miss it are avoided
+    # (gateway/routing/timely.py; None = no target).
+    ttft_slo: float | None = None
+    # When every unit is predicted to miss `ttft_slo`: refuse the request (429, Retry-After)
+    # rather than send it to the unit predicted to answer soonest.
+    shed_on_slo: bool = False
 
     def __post_init__(self) -> None:
         check(bool(_NAME.fullmatch(self.name)), "name", self.name, "must match [a-z0-9][a-z0-9_-]*")
@@ -45,6 +51,18 @@ class PriorityClass:
             "queue_timeout",
             self.queue_timeout,
             "must be >= 0 and finite (a lower class waits a bounded time)",
+        )
+        check(
+            self.ttft_slo is None or 0.0 < self.ttft_slo < math.inf,
+            "ttft_slo",
+            self.ttft_slo,
+            "must be > 0 and finite (seconds)",
+        )
+        check(
+            not self.shed_on_slo or self.ttft_slo is not None,
+            "shed_on_slo",
+            self.shed_on_slo,
+            "needs the class's ttft_slo (the target a request would be shed for missing)",
         )
         check(
             _INT32[0] <= self.unit_priority <= _INT32[1],

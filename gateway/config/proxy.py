@@ -157,6 +157,7 @@ class UpstreamConfig:
 
 
 AFFINITY_MODES = ("none", "session", "prefix", "session+prefix")
+LATENCY_MODELS = ("route", "observe", "off")
 PREFIX_SCORERS = ("auto", "approximate", "off")
 
 
@@ -187,8 +188,20 @@ class RoutingConfig:
     # gateway computes a request's prompt ids with it, as vLLM does, to find the units
     # holding its blocks. A model without one is routed by the approximate hash.
     tokenizers: dict[str, str] = field(default_factory=dict, hash=False)
+    # Each unit's time to first token and per output token, learned from its answers
+    # (gateway/routing/latency.py): "route" sends a request to the unit predicted to answer
+    # it soonest (where its prompt ids are known, or no affinity key applies) and flags a unit
+    # whose prefill drifts far above the fleet's as slow; "observe" learns, exports and flags
+    # without routing by it; "off" neither.
+    latency_model: str = "route"
 
     def __post_init__(self) -> None:
+        _check(
+            self.latency_model in LATENCY_MODELS,
+            "latency_model",
+            self.latency_model,
+            f"must be one of {LATENCY_MODELS}",
+        )
         _check(self.kv_index_blocks >= 1, "kv_index_blocks", self.kv_index_blocks, "must be >= 1")
         _check(
             self.prefix_scorer in PREFIX_SCORERS,

@@ -47,6 +47,15 @@ def no_traffic(unit_id: str, now: float, since: float | None = None) -> bool:
     return False
 
 
+# (unit id) -> why the unit's learned latency lags the fleet's (gateway/routing/forecast.py),
+# or None: it is then `slow` while its probes pass.
+Lagging = Callable[[str], str | None]
+
+
+def never_lagging(unit_id: str) -> str | None:
+    return None
+
+
 # This gateway's requests on a unit, as the prober subtracts them from the leader's count.
 Own = Callable[[UnitState], int]
 
@@ -69,8 +78,10 @@ class UnitProber:
         traffic: Traffic = no_traffic,
         own: Own | None = live_count,
         ticks: ProbeTicks | None = None,
+        lagging: Lagging = never_lagging,
     ) -> None:
         self.unit, self.registry, self.signals = unit, registry, signals
+        self.lagging = lagging
         self.ticks = ticks  # shared wake-ups with other probers; None: a timer of its own
         self.own = own  # None: [routing].engine_load is off, the leader's counts are not read
         self.pool, self.config, self.rng = pool, config, rng
@@ -134,7 +145,8 @@ class UnitProber:
         # Asked only when it matters: a round whose problems are all timeouts.
         since = None if reports[0].timed_out else started  # followers only: fresh progress
         flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now, since)
-        result = self.verdict.observe(reports, now, canary_error, flowing)
+        lag = self.lagging(self.unit.id)
+        result = self.verdict.observe(reports, now, canary_error, flowing, lag)
         self._record_nodes(reports, result.nodes)
         if own_then:
             first = reports[0]

@@ -15,7 +15,15 @@ from types import TracebackType
 
 from gateway.config import Config
 from gateway.health.probe import probe_pool
-from gateway.health.prober import Own, Traffic, UnitProber, live_count, no_traffic
+from gateway.health.prober import (
+    Lagging,
+    Own,
+    Traffic,
+    UnitProber,
+    live_count,
+    never_lagging,
+    no_traffic,
+)
 from gateway.health.signals import HealthObserver
 from gateway.health.ticks import ProbeTicks
 from gateway.units import UnitRegistry, UnitState
@@ -36,9 +44,11 @@ class HealthSupervisor:
         rng: Random | None = None,
         traffic: Traffic = no_traffic,
         own: Own = live_count,
+        lagging: Lagging = never_lagging,
     ) -> None:
         self.config = config
         self.traffic = traffic
+        self.lagging = lagging
         self.own = own
         self.registry = registry
         self.signals = signals  # the probers' flips and failures, for their observers
@@ -130,6 +140,7 @@ class HealthSupervisor:
             self.traffic,
             self.own if self.config.routing.engine_load else None,
             self._ticks,
+            self.lagging,
         )
         run = prober.run(first_after)
         self._tasks[unit.id] = asyncio.get_running_loop().create_task(

@@ -181,9 +181,12 @@ class GangVerdict:
         now: float,
         canary: str | None = None,
         flowing: bool = False,
+        lagging: str | None = None,
     ) -> Round:
         """`reports[rank]` for every node; `canary` is a failed canary's error, if one ran;
-        `flowing` whether the unit's live traffic is arriving at its own pace right now."""
+        `flowing` whether the unit's live traffic is arriving at its own pace right now;
+        `lagging` why its learned latency lags the fleet's, if it does (a round that finds
+        nothing else wrong is then slow, for that reason)."""
         nodes = tuple(self._node_problem(rank, r) for rank, r in enumerate(reports))
         bad = [f"{self.labels[rank]}: {p}" for rank, p in enumerate(nodes) if p is not None]
         hard = any(p is not None and not r.timed_out for p, r in zip(nodes, reports, strict=True))
@@ -209,20 +212,21 @@ class GangVerdict:
             and now - self.flowed_at <= self.slow_grace
         )
         working = leader.timed_out and engine_working(leader, now, self.report_window)
-        if problem is None:
-            outcome = Outcome.GOOD
-        elif hard or not (traffic or working):
-            outcome = Outcome.BAD
-        else:
-            outcome = Outcome.SLOW
+        why = "its traffic flows" if traffic else "its engine reports work moving"
+        if problem is None:  # nothing wrong with its nodes: slow only if its latency lags
+            outcome = Outcome.GOOD if lagging is None else Outcome.SLOW
+            flip = self._flip(outcome, False, "", lagging or "")
+            return Round(nodes, lagging, outcome, False, flip)
+        outcome = Outcome.BAD if hard or not (traffic or working) else Outcome.SLOW
         if outcome is Outcome.BAD and not hard:
             report = leader.timed_out and self.report_window > 0  # a kind that could have said
             witness = ", nor a fresh report of its engine working," if report else ""
             problem = f"{problem}; no live traffic on the unit{witness} to vouch for it"
-        why = "its traffic flows" if traffic else "its engine reports work moving"
-        return Round(nodes, problem, outcome, hard, self._flip(outcome, hard, problem, why))
+        slow = f"probes time out while {why}: {problem}"
+        return Round(nodes, problem, outcome, hard, self._flip(outcome, hard, problem, slow))
 
-    def _flip(self, outcome: Outcome, hard: bool, problem: str | None, why: str) -> Flip | None:
+    def _flip(self, outcome: Outcome, hard: bool, problem: str, slow: str = "") -> Flip | None:
+        """`slow`: the reason a move to `slow` gives."""
         first = not self.machine.seen
         if not self.machine.observe(outcome, hard):
             return None
@@ -232,9 +236,8 @@ class GangVerdict:
             if first:
                 return Flip(state, f"first probe round: all {nodes} nodes ok")
             return Flip(state, f"all {nodes} nodes ok for {self.machine.rise} rounds")
-        assert problem is not None
         if state is Health.SLOW:
-            return Flip(state, f"probes time out while {why}: {problem}")
+            return Flip(state, slow)
         return Flip(state, problem, self.machine.hard)
 
     def _node_problem(self, rank: int, report: NodeReport) -> str | None:

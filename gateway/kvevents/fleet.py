@@ -47,7 +47,7 @@ class KvFleet:
 
     def depths(self, prompt: Sequence[int], units: Iterable[str]) -> dict[str, int]:
         """Of `units`, those whose entries are trusted and hold the prompt's first blocks:
-        how many leading blocks each holds (keyed by each unit's own block size)."""
+        how many of its leading tokens each holds (whole blocks of each unit's own size)."""
         by_size: dict[int, list[str]] = {}
         for unit in units:
             size = self.index.block_size(unit) if self.trusted(unit) else None
@@ -56,7 +56,7 @@ class KvFleet:
         found: dict[str, int] = {}
         for size, sized in by_size.items():
             held = self.index.match(block_keys(prompt, size))
-            found.update((u, held[u]) for u in sized if u in held)
+            found.update((u, held[u] * size) for u in sized if u in held)
         return found
 
     def join(self, unit: UnitConfig) -> None:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from gateway.observability.fairness import Shares, from_wire
+from gateway.observability.latency_metrics import merged_figures
 
 SUMMED = ("counter", "histogram")
 PER_PROCESS = "process_"  # families shown per worker, never summed (process.py)
@@ -57,6 +58,8 @@ class Fleet:
         # each worker's tokens per tenant per class over the fairness window, as it last sent
         # them: a window, not a count, so a retired worker's are dropped, not summed
         self._shares: dict[int, Shares] = {}
+        # each worker's units' latency figures as it last sent them (Forecast.figures)
+        self._latency: dict[int, dict[str, dict[str, float]]] = {}
 
     def family(self, name: str) -> tuple[str, str]:
         """(type, documentation) of a family a worker reported."""
@@ -78,6 +81,16 @@ class Fleet:
     def update_shares(self, worker: int, wire: dict[str, dict[str, float]]) -> None:
         self._shares[worker] = from_wire(wire)
 
+    def update_latency(self, worker: int, wire: dict[str, dict[str, float]]) -> None:
+        self._latency[worker] = {
+            str(unit): {str(k): float(v) for k, v in figures.items()}
+            for unit, figures in wire.items()
+        }
+
+    def latency(self) -> dict[str, dict[str, float]]:
+        """The units' latency figures as the workers' forecasts learned them, merged."""
+        return merged_figures(list(self._latency.values()))
+
     def shares(self) -> list[Shares]:
         """The listening workers' fairness windows (fairness.merged sums them)."""
         return list(self._shares.values())
@@ -87,6 +100,7 @@ class Fleet:
         fairness window go."""
         self._processes.pop(worker, None)
         self._shares.pop(worker, None)
+        self._latency.pop(worker, None)
         for key, value in self._latest.pop(worker, {}).items():
             self._retired[key] = self._retired.get(key, 0.0) + value
 

@@ -20,6 +20,7 @@ from gateway.proxy.lease import Lease
 from gateway.proxy.validation import RequestInfo
 from gateway.relay.tracker import StreamTracker
 from gateway.relay.usage import Usage
+from gateway.routing.forecast import Placed
 from gateway.units import UnitState
 
 
@@ -41,6 +42,7 @@ class Call:
         "lease",
         "method",
         "path",
+        "placed",
         "prompt_ids",
         "rid",
         "send_body",
@@ -83,6 +85,8 @@ class Call:
         # Its prompt's token ids as a unit computes them, where the gateway knows them and
         # units report their caches (kvevents): routing's, until an attempt is answered.
         self.prompt_ids: Sequence[int] | None = None
+        # The current attempt's placement, as the latency forecast sees it (dispatch.py).
+        self.placed: Placed | None = None
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.method = "POST"  # GET for a stored response's or the tokenizer's read
         self.send_path = path  # the target on the unit (a stored response's id and query too)
@@ -105,6 +109,10 @@ class Call:
         self.traceparent: str | None = None  # the next attempt's W3C traceparent, if traced
         # Tokens as the unit reported them in its answer's own events (usage.py), once read.
         self.usage: Usage | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return self.info.stream
 
     @property
     def chat(self) -> bool:

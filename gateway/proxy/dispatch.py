@@ -24,14 +24,21 @@ from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.routing.admission import Admission
 from gateway.routing.balance import choose
 from gateway.routing.budget import CauseBudget, RetryBudget
+from gateway.routing.forecast import Forecast, Placed
 from gateway.signals import Signals
 from gateway.units import UnitRegistry, UnitState
 
 if TYPE_CHECKING:
     from gateway.kvevents.prompts import Prompts
 
-# How many of a prompt's leading blocks each of the units holds (gateway/kvevents).
+# How many of a prompt's leading tokens each of the units holds (gateway/kvevents).
 CacheDepths = Callable[[Sequence[int], Iterable[str]], Mapping[str, int]]
+
+# A prompt's tokens, where the gateway does not count them: about four bytes of JSON a token.
+BYTES_PER_TOKEN = 4
+# The share of requests placed as if there were no forecast: a unit predicted slow gets some
+# traffic still, so its model sees it recover.
+EXPLORE = 0.05
 
 
 class Dispatcher:
@@ -45,12 +52,23 @@ class Dispatcher:
         rng: Random | None = None,
         prompts: Prompts | None = None,
         depths: CacheDepths | None = None,
+        forecast: Forecast | None = None,
     ) -> None:
         """`prompts` computes a request's prompt ids at intake, `depths` says which units'
-        caches hold their blocks (both None: routing by load and affinity alone)."""
+        caches hold their blocks (both None: routing by load and affinity alone); `forecast`
+        predicts each unit's latency (None: `[routing] latency_model = "off"`)."""
         self.config = config
         self.prompts = prompts
         self.depths = depths
+        self.forecast = forecast
+        self.by_latency = forecast is not None and config.routing.latency_model == "route"
+        # Each class's TTFT target, and whether a request predicted to miss it everywhere
+        # is refused.
+        self.slos = {
+            c.name: (c.ttft_slo, c.shed_on_slo)
+            for c in (config.priority.classes if config.priority is not None else ())
+            if c.ttft_slo is not None
+        }
         self.units = units
         self.admission = admission
         self.upstream = upstream
@@ -168,7 +186,10 @@ class Dispatcher:
             cached = None
             if call.prompt_ids is not None and self.depths is not None:
                 cached = self.depths(call.prompt_ids, (u.id for u in routable))
-            return choose(routable, call.tried, call.key, factor, self.rng, cached)
+            forecast = self.forecast
+            if forecast is None:
+                return choose(routable, call.tried, call.key, factor, self.rng, cached)
+            return self._timely(call, forecast, routable, cached or {}, factor)
 
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -178,6 +199,46 @@ class Dispatcher:
             self.signals.rejected(call, exc.code or "overloaded")
             raise
         self.signals.admitted(call, loop.time() - asked)
+        return unit
+
+    def _timely(
+        self,
+        call: Call,
+        forecast: Forecast,
+        routable: Sequence[UnitState],
+        cached: Mapping[str, int],
+        factor: float,
+    ) -> UnitState | None:
+        """Placed by the forecast where it applies: the request's prompt ids are known (the
+        units' caches scored exactly), or no affinity key asks for a unit (an approximate
+        prefix key keeps its locality, a session its unit). The placement is left on the
+        call for the forecast's feed, with the unit's predicted TTFT."""
+        ids = call.prompt_ids
+        prompt = len(ids) if ids is not None else len(call.send_body) // BYTES_PER_TOKEN
+        slo, shed = self.slos.get(call.lease.ask.klass, (None, False))
+        estimates = None
+        free = ids is not None or call.key is None  # no affinity asks for a unit
+        if self.by_latency and free and self.rng.random() >= EXPLORE:
+            running = ((u.id, u.inflight + u.foreign) for u in routable)
+            estimates = forecast.estimates(running, prompt, cached)
+        unit = choose(routable, call.tried, call.key, factor, self.rng, cached, estimates, slo)
+        if unit is None:
+            return None
+        held = cached.get(unit.id, 0)
+        if estimates is not None:
+            predicted: float | None = estimates[unit.id].ttft
+        else:
+            estimate = forecast.estimate(unit.id, prompt - held, unit.inflight + unit.foreign)
+            predicted = estimate.ttft if estimate is not None else None
+        if shed and slo is not None and predicted is not None and predicted > slo:
+            raise Overloaded(
+                f"every unit is predicted to miss the class's time to first token of {slo:g} s"
+                f" (the soonest: {predicted:.3g} s)",
+                status=429,
+                code="ttft_slo",
+                retry_after=self.admission.retry_after,
+            )
+        call.placed = Placed(unit.id, prompt, held, predicted)
         return unit
 
     def _routable(self, call: Call) -> tuple[UnitState, ...]:

@@ -1,4 +1,5 @@
-"""The balancing decision: where the prompt's prefix is cached, else affinity (both bounded),
+"""The balancing decision: to the unit predicted to answer soonest where every candidate's
+latency is learned, else where the prompt's prefix is cached, else affinity (each bounded),
 else power-of-two-choices."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from typing import Protocol, TypeVar
 
 from gateway.routing.affinity import Hashed, pick_bounded
 from gateway.routing.cached import Identified, pick_cached
+from gateway.routing.forecast import Estimate
 from gateway.routing.picker import has_room, pick_p2c
+from gateway.routing.timely import pick_timely
 
 
 class Unit(Hashed, Identified, Protocol):
@@ -26,13 +29,21 @@ def choose(
     factor: float,
     rng: Random,
     cached: Mapping[str, int] | None = None,
+    estimates: Mapping[str, Estimate] | None = None,
+    slo: float | None = None,
 ) -> H | None:
     """A unit with room for one more request, or None when every candidate is full.
 
     `exclude` holds units already tried for this request: a retry must go elsewhere.
-    `cached`: how many of the prompt's leading blocks each unit's cache holds (cached.py).
+    `cached`: how many of the prompt's tokens each unit's cache holds (cached.py).
+    `estimates`: each unit's predicted latency for this request, `slo` its class's TTFT
+    target (timely.py).
     """
     candidates = [u for u in routable if u not in exclude] if exclude else routable
+    if estimates:
+        unit = pick_timely(estimates, candidates, factor, slo)
+        if unit is not None:
+            return unit
     if cached:
         unit = pick_cached(cached, candidates, factor)
         if unit is not None:

@@ -1,6 +1,6 @@
 """To the unit whose KV cache already holds the most of a prompt's prefix, from its engine's
-own events (gateway/kvevents): `depths` maps a unit's id to the number of the prompt's leading
-blocks it holds.
+own events (gateway/kvevents): `depths` maps a unit's id to how many of the prompt's leading
+tokens its cache holds (whole blocks of its own size).
 
 The same load bound as affinity (affinity.py) keeps one long prefix that every request shares
 from piling onto the one unit that cached it first: a unit past `factor` times its weighted
@@ -26,7 +26,7 @@ C = TypeVar("C", bound=Identified)
 
 
 def pick_cached(depths: Mapping[str, int], units: Sequence[C], factor: float) -> C | None:
-    """Of `units` (the candidates), the one holding the most leading blocks that has room and
+    """Of `units` (the candidates), the one holding the most leading tokens that has room and
     stays within the load bound; among equal depths the least loaded (then the first). None
     when no candidate holds a block, or none that does may take one more request."""
     holding = [u for u in units if depths.get(u.id, 0) > 0]

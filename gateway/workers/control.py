@@ -38,6 +38,7 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         workers=pool.view,
         settle=pool.settled,
         by_class=reports.by_class,
+        latency=fleet.latency,
     )
     async with running(config, role=role) as gateway:
         gateway.metrics.fleet = fleet  # /metrics: the workers' request metrics summed in

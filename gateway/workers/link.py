@@ -47,6 +47,7 @@ class Link(Observer[Call]):
         self.requests = 0
         self.units: UnitRegistry | None = None
         self.flowing_for: Callable[[str, float], float] = lambda _unit, _now: 0.0
+        self.latency: Callable[[], Mapping[str, Mapping[str, float]]] = dict
         self.progressed: Progressed = lambda _unit, _now, _enough: None
         self.registry: CollectorRegistry | None = None
         self.by_class: Callable[[], Mapping[str, tuple[int, int]]] = dict
@@ -62,14 +63,17 @@ class Link(Observer[Call]):
         by_class: Callable[[], Mapping[str, tuple[int, int]]] = dict,
         shares: Callable[[], Shares] = dict,
         progressed: Progressed | None = None,
+        latency: Callable[[], Mapping[str, Mapping[str, float]]] = dict,
     ) -> None:
         """What the reports read: the worker's units, how long each one's streams keep
         vouching for it (LiveStreams.flowing_for), its metrics, its admission's classes, its
-        fairness window, and how long ago each unit last made progress (LiveStreams.progressed)."""
+        fairness window, how long ago each unit last made progress (LiveStreams.progressed),
+        and each unit's learned latency figures (Forecast.figures)."""
         self.units, self.flowing_for, self.registry = units, flowing_for, registry
         if progressed is not None:
             self.progressed = progressed
         self.by_class, self.shares = by_class, shares
+        self.latency = latency
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -105,7 +109,7 @@ class Link(Observer[Call]):
         if self.registry is not None:
             samples = fleet.samples(self.registry)
             found = {"t": "metrics", "samples": samples, "scrape": scrape}
-            self.send({**found, "fairness": self.shares()})
+            self.send({**found, "fairness": self.shares(), "latency": self.latency()})
 
     def report(self) -> None:
         if self.units is None:

@@ -297,6 +297,7 @@ class WorkerPool:
         elif kind == "metrics":
             self.fleet.update(worker.index, message["samples"])
             self.fleet.update_shares(worker.index, message.get("fairness", {}))
+            self.fleet.update_latency(worker.index, message.get("latency", {}))
             if message.get("scrape") is not None:
                 worker.scraped = max(worker.scraped, int(message["scrape"]))
                 self._scraped.set()

@@ -171,7 +171,9 @@ async def test_a_report_older_than_its_window_vouches_for_nothing() -> None:
         await until(lambda: w.health is Health.SLOW, 2.0, "v0 slow")
         out = await until(lambda: w.health is Health.UNHEALTHY, WINDOW + 2.0, "v0 ejected")
         last_read = max(server.answered)
-        assert last_read < late_from
+        # (equal: it came in the loop pass that set the delay, before it did: uvloop's clock
+        # is read once a pass, to the millisecond)
+        assert last_read <= late_from
         print(f"\nreport read {late_from - last_read:.2f} s before /health went late;")
         print(f"ejected {out - last_read:.2f} s after that read ({out - late_from:.2f} s after)")
         # Vouched for up to the window after the read, then `fall` bad rounds.

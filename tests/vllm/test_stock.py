@@ -28,16 +28,10 @@ from openai import AsyncOpenAI
 from gateway.config import config_from_dict
 from gateway.health.kinds.vllm_metrics import QUERY
 from gateway.server import Gateway, running
+from loadtest.bench.stock_vllm import export_smollm2
 from tests.gateway.servers import until
 from tests.support import until_routable
-from tests.vllm.stock_support import (
-    INFO_FLAGS,
-    TOOL_FLAGS,
-    Stock,
-    export_smollm2,
-    start_stock,
-    wait_ready,
-)
+from tests.vllm.stock_support import INFO_FLAGS, TOOL_FLAGS, Stock, start_stock, wait_ready
 
 pytestmark = [
     pytest.mark.slow,
@@ -401,8 +395,10 @@ async def test_a_prompt_cached_on_one_server_draws_its_requests_there(
         await until_routable(gw, within=60.0)
         kv = gw.kv
         assert kv is not None
-        await until(lambda: kv.depths(ids, ["s0", "s1"]).get("s1", 0) >= 3, 30.0, "s1's blocks")
-        assert kv.depths(ids, ["s0", "s1"]) == {"s1": len(ids) // 128}
+        await until(
+            lambda: kv.depths(ids, ["s0", "s1"]).get("s1", 0) >= 3 * 128, 30.0, "s1's blocks"
+        )
+        assert kv.depths(ids, ["s0", "s1"]) == {"s1": len(ids) // 128 * 128}
         chat = {"model": PUBLIC, "messages": messages, "max_tokens": 1}
         for _ in range(8):  # by load alone, eight in a row to s1 is one chance in 256
             async with http.post(gw.public_url + "/v1/chat/completions", json=chat) as r:

@@ -144,10 +144,18 @@ function row(unit) {
     el("td", { class: "breaker" }, state(unit.breaker.state)),
     el("td", { class: "admin" }, state(admin)),
     el("td", { class: "routable" }, state(unit.routable ? "yes" : "no"), " ",
-       el("span", { class: "why" }, unit.why)),
+       el("span", { class: "why" }, unit.why), latency(unit.latency)),
     el("td", { class: "in-flight" }, inFlight),
     el("td", {}, nodes),
     actions);
+}
+
+// What the gateway learned of the unit's speed (absent until it has seen enough answers).
+function latency(learned) {
+  if (!learned) return "";
+  const ms = (s) => `${(s * 1000).toFixed(s < 0.01 ? 1 : 0)} ms`;
+  return el("div", { class: "latency", title: "learned from its answers" },
+    `first token (1k tokens, idle) ${ms(learned.ttft_1k_idle_s)} · ${ms(learned.tpot_s)}/token`);
 }
 
 function button(verb, unitId, disabled) {

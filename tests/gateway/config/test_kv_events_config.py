@@ -87,6 +87,7 @@ def test_the_prefix_scorer_and_tokenizers(tmp_path: Any) -> None:
     ("routing", "message"),
     [
         ({"prefix_scorer": "exact"}, "prefix_scorer"),
+        ({"latency_model": "on"}, "latency_model must be one of"),
         ({"tokenizers": {"m": "/nowhere"}}, "must name a folder holding tokenizer.json"),
         ({"tokenizers": {"other": "FOLDER"}}, "names models not in"),
     ],

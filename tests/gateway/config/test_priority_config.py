@@ -73,6 +73,14 @@ def test_a_built_config_reads_back_as_its_table() -> None:
             "[priority].classes[0].unit_priority must fit in 32 bits",
         ),
         (
+            _classes({"name": "a", "rank": 0, "ttft_slo": 0}),
+            "[priority].classes[0].ttft_slo must be > 0 and finite (seconds), got 0",
+        ),
+        (
+            _classes({"name": "a", "rank": 0, "shed_on_slo": True}),
+            "[priority].classes[0].shed_on_slo needs the class's ttft_slo",
+        ),
+        (
             _classes({"name": "a", "rank": 0}, {"name": "a", "rank": 1}),
             "[priority].classes must have unique names, got ['a']",
         ),

@@ -299,3 +299,20 @@ def test_parse_health_reads_the_kv_cache_share_from_the_leaders_slot_counts() ->
     assert parse_health(200, b'{"status":"ok","kv_slots_used":3}', 1.0).kv_usage is None
     zero = b'{"status":"ok","kv_slots_used":3,"kv_slots_total":0}'
     assert parse_health(200, zero, 1.0).kv_usage is None
+
+
+def test_a_unit_whose_latency_lags_the_fleet_is_slow_with_that_reason() -> None:
+    v = verdict()
+    lag = "its time to first token for 1,000 uncached prompt tokens ... is 3.1x the fleet's median"
+    first = v.observe(good(), 1.0, lagging=lag)
+    assert first.outcome is SLOW and first.problem == lag and first.flip is None  # a blip
+    second = v.observe(good(), 2.0, lagging=lag)
+    assert second.flip is not None and second.flip.health is Health.SLOW
+    assert second.flip.reason == lag and v.health is Health.SLOW
+    # A node's failure outranks it: a dead follower is bad, lagging or not.
+    dead = [ok(0), NodeReport(None, "connection refused"), ok(2)]
+    assert v.observe(dead, 3.0, lagging=lag).outcome is BAD
+    # It catches up: healthy after `rise` good rounds.
+    assert v.observe(good(), 4.0).flip is None
+    back = v.observe(good(), 5.0).flip
+    assert back is not None and back.health is Health.HEALTHY

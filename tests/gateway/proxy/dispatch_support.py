@@ -25,6 +25,7 @@ from gateway.proxy.lease import Lease
 from gateway.proxy.upstream import UpstreamClient
 from gateway.proxy.validation import RequestInfo
 from gateway.routing.admission import Admission
+from gateway.routing.forecast import Forecast
 from gateway.signals import Observer, Signals
 from gateway.units import UnitRegistry, UnitState
 from tests.gateway.servers import refused_url
@@ -81,18 +82,26 @@ class Recorder(Observer):
 class Rig:
     """A Dispatcher wired as gateway/server.py wires it, for the units in `config`."""
 
-    def __init__(self, config: Config, seed: int = 7) -> None:
+    def __init__(self, config: Config, seed: int = 7, forecast: Forecast | None = None) -> None:
         self.config = config
         self.units = UnitRegistry(config)
         a = config.admission
-        self.admission = Admission(a.queue_size, a.queue_timeout, a.retry_after)
+        self.admission = Admission(
+            a.queue_size, a.queue_timeout, a.retry_after, classes=config.priority
+        )
         self.units.on_change(lambda *_: self.admission.wake_all())
         self.upstream = UpstreamClient(config)
         self.signals = Signals()
         self.seen = Recorder(self.admission)
         self.signals.subscribe(self.seen)
         self.dispatcher = Dispatcher(
-            config, self.units, self.admission, self.upstream, self.signals, Random(seed)
+            config,
+            self.units,
+            self.admission,
+            self.upstream,
+            self.signals,
+            Random(seed),
+            forecast=forecast,
         )
         self._made = 0
 
@@ -122,7 +131,12 @@ async def rigs() -> AsyncIterator[Make]:
     """Builds Rigs from (id, leader, weight) triples and config sections; closes them after."""
     made: list[Rig] = []
 
-    def make(units: list[tuple[str, str, float]], seed: int = 7, **sections: Any) -> Rig:
+    def make(
+        units: list[tuple[str, str, float]],
+        seed: int = 7,
+        forecast: Forecast | None = None,
+        **sections: Any,
+    ) -> Rig:
         defaults: dict[str, dict[str, Any]] = {
             # Small timeouts; ratio 0 makes the budget's arithmetic exact: `floor` retries
             # (budget_min_per_second x the 10 s window), whatever the deposits.
@@ -138,7 +152,7 @@ async def rigs() -> AsyncIterator[Make]:
         config = replace(
             config, units=tuple(replace(u, weight=weights[u.id]) for u in config.units)
         )
-        made.append(Rig(config, seed))
+        made.append(Rig(config, seed, forecast))
         return made[-1]
 
     yield make

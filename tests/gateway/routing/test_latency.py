@@ -6,7 +6,14 @@ from random import Random
 
 import pytest
 
-from gateway.routing.latency import MAX_VARIANCE, Rls, UnitLatency, slow_prefill
+from gateway.routing.latency import (
+    MAX_VARIANCE,
+    PRIOR_VARIANCE,
+    Rls,
+    UnitLatency,
+    lag_reason,
+    slow_prefill,
+)
 
 
 def feed(model: UnitLatency, rng: Random, per_k: float, n: int, base: float = 0.02) -> None:
@@ -15,7 +22,7 @@ def feed(model: UnitLatency, rng: Random, per_k: float, n: int, base: float = 0.
     for _ in range(n):
         uncached, queued = rng.randint(0, 4000), rng.randint(0, 8000)
         true = base + per_k * uncached / 1000 + 0.4 * per_k * queued / 1000
-        model.first_token(uncached, queued, true * rng.uniform(0.95, 1.05))
+        model.first_token(uncached, queued, 0, true * rng.uniform(0.95, 1.05))
 
 
 def test_it_learns_two_units_of_different_speeds() -> None:
@@ -64,9 +71,13 @@ def test_it_flags_the_unit_whose_prefill_drifts_above_the_fleets() -> None:
     units = {name: UnitLatency() for name in "abcd"}
     for name, per_k in zip("abcd", (0.5, 0.55, 0.6, 1.8), strict=True):
         feed(units[name], rng, per_k, 200)
-    flagged = slow_prefill(units)
+    per_k = {name: f for name, m in units.items() if (f := m.prefill_per_ktoken) is not None}
+    flagged = slow_prefill(per_k)
     assert set(flagged) == {"d"} and flagged["d"] == pytest.approx(1.8 / 0.575, rel=0.15)
-    assert slow_prefill({k: units[k] for k in "ad"}) == {}  # two units: no fleet to judge by
+    assert slow_prefill({k: per_k[k] for k in "ad"}) == {}  # two units: no fleet to judge by
+    reason = lag_reason(per_k, "d", 2.0)
+    assert reason is not None and "x the fleet's median" in reason
+    assert lag_reason(per_k, "a", 2.0) is None and lag_reason(per_k, "d", 0.0) is None
 
 
 def test_one_length_of_prompt_keeps_the_fit_bounded() -> None:
@@ -74,8 +85,8 @@ def test_one_length_of_prompt_keeps_the_fit_bounded() -> None:
     capped and the prediction at that point stays right."""
     model = UnitLatency()
     for _ in range(5000):
-        model.first_token(1000, 0, 0.52)
-    assert max(model.ttft.p[i][i] for i in range(3)) <= MAX_VARIANCE * 1.0001
+        model.first_token(1000, 0, 0, 0.52)
+    assert max(model.ttft.p[i][i] for i in range(4)) <= MAX_VARIANCE * 1.0001
     assert model.predict_ttft(1000, 0) == pytest.approx(0.52, rel=1e-3)
 
 
@@ -86,3 +97,18 @@ def test_bad_values_are_ignored_and_bad_settings_refused() -> None:
     assert rls.samples == 0
     with pytest.raises(ValueError, match="forget"):
         Rls(2, forget=0.2)
+
+
+def test_an_abrupt_change_is_relearned_within_a_few_observations() -> None:
+    """A unit that was 4x slower recovers: three surprises in a row reset the fit's certainty,
+    and a handful more observations bring it to the new speed (forgetting alone would take
+    hundreds)."""
+    rng = Random(7)
+    model = UnitLatency(forget=0.99)
+    feed(model, rng, 2.0, 500)
+    feed(model, rng, 0.5, 12)
+    assert model.prefill_per_ktoken == pytest.approx(0.52, rel=0.25)
+    steady = UnitLatency(forget=0.99)
+    feed(steady, rng, 0.5, 500)
+    feed(steady, rng, 0.5, 12)  # noise within 5% never resets it
+    assert steady.ttft.surprised == 0 and steady.ttft.p[0][0] < PRIOR_VARIANCE / 10
