@@ -28,7 +28,7 @@ from gateway.auth.ring import KeyRing
 from gateway.base import readyfile
 from gateway.base.net import KEEPALIVE_S, LISTEN_BACKLOG
 from gateway.base.oslimits import stream_budget
-from gateway.config import Config
+from gateway.config import Config, UnitConfig
 from gateway.front.protocol import LeanRoute
 from gateway.front.server import Front
 from gateway.health.feed import BreakerFeed, Record
@@ -172,7 +172,7 @@ class Gateway:
         idle, pace = config.timeouts.idle, config.health.pace_factor
         self.signals.subscribe(BreakerFeed(record, self.live.flowing, idle, pace))
         self.signals.subscribe(self.live)  # an answer that opened: its unit serves
-        self._observe_latency()
+        self._observe_routing()
         if self.tracing.enabled:
             self.signals.subscribe(TracingObserver(self.tracing))
         access_log.subscribe(self.signals, config.logging)  # only if [logging] access
@@ -203,19 +203,21 @@ class Gateway:
         self._upstream: UpstreamClient | None = None
         self.proxy: ProxyHandler | None = None  # the request path, once started
         self.limiter: Limiter | None = None  # the keys' limits, with the request path
+
+    def _observe_routing(self) -> None:
+        """The forecast learns from the request path's signals; its figures and accuracy are
+        exported, with the KV index's."""
         # Which units' caches hold which blocks, from their KV events: made when a unit names
         # a publisher (`kv_events`; its import of zmq is the `kv` extra's), with the path.
         self.kv: KvFleet | None = None
+        self.prompts: Prompts | None = None  # each model's tokenizer, with the path
         self.metrics.registry.register(KvCollector(lambda: self.kv))
-
-    def _observe_latency(self) -> None:
-        """The forecast learns from the request path's signals; its figures and accuracy are
-        exported."""
         if self.forecast is not None:
             self.signals.subscribe(ForecastFeed(self.forecast, _loop_time))
             ratio = ratio_family()
             self.metrics.registry.register(ratio)
-            self.signals.subscribe(PredictionObserver(ratio, _loop_time))
+            observer = PredictionObserver(ratio, _loop_time, self.metrics.registry)
+            self.signals.subscribe(observer)
         self.metrics.registry.register(LatencyCollector(self.latency_figures))
 
     def latency_figures(self) -> Mapping[str, Mapping[str, float]]:
@@ -249,7 +251,15 @@ class Gateway:
             return None
         from gateway.kvevents.prompts import Prompts
 
-        return await asyncio.to_thread(Prompts, r.tokenizers)
+        self.prompts = await asyncio.to_thread(Prompts, r.tokenizers)
+        return self.prompts
+
+    def _vocabulary(self, unit: UnitConfig) -> int | None:
+        """The unit's model's vocabulary, where the gateway has its tokenizer."""
+        prompts, state = self.prompts, self.units.units.get(unit.id)
+        if prompts is None or state is None:
+            return None
+        return next((v for m in state.models if (v := prompts.vocabulary(m)) is not None), None)
 
     def _depths(self, prompt: Sequence[int], units: Iterable[str]) -> Mapping[str, int]:
         return {} if self.kv is None else self.kv.depths(prompt, units)
@@ -258,7 +268,7 @@ class Gateway:
         if self.kv is None:
             from gateway.kvevents.fleet import KvFleet
 
-            self.kv = KvFleet(self.config.routing.kv_index_blocks)
+            self.kv = KvFleet(self.config.routing.kv_index_blocks, self._vocabulary)
         return self.kv
 
     async def start(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import zmq.asyncio
 
@@ -24,9 +24,18 @@ from gateway.kvevents.subscriber import Source, Subscriber
 log = logging.getLogger("unitgate.kvevents")
 
 
+def _unknown(unit: UnitConfig) -> int | None:
+    return None
+
+
 class KvFleet:
-    def __init__(self, capacity: int) -> None:
+    def __init__(
+        self, capacity: int, vocabulary: Callable[[UnitConfig], int | None] = _unknown
+    ) -> None:
+        """`vocabulary(unit)`: how many token ids the unit's model has, if the gateway knows
+        its tokenizer (events naming ids past it are another model's)."""
         self.index = KvIndex(capacity)
+        self.vocabulary = vocabulary
         self._context: zmq.asyncio.Context | None = None
         self._subscribers: dict[str, tuple[Subscriber, asyncio.Task[None]]] = {}
         self._running = True  # until stop: no unit joins after it
@@ -47,7 +56,8 @@ class KvFleet:
 
     def depths(self, prompt: Sequence[int], units: Iterable[str]) -> dict[str, int]:
         """Of `units`, those whose entries are trusted and hold the prompt's first blocks:
-        how many of its leading tokens each holds (whole blocks of each unit's own size)."""
+        how many of its leading tokens each holds (whole blocks of each unit's own size), as
+        the engine counts them (`cached_tokens`)."""
         by_size: dict[int, list[str]] = {}
         for unit in units:
             size = self.index.block_size(unit) if self.trusted(unit) else None
@@ -56,7 +66,10 @@ class KvFleet:
         found: dict[str, int] = {}
         for size, sized in by_size.items():
             held = self.index.match(block_keys(prompt, size))
-            found.update((u, held[u] * size) for u in sized if u in held)
+            # vLLM computes a prompt's last token whatever it holds: a prompt of whole blocks
+            # finds at most the blocks before its last one.
+            usable = (len(prompt) - 1) // size
+            found.update((u, min(held[u], usable) * size) for u in sized if u in held)
         return found
 
     def join(self, unit: UnitConfig) -> None:
@@ -66,7 +79,9 @@ class KvFleet:
         if self._context is None:
             self._context = zmq.asyncio.Context()
         source = Source(unit.id, unit.kv_events, unit.kv_events_replay)
-        sub = Subscriber(source, self.index, self._context, self._trust)
+        sub = Subscriber(
+            source, self.index, self._context, self._trust, vocabulary=self.vocabulary(unit)
+        )
         task = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events-{unit.id}")
         task.add_done_callback(self._ended)
         self._subscribers[unit.id] = (sub, task)

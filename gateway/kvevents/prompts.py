@@ -186,6 +186,12 @@ class Prompts:
     def __init__(self, folders: Mapping[str, str]) -> None:
         self._models = {model: PromptTokens(folder) for model, folder in folders.items()}
 
+    def vocabulary(self, model: str) -> int | None:
+        """How many token ids `model`'s tokenizer has, added tokens included (None: no
+        tokenizer for it): a unit's events naming an id past it are another model's."""
+        tokens = self._models.get(model)
+        return None if tokens is None else tokens.tokenizer.get_vocab_size(with_added_tokens=True)
+
     def ids(self, model: str, chat: bool, data: Mapping[str, Any]) -> array[int] | None:
         """A chat's or a completion's prompt ids (None: not known exactly here)."""
         tokens = self._models.get(model)

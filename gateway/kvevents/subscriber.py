@@ -32,7 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from gateway.kvevents.index import KvIndex
 from gateway.kvevents.order import Order, Step
-from gateway.kvevents.wire import Batch, WireError, read_batch, read_frame, seq_of
+from gateway.kvevents.wire import Batch, Stored, WireError, read_batch, read_frame, seq_of
 
 log = logging.getLogger("unitgate.kvevents")
 
@@ -62,8 +62,12 @@ class Subscriber:
         poll_interval: float = 1.0,
         replay_timeout: float = 2.0,
         hwm: int = 100_000,
+        vocabulary: int | None = None,
     ) -> None:
+        """`vocabulary`: how many token ids the unit's model has, if the gateway knows its
+        tokenizer: a batch naming an id past it is another model's, and not applied."""
         self.source = source
+        self.vocabulary = vocabulary
         self.index = index
         self._context = context
         self._on_trust = on_trust
@@ -78,6 +82,7 @@ class Subscriber:
         self.replays = 0  # asked for
         self.replayed = 0  # batches applied from a replay
         self.dropped = 0  # times the unit's entries were dropped (restart, unfilled gap)
+        self.foreign = 0  # batches of another model's (token ids past its vocabulary)
         self._ever_connected = False
         self._broken = False  # a bad frame since the last good batch
 
@@ -190,10 +195,28 @@ class Subscriber:
         self.order.replay_done()
 
     def _apply(self, batch: Batch) -> None:
+        past = self._past_vocabulary(batch)
+        if past is not None:
+            self.foreign += 1
+            self._broken = True
+            self.order.applied(batch.seq)  # read, and refused: no gap to replay
+            self._trust(False, f"events of another model: {past}")
+            return
         self.index.apply(self.unit, batch)
         self.order.applied(batch.seq)
         self.batches += 1
         self._broken = False
+
+    def _past_vocabulary(self, batch: Batch) -> str | None:
+        vocabulary = self.vocabulary
+        if vocabulary is None:
+            return None
+        for event in batch.events:
+            if isinstance(event, Stored) and event.token_ids:
+                top = max(event.token_ids)
+                if top >= vocabulary:
+                    return f"token id {top}, where its model's tokenizer has {vocabulary}"
+        return None
 
     def _bad(self, why: str) -> None:
         self.garbage += 1

@@ -26,6 +26,9 @@ class SubscriberView(Protocol):
     @property
     def dropped(self) -> int: ...
 
+    @property
+    def foreign(self) -> int: ...
+
 
 class KvView(Protocol):
     def subscribers(self) -> Mapping[str, SubscriberView]: ...
@@ -53,6 +56,12 @@ COUNTERS = (
         "unitgate_kv_events_drops",
         "Times a unit's index entries were dropped: a restarted engine, or batches lost that"
         " its publisher no longer kept.",
+    ),
+    (
+        "foreign",
+        "unitgate_kv_events_foreign_batches",
+        "KV event batches of another model than the unit's (token ids past its tokenizer's"
+        " vocabulary), not applied: the unit is routed approximately until a batch of its own.",
     ),
 )
 

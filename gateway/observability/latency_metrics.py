@@ -1,9 +1,11 @@
 """What the latency forecast learned and how well it predicts (gateway/routing/forecast.py).
 
 The fitted figures are read at scrape time (`LatencyCollector`), from this process's forecast
-or, in the control plane, from its workers' reports; the accuracy of each prediction is
-counted as its attempt's first token comes (`PredictionObserver`, a subscriber of the request
-path's signals): measured over predicted time to first token, from the attempt being sent.
+or, in the control plane, from its workers' reports. The accuracy of each prediction is
+counted by `PredictionObserver`, a subscriber of the request path's signals: measured over
+predicted time to first token as each attempt's first token comes, from its being sent; and,
+as a request ends, the prompt tokens the gateway predicted its unit's cache held against
+those the unit says it held (`cached_tokens` in its usage, where it reports them).
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.observability.histogram import HistogramFamily
+from gateway.relay.usage import Usage
 from gateway.routing.forecast import Placed
 from gateway.signals import Observer
 from gateway.units import UnitState
 
+# A prediction of cached tokens within this share of what the unit reports is exact.
+CACHED_WITHIN = 0.05
 # measured / predicted: within 10% lands in (0.9, 1.1]
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0, 4.0)
 
@@ -53,10 +59,34 @@ class Timed(Protocol):
     @property
     def streamed(self) -> bool: ...
 
+    @property
+    def usage(self) -> Usage | None: ...
+
+    @property
+    def attempts(self) -> int: ...
+
 
 class PredictionObserver(Observer[Timed]):
-    def __init__(self, ratio: HistogramFamily, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, ratio: HistogramFamily, clock: Callable[[], float], registry: CollectorRegistry
+    ) -> None:
         self.ratio, self.clock = ratio, clock
+        self.cached = Counter(
+            "unitgate_prefix_cached_tokens",
+            "Prompt tokens of requests whose unit reported its cached tokens: as the gateway"
+            " predicted its cache held them (`predicted`), and as the unit said (`reported`),"
+            " by unit.",
+            ["unit", "source"],
+            registry=registry,
+        )
+        self.predictions = Counter(
+            "unitgate_prefix_predictions",
+            "Requests whose unit reported its cached tokens, by unit and how the gateway's"
+            " prediction compared: `exact` (within 5%), `over` (it routed for cached blocks"
+            " the unit no longer held: a misroute), `under`.",
+            ["unit", "outcome"],
+            registry=registry,
+        )
 
     def attempt_opened(self, call: Timed, unit: UnitState, status: int) -> None:
         placed = call.placed
@@ -67,6 +97,21 @@ class PredictionObserver(Observer[Timed]):
         measured = self.clock() - placed.sent
         if placed.predicted > 0.0:
             self.ratio.labels(unit.id).observe(measured / placed.predicted)
+
+    def ended(self, call: Timed) -> None:
+        placed, usage = call.placed, call.usage
+        if placed is None or usage is None or usage.cached is None or call.attempts != 1:
+            return
+        predicted, reported = placed.cached, usage.cached
+        self.cached.labels(placed.unit, "predicted").inc(predicted)
+        self.cached.labels(placed.unit, "reported").inc(reported)
+        self.predictions.labels(placed.unit, cached_outcome(predicted, reported)).inc()
+
+
+def cached_outcome(predicted: int, reported: int) -> str:
+    if abs(predicted - reported) <= CACHED_WITHIN * max(reported, 1):
+        return "exact"
+    return "over" if predicted > reported else "under"
 
 
 def ratio_family() -> HistogramFamily:

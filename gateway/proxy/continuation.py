@@ -109,6 +109,19 @@ def asking_token_ids(body: bytes, data: dict[str, Any]) -> bytes:
     return with_token_ids(exact)
 
 
+def asking_usage(send: bytes, data: dict[str, Any]) -> bytes:
+    """`send` (the body for the unit, the client's as `data` parsed it, maybe asking for
+    token ids) asking for the stream's usage chunk as well, which carries the prompt tokens
+    the unit's cache held. For a client that did not ask: the tracker reads it and drops it."""
+    options = data.get("stream_options")
+    if "stream_options" not in data:
+        return first_member(send, b'"stream_options":{"include_usage":true}')
+    exact = loads_exact(send)
+    assert isinstance(exact, dict)  # intake only lets JSON objects through
+    mine = options if isinstance(options, dict) else {}
+    return dumps({**exact, "stream_options": {**mine, "include_usage": True}})
+
+
 def _plain_int(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 

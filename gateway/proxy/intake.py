@@ -21,7 +21,12 @@ from gateway.auth.caller import Caller
 from gateway.config import Config
 from gateway.paths import RESPONSES_PATH, RESUMABLE
 from gateway.proxy.call import Call
-from gateway.proxy.continuation import asking_token_ids, carried_exactly, resumable
+from gateway.proxy.continuation import (
+    asking_token_ids,
+    asking_usage,
+    carried_exactly,
+    resumable,
+)
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.mediatype import require_json
 from gateway.proxy.names import with_model
@@ -129,8 +134,15 @@ class Intake:
     ) -> None:
         """The request is valid: with its stream tracked if it can be resumed."""
         if self.config.resume.enabled and call.path in RESUMABLE and resumable(data, call.chat):
-            tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, _usage(data))
+            asked = _usage(data)
+            # Where the gateway predicted the prompt's cached tokens (its ids are known), the
+            # unit's usage says how many it really held: asked for, read, and not relayed
+            # unless the client asked too.
+            reads = call.prompt_ids is not None
+            tracker = StreamTracker(call.chat, data.get("return_token_ids") is True, asked, reads)
             send = asking_token_ids(body, data)
+            if reads and not asked:
+                send = asking_usage(send, data)
             call.accept(info, key, tracker, send, carried_exactly(body, data))
         else:
             call.accept(info, key, None, body, {})

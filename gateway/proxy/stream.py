@@ -78,7 +78,8 @@ def _usage(call: Call, relay: StreamRelay) -> Usage | None:
     if tracker is not None:
         if not tracker.capable or tracker.prompt_ids is None:
             return None
-        return Usage(len(tracker.prompt_ids), tracker.produced)
+        cached = tracker.cached if not tracker.resumes else None  # the first unit's
+        return Usage(len(tracker.prompt_ids), tracker.produced, cached)
     return relay.usage.usage if relay.usage is not None else None
 
 

@@ -261,6 +261,7 @@ def attach(
         tracker is not None and tracker.client_ids,
         splitter.take() if splitter is not None else b"",
         last_chunk,
+        tracker is not None and tracker.reads_usage,
     )
     reader.mid_event = mid_event
     pump = NativePump(conn, itl)

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.relay.sse import TOO_LONG, EventSplitter, data_of
+from gateway.relay.usage import cached_of
 
 _TEMPLATE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 _IDS = b',"token_ids":['
@@ -60,6 +61,7 @@ def sse(payload: dict[str, Any]) -> bytes:
 class StreamTracker:
     __slots__ = (
         "base",
+        "cached",
         "capable",
         "chat",
         "client_ids",
@@ -72,6 +74,7 @@ class StreamTracker:
         "include_usage",
         "produced",
         "prompt_ids",
+        "reads_usage",
         "resent",
         "resumes",
         "splitter",
@@ -79,10 +82,16 @@ class StreamTracker:
         "unparsed",
     )
 
-    def __init__(self, chat: bool, client_ids: bool, include_usage: bool) -> None:
+    def __init__(
+        self, chat: bool, client_ids: bool, include_usage: bool, reads_usage: bool = False
+    ) -> None:
         self.chat = chat
         self.client_ids = client_ids  # the client asked for token ids itself
-        self.include_usage = include_usage
+        self.include_usage = include_usage  # the client asked for usage
+        # The gateway reads the unit's usage chunk (it asked for it: the client then does not
+        # see it unless it asked too), for the prompt tokens the unit's cache held.
+        self.reads_usage = reads_usage
+        self.cached: int | None = None  # as the unit's usage said, once read
         self.splitter = EventSplitter()
         # The prompt's ids as 32-bit integers: a list of int objects takes 36 bytes a token,
         # 72 KB for a 2,000-token prompt held for the stream's whole life; this takes 4.
@@ -190,7 +199,7 @@ class StreamTracker:
         the builtin engine's, the simulated units', vLLM's)."""
         start = event.rfind(_IDS)  # near the end: scanning from there is shorter
         if start < 0:
-            return event if _is_usage_chunk(event) else None
+            return event if not self.reads_usage and _is_usage_chunk(event) else None
         # What sits before the ids: the finish reason (null, or a plain word), then perhaps
         # vLLM's null stop_reason, then perhaps its null prompt ids.
         cut = at = start  # `cut`: where what the client does not see begins
@@ -243,6 +252,11 @@ class StreamTracker:
             del obj["prompt_token_ids"]
             changed = True
         if not first:
+            usage = obj.get("usage")
+            if isinstance(usage, dict) and not choices:
+                self.cached = cached_of(usage)
+                if self.reads_usage and not self.include_usage:
+                    return b""  # asked for by the gateway, not by the client
             return sse(obj) if changed else event
         self._extend(_ids(first.get("token_ids")) or [])
         text = _text(first, self.chat)

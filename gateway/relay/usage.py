@@ -33,6 +33,9 @@ def says_usage(event: bytes) -> bool:
 class Usage:
     prompt: int
     completion: int
+    # Of the prompt's tokens, those the unit's prefix cache held, where it says
+    # (`prompt_tokens_details.cached_tokens`: vLLM with --enable-prompt-tokens-details).
+    cached: int | None = None
 
 
 def of_body(body: bytes) -> Usage | None:
@@ -49,19 +52,20 @@ def of_body(body: bytes) -> Usage | None:
 class UsageReader:
     """One streamed answer's usage, from the events that carry it (the last one wins)."""
 
-    __slots__ = ("completion", "error", "prompt", "splitter")
+    __slots__ = ("cached", "completion", "error", "prompt", "splitter")
 
     def __init__(self) -> None:
         self.splitter = EventSplitter()
         self.error: str | None = None  # set when an event grows past MAX_EVENT
         self.prompt: int | None = None
         self.completion: int | None = None
+        self.cached: int | None = None
 
     @property
     def usage(self) -> Usage | None:
         if self.prompt is None and self.completion is None:
             return None
-        return Usage(self.prompt or 0, self.completion or 0)
+        return Usage(self.prompt or 0, self.completion or 0, self.cached)
 
     def feed(self, data: bytes) -> None:
         if not self.splitter.pending and _USAGE not in data and data.endswith(b"\n\n"):
@@ -87,6 +91,8 @@ class UsageReader:
             self.prompt = found.prompt
         if found.completion or self.completion is None:
             self.completion = found.completion
+        if found.cached is not None:
+            self.cached = found.cached
 
 
 def _usage(doc: dict[str, Any]) -> Usage | None:
@@ -99,7 +105,17 @@ def _usage(doc: dict[str, Any]) -> Usage | None:
         return None
     prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
     completion = _int(usage.get("completion_tokens", usage.get("output_tokens")))
-    return Usage(prompt, completion)
+    return Usage(prompt, completion, cached_of(usage))
+
+
+def cached_of(usage: dict[str, Any]) -> int | None:
+    """The prompt tokens a usage says were cached (chat and completions' details, or the
+    Responses API's), None where it does not say."""
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+    if not isinstance(details, dict):
+        return None
+    cached = details.get("cached_tokens")
+    return cached if type(cached) is int else None
 
 
 def _int(value: object) -> int:

@@ -284,6 +284,8 @@ def test_up_turns_a_vllm_units_kv_events_on_and_tells_the_gateway(tmp_path: Path
         "replay_endpoint": replay,
         "topic": "kv",
     }
+    # its answers' usage says how many prompt tokens its cache held
+    assert v0.engine_args["enable_prompt_tokens_details"] is True
     assert b0 == cfg.units[1] and not b0.kv_events
     assert kv.routing.tokenizers == {"m": str(tmp_path.resolve())}
     assert untokenized(kv, plan) == []

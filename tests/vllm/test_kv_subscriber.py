@@ -110,6 +110,37 @@ async def test_the_engines_history_is_replayed_and_live_batches_follow(tmp_path:
         pub.shutdown()
 
 
+async def test_events_of_another_model_make_the_unit_untrusted_until_its_own_come(
+    tmp_path: Path,
+) -> None:
+    """A publisher whose token ids run past the unit's model's vocabulary is another model's
+    (a unit pointed at the wrong publisher, a model swapped under the gateway): its batches
+    are not applied, the unit is routed approximately, said once in the log (the trust hook)
+    and on a metric (`foreign`); a batch of its own model's trusts it again."""
+    pub = publisher(tmp_path)
+    running = None
+    try:
+        running = Running(tmp_path, vocabulary=50_000)
+        await until(lambda: running.sub.trusted)
+        pub.publish(stored(60, 2))  # token ids from 60,000: past 50,000
+        await until(lambda: running.sub.foreign == 1)
+        assert not running.sub.trusted and not running.holds(60, 2)
+        assert running.trust[-1] == (
+            False,
+            "events of another model: token id 60007, where its model's tokenizer has 50000",
+        )
+        pub.publish(stored(61, 1))
+        await until(lambda: running.sub.foreign == 2)
+        assert [t for t, _ in running.trust] == [True, False]  # said once
+        pub.publish(stored(3, 2))  # its own model's again
+        await until(lambda: running.holds(3, 2) and running.sub.trusted)
+        assert running.sub.garbage == 0 and running.sub.dropped == 0
+    finally:
+        if running is not None:
+            await running.stop()
+        pub.shutdown()
+
+
 async def test_batches_the_socket_dropped_are_replayed(tmp_path: Path) -> None:
     """A publisher whose queue to a slow subscriber holds 5 messages (vLLM's `hwm`) drops the
     rest while the gateway's loop is busy; the next batch that arrives shows the gap and the

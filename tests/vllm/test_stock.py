@@ -44,6 +44,10 @@ KEY = "stock-key-7"
 QUESTION = [{"role": "user", "content": "Name three fruits, one per line."}]
 
 
+# Each answer's usage says how many prompt tokens the server's cache held.
+DETAILS = "--enable-prompt-tokens-details"
+
+
 @pytest.fixture(scope="module")
 def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iterator[list[Stock]]:
     tmp = tmp_path_factory.mktemp("stock")
@@ -57,10 +61,13 @@ def stock(tmp_path_factory: pytest.TempPathFactory, vllm_required: None) -> Iter
             *TOOL_FLAGS,
             *INFO_FLAGS,
             *("--scheduling-policy", "priority"),
+            DETAILS,
             cpu=0,
             kv=True,
         ),
-        start_stock(tmp, "s1", model, *TOOL_FLAGS, *INFO_FLAGS, "--api-key", KEY, cpu=1, kv=True),
+        start_stock(
+            tmp, "s1", model, *TOOL_FLAGS, *INFO_FLAGS, DETAILS, "--api-key", KEY, cpu=1, kv=True
+        ),
     ]
     try:
         took = wait_ready(servers)
@@ -398,12 +405,26 @@ async def test_a_prompt_cached_on_one_server_draws_its_requests_there(
         await until(
             lambda: kv.depths(ids, ["s0", "s1"]).get("s1", 0) >= 3 * 128, 30.0, "s1's blocks"
         )
-        assert kv.depths(ids, ["s0", "s1"]) == {"s1": len(ids) // 128 * 128}
+        assert kv.depths(ids, ["s0", "s1"]) == {"s1": (len(ids) - 1) // 128 * 128}
         chat = {"model": PUBLIC, "messages": messages, "max_tokens": 1}
-        for _ in range(8):  # by load alone, eight in a row to s1 is one chance in 256
-            async with http.post(gw.public_url + "/v1/chat/completions", json=chat) as r:
+        for n in range(8):  # by load alone, eight in a row to s1 is one chance in 256
+            streamed = {**chat, "stream": True} if n % 2 else chat
+            async with http.post(gw.public_url + "/v1/chat/completions", json=streamed) as r:
                 assert r.status == 200, await r.text()
                 assert r.headers["x-unitgate-unit"] == "s1"
+                text = await r.text()
+                # A stream's usage chunk was the gateway's to read: the client did not ask.
+                assert ("usage" in text) is (n % 2 == 0), text
+        # What the gateway predicted s1's cache held is what s1 says it held.
+        async with http.get(gw.metrics_url + "/metrics") as r:
+            metrics = await r.text()
+        held = (len(ids) - 1) // 128 * 128  # vLLM computes the last token whatever it holds
+        assert 'unitgate_prefix_predictions_total{outcome="exact",unit="s1"} 8.0' in metrics
+        predicted = (
+            f'unitgate_prefix_cached_tokens_total{{source="predicted",unit="s1"}} {8 * held}'
+        )
+        assert predicted in metrics
+        assert f'{{source="reported",unit="s1"}} {8 * held}' in metrics
 
 
 async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_text(

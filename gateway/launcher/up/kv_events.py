@@ -122,6 +122,9 @@ def _private(folder: Path) -> bool:
         os.close(fd)
 
 
+DETAILS = "enable_prompt_tokens_details"  # vLLM's server flag: cached tokens in usage
+
+
 def with_kv_events(config: Config, plan: Plan, folder: Path) -> Config:
     """The config the gateways run (and the units, through their engine_args): each local vLLM
     unit publishing its events where the gateway reads them (its sockets in `folder`, unless
@@ -147,7 +150,9 @@ def _unit(unit: UnitConfig, folder: Path) -> UnitConfig:
             return unit
         return replace(unit, kv_events=found[0], kv_events_replay=found[1])
     events, replay = (f"ipc://{path}" for path in socket_paths(folder, unit.id))
-    engine_args = {**unit.engine_args, ENGINE_ARG: events_config(events, replay)}
+    # Its answers' usage then says how many prompt tokens its cache held, which the gateway
+    # checks its own predictions against (docs/routing.md).
+    engine_args = {DETAILS: True, **unit.engine_args, ENGINE_ARG: events_config(events, replay)}
     return replace(unit, engine_args=engine_args, kv_events=events, kv_events_replay=replay)
 
 

@@ -65,9 +65,11 @@ class Reader:
         client_ids: bool = False,
         tail: ReadableBuffer = b"",
         last_chunk: bool = False,
+        read_usage: bool = False,
     ) -> None:
         """Relay to `client` from now on; `last_chunk`: a clean end writes the stream's last
-        chunk (flag ENDED)."""
+        chunk (flag ENDED); `read_usage`: the usage chunk goes to the tracker's Python path
+        (StreamTracker.reads_usage)."""
 
     def settle(self) -> None:
         """Write the counts kept here since the last look back to the tracker."""

@@ -101,7 +101,7 @@ static int known_shape(Reader *r, const char *e, Py_ssize_t n)
     Py_ssize_t ids_len = (Py_ssize_t)sizeof(IDS) - 1;
     Py_ssize_t start = rfind(e, n, LIT(IDS));
     if (start < 0)
-        return is_usage_chunk(e, n) ? (out_add(r, e, n) < 0 ? -1 : 1) : 0;
+        return !r->read_usage && is_usage_chunk(e, n) ? (out_add(r, e, n) < 0 ? -1 : 1) : 0;
     /* Before the ids: the finish reason (null, or a plain word), then perhaps vLLM's null
      * stop_reason, then perhaps its null prompt ids (which the client does not see). */
     Py_ssize_t cut = start, at = start, word = 0, finish = 0;

@@ -446,15 +446,15 @@ static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"client",     "tracker", "usage", "names",      "bounds",
                              "high_water", "now",     "chat",  "client_ids", "tail",
-                             "last_chunk", NULL};
+                             "last_chunk", "read_usage", NULL};
     PyObject *client, *tracker, *usage, *names, *bounds;
     Py_ssize_t high_water;
     double now;
-    int chat = 0, client_ids = 0, last_chunk = 0;
+    int chat = 0, client_ids = 0, last_chunk = 0, read_usage = 0;
     Py_buffer tail = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnd|ppy*p", kwlist, &client, &tracker,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnd|ppy*pp", kwlist, &client, &tracker,
                                      &usage, &names, &bounds, &high_water, &now, &chat,
-                                     &client_ids, &tail, &last_chunk))
+                                     &client_ids, &tail, &last_chunk, &read_usage))
         return NULL;
     PyObject *write = PyObject_GetAttr(client, s_write);
     PyObject *is_closing = write ? PyObject_GetAttr(client, s_is_closing) : NULL;
@@ -521,6 +521,7 @@ static PyObject *Reader_attach(Reader *r, PyObject *args, PyObject *kwds)
     r->chat = chat;
     r->client_ids = client_ids;
     r->last_chunk = last_chunk;
+    r->read_usage = read_usage;
     r->attached = 1;
     Py_RETURN_NONE;
 }
@@ -602,7 +603,8 @@ static PyMethodDef Reader_methods[] = {
      "end() -> bool: the connection closed; True when that ends a close-delimited body"},
     {"attach", (PyCFunction)(void (*)(void))Reader_attach, METH_VARARGS | METH_KEYWORDS,
      "attach(client, tracker, usage, names, bounds, high_water, now, chat, client_ids, tail,\n"
-     "last_chunk): `last_chunk`: a clean end writes the stream's last chunk (flag ENDED)"},
+     "last_chunk, read_usage): `last_chunk`: a clean end writes the stream's last chunk (flag\n"
+     "ENDED); `read_usage`: the usage chunk goes to the tracker's Python path"},
     {"settle", (PyCFunction)Reader_settle, METH_NOARGS,
      "settle(): write the counts kept here since the last look back to the tracker"},
     {"gaps", (PyCFunction)Reader_gaps, METH_NOARGS,

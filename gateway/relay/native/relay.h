@@ -58,6 +58,7 @@ typedef struct {
     PyObject *body;    /* list of bytes: the body collected until a relay attaches */
     /* the relay */
     int attached, chat, client_ids, mid_event;
+    int read_usage; /* the tracker reads the usage chunk itself (tracker.py's reads_usage) */
     int last_chunk; /* a clean end also writes the chunked coding's last chunk */
     PyObject *client, *tracker, *usage, *names;
     /* the client transport's methods a read calls, looked up once at attach */

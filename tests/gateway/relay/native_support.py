@@ -142,6 +142,7 @@ def relay_reads(
     chat: bool = True,
     client_ids: bool = False,
     include_usage: bool = False,
+    reads_usage: bool = False,
     served: str | None = None,
     client: ClientSide | None = None,
     lean: bool = False,
@@ -157,7 +158,7 @@ def relay_reads(
     protocol = tapped(conn) if tap else conn
     unit = UnitSide()
     protocol.connection_made(unit)
-    tracker = StreamTracker(chat, client_ids, include_usage) if tracked else None
+    tracker = StreamTracker(chat, client_ids, include_usage, reads_usage) if tracked else None
     usage = None if tracked else UsageReader()
     names = Renamer(served, "public") if served is not None else None
     client = client or ClientSide()
@@ -228,6 +229,7 @@ def _outcome(
             "capable": tracker.capable,
             "template": tracker.template,
             "template_keys": list(tracker.template),  # their order is a continuation's
+            "cached": tracker.cached,
         }
     read = (None, None, None) if usage is None else (usage.prompt, usage.completion, usage.error)
     return Outcome(

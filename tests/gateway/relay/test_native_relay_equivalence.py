@@ -220,6 +220,9 @@ USAGE_CHUNKS = st.sampled_from(
     [
         f'data: {{"id":"c1","choices":[],"usage":{USAGE}}}\n\n',
         f'data: {{"id":"c1","choices":[],"usage":{USAGE},"system_fingerprint":"v"}}\n\n',
+        # vLLM's with --enable-prompt-tokens-details
+        'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":300,"total_tokens":303,'
+        '"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":256}}}\n\n',
         f'data: {{"id":"c1","choices":[],"usage":{USAGE},"error":"late"}}\n\n',
         f'data: {{"id":"c1","choices":[],"usage":{USAGE},"prompt_token_ids":[1]}}\n\n',
         f'data: {{"id":"c1","choices":[],"choices":[],"usage":{USAGE}}}\n\n',
@@ -323,6 +326,7 @@ def test_generated_streams(data: st.DataObject, chat: bool, client_ids: bool, us
     tracked = data.draw(st.booleans())
     served = data.draw(st.sampled_from([None, None, "served"]))
     opts = {"chat": chat, "client_ids": client_ids, "include_usage": usage}
+    opts["reads_usage"] = data.draw(st.booleans())  # the gateway asked for the usage chunk
     py, nat = both(reads, tracked=tracked, served=served, lean=data.draw(st.booleans()), **opts)
     assert_same(py, nat)
 

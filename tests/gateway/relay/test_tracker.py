@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from gateway.proxy.continuation import (
+    asking_usage,
     carried,
     continuation,
     max_new_tokens,
@@ -442,3 +443,51 @@ def test_a_usage_chunk_is_relayed_as_it_came() -> None:
     tracker.capable = True
     tracker.template = {"id": "c"}
     assert tracker._known_shape(event) == event == tracker._event(event)
+
+
+USAGE_CHUNK = sse(
+    {
+        **BASE,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 5,
+            "total_tokens": 8,
+            "prompt_tokens_details": {"cached_tokens": 2},
+        },
+    }
+)
+
+
+@pytest.mark.parametrize("client_asked", [False, True])
+def test_the_usage_chunk_the_gateway_asked_for_is_read_and_shown_only_if_the_client_asked(
+    client_asked: bool,
+) -> None:
+    """The gateway asks for the usage chunk where it predicted the prompt's cached tokens:
+    it reads the unit's count, and the client sees the chunk, details and all, only if it
+    asked for usage itself."""
+    tracker = StreamTracker(True, False, include_usage=client_asked, reads_usage=True)
+    stream = engine_stream(True, TOKENS, "stop")
+    stream.insert(-1, USAGE_CHUNK)
+    out = b"".join(tracker.feed(event) for event in stream)
+    plain = engine_stream(False, TOKENS, "stop")
+    if client_asked:
+        plain.insert(-1, USAGE_CHUNK)
+    assert out == b"".join(plain)
+    assert tracker.cached == 2 and tracker.done
+
+
+def test_a_usage_chunk_the_gateway_did_not_ask_for_is_relayed_unread() -> None:
+    tracker = StreamTracker(True, False, include_usage=True)
+    assert tracker.feed(role_chunk(True)) and tracker.feed(USAGE_CHUNK) == USAGE_CHUNK
+    assert tracker.cached is None
+
+
+def test_asking_for_usage_splices_the_member_or_merges_the_clients_options() -> None:
+    body = b'{"model":"m","stream":true,"messages":[]}'
+    sent = asking_usage(body, orjson.loads(body))
+    assert sent.endswith(body[1:])  # the client's bytes kept, the member spliced in first
+    assert orjson.loads(sent)["stream_options"] == {"include_usage": True}
+    theirs = b'{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":false}}'
+    merged = orjson.loads(asking_usage(theirs, orjson.loads(theirs)))
+    assert merged["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}

@@ -15,7 +15,7 @@ VLLM = Path(__file__).resolve().parents[2] / "data" / "vllm"
 @pytest.mark.parametrize(
     ("name", "usage"),
     [
-        ("responses_stream.sse", Usage(32, 12)),  # response.completed's response.usage
+        ("responses_stream.sse", Usage(32, 12, 0)),  # response.completed's response.usage
         ("messages_stream.sse", Usage(32, 12)),  # message_start, then message_delta
         ("chat_stream_token_ids.sse", Usage(34, 12)),  # the usage chunk
         ("chat_stream_n2.sse", Usage(34, 24)),  # two choices, one usage for both
@@ -38,7 +38,7 @@ def test_a_streams_usage_however_its_reads_are_cut(
 @pytest.mark.parametrize(
     ("name", "usage"),
     [
-        ("responses.json", Usage(32, 12)),
+        ("responses.json", Usage(32, 12, 0)),
         ("messages.json", Usage(32, 12)),
         ("chat_token_ids.json", Usage(34, 12)),
         ("models.json", None),
@@ -69,3 +69,19 @@ def test_text_that_mentions_usage_is_not_usage() -> None:
 )
 def test_an_event_names_a_usage_unless_every_mention_is_null(event: bytes, named: bool) -> None:
     assert says_usage(event) is named
+
+
+def test_the_cached_tokens_a_unit_reports() -> None:
+    """vLLM with --enable-prompt-tokens-details says how many of the prompt's tokens its
+    prefix cache held; without it, nothing (None, not 0: it did not say)."""
+    body = (
+        b'{"usage":{"prompt_tokens":300,"completion_tokens":3,"total_tokens":303,'
+        b'"prompt_tokens_details":{"cached_tokens":256}}}'
+    )
+    assert of_body(body) == Usage(300, 3, 256)
+    assert of_body(b'{"usage":{"prompt_tokens":3,"completion_tokens":1}}') == Usage(3, 1, None)
+    bad = b'{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":"x"}}}'
+    assert of_body(bad) == Usage(3, 0, None)
+    reader = UsageReader()
+    reader.feed(b"data: " + body + b"\n\n")
+    assert reader.usage == Usage(300, 3, 256)
