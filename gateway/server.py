@@ -36,6 +36,7 @@ from gateway.health.gate import BreakerGate
 from gateway.health.prober import Traffic, live_count
 from gateway.health.supervisor import HealthSupervisor
 from gateway.heap import freeze_startup
+from gateway.kvevents.turns import Turns
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
 from gateway.observability import access_log
@@ -62,6 +63,7 @@ from gateway.proxy.dispatch import Dispatcher
 from gateway.proxy.forecast_feed import ForecastFeed
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
+from gateway.proxy.turns_feed import TurnsFeed
 from gateway.proxy.upstream import UpstreamClient
 from gateway.relay.native import resolve
 from gateway.routing.admission import Admission
@@ -211,7 +213,13 @@ class Gateway:
         # a publisher (`kv_events`; its import of zmq is the `kv` extra's), with the path.
         self.kv: KvFleet | None = None
         self.prompts: Prompts | None = None  # each model's tokenizer, with the path
-        self.metrics.registry.register(KvCollector(lambda: self.kv))
+        # Conversations' turns' prompt ids, for models without a tokenizer (kvevents/turns.py).
+        r = self.config.routing
+        keep = r.prefix_scorer == "auto" and r.conversation_tokens > 0 and self.role.public
+        self.turns = Turns(r.conversation_tokens) if keep else None
+        if self.turns is not None:
+            self.signals.subscribe(TurnsFeed(self.turns))
+        self.metrics.registry.register(KvCollector(lambda: self.kv, lambda: self.turns))
         if self.forecast is not None:
             self.signals.subscribe(ForecastFeed(self.forecast, _loop_time))
             ratio = ratio_family()
@@ -269,6 +277,8 @@ class Gateway:
             from gateway.kvevents.fleet import KvFleet
 
             self.kv = KvFleet(self.config.routing.kv_index_blocks, self._vocabulary)
+            if self.turns is not None:  # a unit's cache is known: a turn's ids are worth keeping
+                self.turns.active = True
         return self.kv
 
     async def start(self) -> None:
@@ -303,6 +313,7 @@ class Gateway:
                     prompts=await self._prompts(),
                     depths=self._depths,
                     forecast=self.forecast,
+                    turns=self.turns,
                 )
                 gate = Gatekeeper(self.config.auth, self.keys)
                 workers = self.config.gateway.worker_count if self.role.reuse_port else 1

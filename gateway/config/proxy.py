@@ -188,6 +188,10 @@ class RoutingConfig:
     # gateway computes a request's prompt ids with it, as vLLM does, to find the units
     # holding its blocks. A model without one is routed by the approximate hash.
     tokenizers: dict[str, str] = field(default_factory=dict, hash=False)
+    # For a model without a tokenizer: the prompt ids units reported for conversations' turns,
+    # kept (at most this many tokens, 4 bytes each; 0 = none) so that a conversation's next
+    # turn is routed by the blocks it starts with (gateway/kvevents/turns.py).
+    conversation_tokens: int = 4_000_000
     # Each unit's time to first token and per output token, learned from its answers
     # (gateway/routing/latency.py): "route" sends a request to the unit predicted to answer
     # it soonest (where its prompt ids are known, or no affinity key applies) and flags a unit
@@ -201,6 +205,12 @@ class RoutingConfig:
             "latency_model",
             self.latency_model,
             f"must be one of {LATENCY_MODELS}",
+        )
+        _check(
+            self.conversation_tokens >= 0,
+            "conversation_tokens",
+            self.conversation_tokens,
+            "must be >= 0",
         )
         _check(self.kv_index_blocks >= 1, "kv_index_blocks", self.kv_index_blocks, "must be >= 1")
         _check(

@@ -66,9 +66,28 @@ COUNTERS = (
 )
 
 
+class TurnsView(Protocol):
+    """Conversations' kept turns (gateway/kvevents/turns.py)."""
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def hits(self) -> int: ...
+
+    @property
+    def misses(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
 class KvCollector(Collector):
-    def __init__(self, view: Callable[[], KvView | None]) -> None:
-        self.view = view
+    def __init__(
+        self,
+        view: Callable[[], KvView | None],
+        turns: Callable[[], TurnsView | None] = lambda: None,
+    ) -> None:
+        self.view, self.turns = view, turns
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         view = self.view()
@@ -99,3 +118,25 @@ class KvCollector(Collector):
             " missed, or evicted from the index).",
             value=orphans,
         )
+        turns = self.turns()
+        if turns is None:
+            return
+        yield GaugeMetricFamily(
+            "unitgate_conversation_turns",
+            "Conversations whose last turn's prompt ids are kept, for routing their next turn"
+            " where the model has no tokenizer here.",
+            value=len(turns),
+        )
+        yield GaugeMetricFamily(
+            "unitgate_conversation_tokens",
+            "Prompt ids those turns hold (at most [routing].conversation_tokens).",
+            value=turns.tokens,
+        )
+        lookups = CounterMetricFamily(
+            "unitgate_conversation_lookups",
+            "Next turns looked up among the kept ones: `hit` (its start is known) or `miss`.",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], turns.hits)
+        lookups.add_metric(["miss"], turns.misses)
+        yield lookups

@@ -41,6 +41,7 @@ class Call:
         "last_error",
         "lease",
         "method",
+        "partial",
         "path",
         "placed",
         "prompt_ids",
@@ -54,6 +55,7 @@ class Call:
         "tracker",
         "tried",
         "ttft",
+        "turn",
         "unit",
         "unit_priority",
         "usage",
@@ -85,6 +87,10 @@ class Call:
         # Its prompt's token ids as a unit computes them, where the gateway knows them and
         # units report their caches (kvevents): routing's, until an attempt is answered.
         self.prompt_ids: Sequence[int] | None = None
+        # Whether those are only where its prompt begins: an earlier turn's (kvevents/turns.py).
+        self.partial = False
+        # The key its prompt ids are kept under for the conversation's next turn, if they are.
+        self.turn: bytes | None = None
         # The current attempt's placement, as the latency forecast sees it (dispatch.py).
         self.placed: Placed | None = None
         # What the next attempt sends: the client's own request, or a continuation of it.

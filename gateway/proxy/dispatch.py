@@ -30,6 +30,7 @@ from gateway.units import UnitRegistry, UnitState
 
 if TYPE_CHECKING:
     from gateway.kvevents.prompts import Prompts
+    from gateway.kvevents.turns import Turns
 
 # How many of a prompt's leading tokens each of the units holds (gateway/kvevents).
 CacheDepths = Callable[[Sequence[int], Iterable[str]], Mapping[str, int]]
@@ -53,12 +54,15 @@ class Dispatcher:
         prompts: Prompts | None = None,
         depths: CacheDepths | None = None,
         forecast: Forecast | None = None,
+        turns: Turns | None = None,
     ) -> None:
         """`prompts` computes a request's prompt ids at intake, `depths` says which units'
         caches hold their blocks (both None: routing by load and affinity alone); `forecast`
-        predicts each unit's latency (None: `[routing] latency_model = "off"`)."""
+        predicts each unit's latency (None: `[routing] latency_model = "off"`); `turns`
+        keeps conversations' turns' prompt ids, for a model without a tokenizer."""
         self.config = config
         self.prompts = prompts
+        self.turns = turns
         self.depths = depths
         self.forecast = forecast
         self.by_latency = forecast is not None and config.routing.latency_model == "route"
@@ -214,7 +218,10 @@ class Dispatcher:
         prefix key keeps its locality, a session its unit). The placement is left on the
         call for the forecast's feed, with the unit's predicted TTFT."""
         ids = call.prompt_ids
-        prompt = len(ids) if ids is not None else len(call.send_body) // BYTES_PER_TOKEN
+        by_bytes = len(call.send_body) // BYTES_PER_TOKEN
+        prompt = by_bytes if ids is None else len(ids)
+        if call.partial:  # an earlier turn's ids are only where the prompt begins
+            prompt = max(prompt, by_bytes)
         slo, shed = self.slos.get(call.lease.ask.klass, (None, False))
         estimates = None
         free = ids is not None or call.key is None  # no affinity asks for a unit

@@ -80,7 +80,7 @@ class ProxyHandler:
         self.admission: Admission = dispatcher.admission
         self.signals: Signals[Call] = dispatcher.signals
         self.stored = stored.StoredResponses(config, dispatcher.units, dispatcher.upstream)
-        self.intake = Intake(config, self.stored, dispatcher.prompts)
+        self.intake = Intake(config, self.stored, dispatcher.prompts, dispatcher.turns)
         self.context = ProxyContext(config, dispatcher, live)
 
         # The POST routes' handlers: `_proxy` itself with the path bound (partials, not

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.auth.caller import Caller
 from gateway.config import Config
+from gateway.kvevents.turns import keys
 from gateway.paths import RESPONSES_PATH, RESUMABLE
 from gateway.proxy.call import Call
 from gateway.proxy.continuation import (
@@ -39,6 +40,7 @@ from gateway.routing.affinity import affinity_key
 
 if TYPE_CHECKING:
     from gateway.kvevents.prompts import Prompts
+    from gateway.kvevents.turns import Turns
 
 Validator = Callable[[dict[str, Any], Served, int], RequestInfo]
 
@@ -73,12 +75,18 @@ def request_id(headers: Mapping[str, str]) -> str:
 
 class Intake:
     def __init__(
-        self, config: Config, stored: StoredResponses, prompts: Prompts | None = None
+        self,
+        config: Config,
+        stored: StoredResponses,
+        prompts: Prompts | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self.config = config
         self.stored = stored  # which unit holds which stored response
         # Each model's tokenizer, for a prompt's ids (None: routing by the prefix hash only)
         self.prompts = prompts
+        # Conversations' earlier turns' prompt ids, for a model without a tokenizer
+        self.turns = turns
         r = config.routing
         self.prefix_affinity = r.prefix_scorer != "off"
         self.served = Served.of(config.gateway.models, config.gateway.default_model)
@@ -109,11 +117,29 @@ class Intake:
         session = request.headers.get("x-session-id") or info.user
         mode = self.config.routing.affinity
         key = affinity_key(mode, session, info.prefix if self.prefix_affinity else "")
-        if self.prompts is not None and not (session and "session" in mode):
+        sessioned = bool(session and "session" in mode)
+        if self.prompts is not None and not sessioned:
             # Session affinity wins; else the units' caches are asked first (dispatch.py).
             ids = self.prompts.ids(info.model, call.chat, data)
             call.prompt_ids = ids if ids else None
+        turns = self.turns  # (a session's turns go to its unit: nothing to look up)
+        if turns is not None and turns.active and call.chat and not sessioned:
+            self.earlier_turn(call, data.get("messages"))
         self.accept(call, info, key, body, data)
+
+    def earlier_turn(self, call: Call, messages: object) -> None:
+        """Without a tokenizer for the model: the key its prompt ids are kept under for the
+        next turn (proxy/turns_feed.py keeps them once its unit said them), and the prompt
+        ids of the conversation's earlier turn, where it continues one this gateway served
+        (where its prompt begins)."""
+        if call.prompt_ids is not None:
+            return  # known exactly, from the model's tokenizer
+        assert self.turns is not None
+        call.turn, earlier = keys(messages)
+        if earlier is not None:
+            found = self.turns.get(earlier)
+            if found is not None:
+                call.prompt_ids, call.partial = found, True
 
     def ask(self, call: Call, request: Exchange, data: dict[str, Any], size: int) -> None:
         """What the request asks of admission: its class, its tenant, its size."""

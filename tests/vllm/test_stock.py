@@ -427,6 +427,49 @@ async def test_a_prompt_cached_on_one_server_draws_its_requests_there(
         assert f'{{source="reported",unit="s1"}} {8 * held}' in metrics
 
 
+async def test_without_a_tokenizer_a_conversations_next_turn_goes_where_its_start_is_cached(
+    stock: list[Stock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tokenizer for the model: the gateway keeps each streamed turn's prompt ids as the
+    unit reported them, and a conversation's next turn, which starts with them, goes to the
+    unit whose cache holds them (placed by load alone, four in a row to the right unit is one
+    chance in sixteen)."""
+    from gateway.kvevents.turns import digest
+
+    monkeypatch.setenv("S1_KEY", KEY)
+    async with (
+        running(config_from_dict(stock_config(stock, {}))) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        await until_routable(gw, within=60.0)
+        kv, turns = gw.kv, gw.turns
+        assert kv is not None and turns is not None
+        url = gw.public_url + "/v1/chat/completions"
+        for n in range(4):
+            system = f"Conversation {n}: you are the shop's assistant for item {n}. " * 40
+            first = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+            body = {"model": PUBLIC, "messages": first, "max_tokens": 2, "stream": True}
+            async with http.post(url, json=body) as r:
+                assert r.status == 200, await r.text()
+                served = r.headers["x-unitgate-unit"]
+                await r.read()
+            kept = turns.peek(digest(first))
+            assert kept is not None and len(kept) > 3 * 128
+            await until(
+                lambda kept=kept, served=served: kv.depths(kept, [served]).get(served, 0) > 0,
+                30.0,
+                f"{served}'s blocks of conversation {n}",
+            )
+            answer = {"role": "assistant", "content": "Hello!"}
+            second = [*first, answer, {"role": "user", "content": "A tent?"}]
+            body = {"model": PUBLIC, "messages": second, "max_tokens": 2, "stream": True}
+            async with http.post(url, json=body) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["x-unitgate-unit"] == served, f"conversation {n}"
+                await r.read()
+        assert (turns.hits, len(turns)) == (4, 8)
+
+
 async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_text(
     gateway: Gateway, stock: list[Stock], record_property: Any
 ) -> None:
