@@ -26,7 +26,8 @@ VLLM_VENV  := .venv-vllm
 VPY        := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm
 
-.PHONY: run test test-main test-vllm check lint format bench bench-vllm vllm-env conformance clean
+.PHONY: run test test-main test-vllm check lint format bench bench-vllm bench-prefix vllm-env \
+	conformance clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -166,6 +167,14 @@ bench: $(TEST_STAMP)
 
 bench-vllm: $(VLLM_STAMP)
 	$(VPY) -m loadtest.bench.vllm --out bench-out
+
+# Prefix routing against two stock vLLM servers (about 12 minutes on 2 cores): the gateway by
+# load, by its approximate prefix hash and by the units' KV events (with and without its
+# latency model), beside vllm-router's cache_aware. The gateway, vllm-router and the load run
+# from .venv (extras kv and bench), the servers from .venv-vllm.
+bench-prefix: $(TEST_STAMP) $(VLLM_STAMP)
+	$(INSTALL) -e '.[test,engine,loadtest,kv,bench]'
+	$(PY) -m loadtest.bench.prefix --out bench-out --vllm-python $(VPY)
 
 # vLLM's own OpenAI-server tests (its tests/entrypoints, from the pinned sdist) against a stock
 # vLLM directly and through the gateway in front of two; prints the tests that pass directly

