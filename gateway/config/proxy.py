@@ -177,7 +177,8 @@ class RoutingConfig:
     stored_responses: int = 100_000
     stored_response_ttl: float = 86_400.0
     # Cached blocks the gateway's KV index keeps at most, over all units with `kv_events`
-    # (about 400 bytes a block held by one unit), the least recently stored or matched first out.
+    # (RSS: about 440 bytes a block held by one unit, 170 more for each other unit holding it;
+    # loadtest.bench.kv_costs), the least recently stored or matched first out.
     kv_index_blocks: int = 1_000_000
     # Where a prompt's prefix is cached: "auto" (from the units' KV events where a unit names
     # its publisher, `kv_events`, and a request's prompt ids are known; the approximate

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from gateway.kvevents.keys import ROOT, chain
+from gateway.kvevents.keys import ROOT, chain_packed, packed
 from gateway.kvevents.wire import Batch, Cleared, EngineHash, Removed, Stored
 
 
@@ -68,9 +68,9 @@ class KvIndex:
             self.orphans += len(event.block_hashes)
             return 0
         size = self._block_size[unit] = event.block_size
-        tokens = event.token_ids
+        tokens = packed(event.token_ids)
         for i, engine_hash in enumerate(event.block_hashes):
-            parent = chain(parent, tokens[i * size : (i + 1) * size], event.extra)
+            parent = chain_packed(parent, tokens[i * size : (i + 1) * size], event.extra)
             old = keys.get(engine_hash)
             if old is not None and old != parent:
                 self._leave(unit, old)

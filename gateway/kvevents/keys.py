@@ -19,20 +19,34 @@ ROOT = 0  # the parent key of a prompt's first block
 _EXTRA = b"extra"
 
 
-def chain(parent: int, tokens: Sequence[int], extra: bool = False) -> int:
-    """The key of the block holding `tokens` after the block keyed `parent`."""
+def packed(tokens: Sequence[int]) -> memoryview:
+    """Token ids as the keys hash them: 32-bit integers (every vocabulary fits), viewed
+    without a copy where they already are (a prompt's ids: prompts.py, the tracker)."""
+    if isinstance(tokens, array) and tokens.typecode == "i":
+        return memoryview(tokens)
+    return memoryview(array("i", tokens))
+
+
+def chain_packed(parent: int, tokens: memoryview, extra: bool = False) -> int:
+    """`chain` of a block's ids as `packed` gives them (a slice of them)."""
     h = blake2b(parent.to_bytes(8, "little"), digest_size=8)
     if extra:
         h.update(_EXTRA)
-    h.update(array("q", tokens).tobytes())
+    h.update(tokens)
     return int.from_bytes(h.digest(), "little")
+
+
+def chain(parent: int, tokens: Sequence[int], extra: bool = False) -> int:
+    """The key of the block holding `tokens` after the block keyed `parent`."""
+    return chain_packed(parent, packed(tokens), extra)
 
 
 def block_keys(tokens: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
     """The keys of `tokens`' full blocks of `block_size` (a partial last block has none: an
-    engine caches only full blocks)."""
+    engine caches only full blocks). The ids are packed once and hashed slice by slice."""
+    view = packed(tokens)
     keys = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = chain(parent, tokens[start : start + block_size])
+    for start in range(0, len(view) - block_size + 1, block_size):
+        parent = chain_packed(parent, view[start : start + block_size])
         keys.append(parent)
     return keys

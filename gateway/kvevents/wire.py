@@ -17,6 +17,7 @@ this shape raises WireError saying what is wrong with it.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -134,8 +135,8 @@ def _stored(fields: dict[str, Any]) -> Stored:
     if parent is not None and not _is_hash(parent):
         raise WireError(f"parent_block_hash is bytes, an integer or null, not {parent!r}")
     tokens = fields.get("token_ids")
-    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
-        raise WireError("BlockStored.token_ids is an array of integers")
+    if not isinstance(tokens, list) or not _ids(tokens):
+        raise WireError("BlockStored.token_ids is an array of 32-bit integers")
     size = fields.get("block_size")
     if not _is_int(size) or size <= 0:
         raise WireError(f"BlockStored.block_size is a positive integer, not {size!r}")
@@ -166,6 +167,16 @@ def _group(fields: dict[str, Any]) -> int:
     if not _is_int(group) or group < 0:
         raise WireError(f"group_idx is a non-negative integer, not {group!r}")
     return int(group)
+
+
+def _ids(tokens: list[Any]) -> bool:
+    """Whether every item is a token id: a 32-bit integer, checked in C as the keys pack
+    them (a msgpack true or false passes as 1 or 0: a garbled id, no worse than any other)."""
+    try:
+        array("i", tokens)
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -10,9 +10,12 @@ cache does not hold, with the prefill queued ahead and the requests it runs, plu
 predicted time per output token at one more running request, times `DECODE_HORIZON`: a unit
 whose decode batch is full answers the first token soon but the next ones slowly.
 
-Learning costs about 25 us of Python per request (two recursive least-squares updates), so each
-unit learns from at most one first token and one answer's pace per `learn_every` seconds: at
-the rates where that would matter, the observations are plentiful anyway.
+Learning costs about 30 us of Python per request (two recursive least-squares updates; more
+on a loop whose caches the relay keeps cold), so once a unit's fit is learned, and while its
+answers do not surprise it, it learns from at most one first token and one answer's pace per
+`learn_every` seconds: at the rates where that would matter, the observations are plentiful.
+Until then it learns from every answer, so that a new unit is learned, and a changed one
+relearned, within a few answers.
 
 The queue is this gateway's own knowledge: other replicas' requests on a unit show only in
 its running count (`UnitState.foreign`, from its leader's load report).
@@ -21,7 +24,7 @@ its running count (`UnitState.foreign`, from its leader's load report).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.routing.latency import UnitLatency
 
@@ -44,8 +47,7 @@ FIGURES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
+class Estimate(NamedTuple):
     ttft: float  # predicted seconds to the first token
     cost: float  # ttft plus DECODE_HORIZON tokens at the unit's predicted pace
 
@@ -82,7 +84,7 @@ class Placed:
 
 
 class Forecast:
-    def __init__(self, forget: float = 0.99, least: int = 20, learn_every: float = 0.05) -> None:
+    def __init__(self, forget: float = 0.99, least: int = 20, learn_every: float = 0.5) -> None:
         self.forget, self.least, self.learn_every = forget, least, learn_every
         self.units: dict[str, UnitLatency] = {}
         self.queued: dict[str, int] = {}  # unit -> uncached prompt tokens sent, not yet answered
@@ -90,10 +92,15 @@ class Forecast:
         self._learned: dict[str, list[float]] = {}
 
     def _due(self, unit: str, which: int, now: float) -> bool:
+        """Whether the unit's model learns from this answer (of `which`: 0 its first token, 1
+        its pace)."""
         times = self._learned.get(unit)
         if times is None:
             times = self._learned[unit] = [-float("inf"), -float("inf")]
-        if now - times[which] < self.learn_every:
+        model = self.units.get(unit)
+        fit = None if model is None else model.ttft if which == 0 else model.tpot
+        settled = fit is not None and fit.samples >= self.least and not fit.surprised
+        if settled and now - times[which] < self.learn_every:
             return False
         times[which] = now
         return True
@@ -117,10 +124,14 @@ class Forecast:
         model = self.units.get(unit)
         if model is None or not model.learned:
             return None
-        ttft = model.predict_ttft(uncached, self.queued.get(unit, 0), running)
-        tpot = model.predict_tpot(running + 1)
-        assert ttft is not None and tpot is not None  # learned
-        return Estimate(ttft, ttft + DECODE_HORIZON * tpot)
+        # UnitLatency.predict_ttft and predict_tpot, inline: asked of every candidate of every
+        # request, where the calls and their tuples cost more than the arithmetic.
+        a, b, c, d = model.ttft.theta
+        ttft = a + b * uncached / 1000 + c * self.queued.get(unit, 0) / 1000 + d * running
+        ttft = ttft if ttft > 0.0 else 0.0
+        e, f = model.tpot.theta
+        tpot = e + f * (running + 1)
+        return Estimate(ttft, ttft + DECODE_HORIZON * (tpot if tpot > 0.0 else 0.0))
 
     def estimates(
         self, units: Iterable[tuple[str, int]], prompt: int, cached: Mapping[str, int]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from operator import mul
 
 MAX_VARIANCE = 1e6
 PRIOR_VARIANCE = 1e3
@@ -54,26 +55,29 @@ class Rls:
         return [[PRIOR_VARIANCE if i == j else 0.0 for j in range(n)] for i in range(n)]
 
     def predict(self, x: Sequence[float]) -> float:
-        return sum(t * v for t, v in zip(self.theta, x, strict=True))
+        return float(sum(map(mul, self.theta, x)))
 
     def update(self, x: Sequence[float], y: float) -> None:
-        if not math.isfinite(y) or not all(math.isfinite(v) for v in x):
+        # (map and zip over rows keep the arithmetic in C: a third of the loops' time)
+        if not math.isfinite(y) or not all(map(math.isfinite, x)):
             return
+        predicted = self.predict(x)
         if self.samples:
-            self._judge(self.predict(x), y)
-        n, p, lam = len(self.theta), self.p, self.forget
-        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        denominator = lam + sum(x[i] * px[i] for i in range(n))
-        gain = [v / denominator for v in px]
-        error = y - self.predict(x)
+            self._judge(predicted, y)
+        p, inverse = self.p, 1.0 / self.forget
+        px = [sum(map(mul, row, x)) for row in p]
+        scale = 1.0 / (self.forget + sum(map(mul, x, px)))
+        gain = [v * scale for v in px]
+        error = y - predicted  # (a reset by _judge leaves theta as it was)
         self.theta = [t + g * error for t, g in zip(self.theta, gain, strict=True)]
-        for i in range(n):
-            for j in range(n):
-                p[i][j] = (p[i][j] - gain[i] * px[j]) / lam
-        for i in range(n):
-            if p[i][i] > MAX_VARIANCE:  # an unexcited direction: hold its uncertainty there
-                scale = math.sqrt(MAX_VARIANCE / p[i][i])
-                for j in range(n):
+        p = self.p = [
+            [(pij - gi * pxj) * inverse for pij, pxj in zip(row, px, strict=True)]
+            for row, gi in zip(p, gain, strict=True)
+        ]
+        for i, row in enumerate(p):
+            if row[i] > MAX_VARIANCE:  # an unexcited direction: hold its uncertainty there
+                scale = math.sqrt(MAX_VARIANCE / row[i])
+                for j in range(len(p)):
                     p[i][j] *= scale
                     p[j][i] *= scale
         self.samples += 1

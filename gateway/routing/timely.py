@@ -35,5 +35,10 @@ def pick_timely(
         missed = slo is not None and e.ttft > slo
         return missed, e.ttft if missed else e.cost, weighted_load(unit)
 
-    ordered = sorted((u for u in units if u.id in estimates), key=rank)
-    return first_within_bound(ordered, units, factor)
+    ranked = [u for u in units if u.id in estimates]
+    if not ranked:
+        return None
+    best = min(ranked, key=rank)  # most often within the bound: no sort
+    return first_within_bound((best,), units, factor) or first_within_bound(
+        sorted(ranked, key=rank), units, factor
+    )

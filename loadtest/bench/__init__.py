@@ -12,6 +12,9 @@
     prefix         prefix routing in front of stock vLLM: by load, approximate, vllm-router's
                    cache_aware, the units' KV events with and without the latency model
                    (`make bench-prefix`, both venvs)
+    kv_costs       what the KV events cost one process: the index's memory a block, events
+                   read a second, precise routing's CPU a request, each worker's share (in
+                   process)
 
 A benchmark that is one module is `<name>.py`; one with more is a package `<name>/` whose
 `__init__` says what it measures, `__main__` runs `cli.main`, and the rest are its own parts.

@@ -69,17 +69,30 @@ def test_the_cost_is_the_predicted_ttft_plus_the_decode_horizon() -> None:
     assert figures["tpot_base"] + figures["tpot_per_running"] == pytest.approx(0.02, rel=0.05)
 
 
-def test_learning_is_rate_limited_per_unit() -> None:
-    f = Forecast(learn_every=0.05)
-    for i in range(10):  # ten first tokens within 10 ms: the first one teaches
+def test_a_learned_unit_learns_at_most_once_a_period_until_it_is_surprised() -> None:
+    f = Forecast(least=5, learn_every=0.5)
+    now = 1.0
+
+    def answer(seconds: float) -> None:
+        nonlocal now
         placed = Placed("a", 100, 0, None)
-        f.sent(placed, 0, 1.0)
-        f.first_token(placed, 1.001 + i * 0.001)
-    assert f.units["a"].ttft.samples == 1
-    placed = Placed("a", 100, 0, None)
-    f.sent(placed, 0, 1.1)
-    f.first_token(placed, 1.2)
-    assert f.units["a"].ttft.samples == 2 and f.queued["a"] == 0  # all answered
+        f.sent(placed, 0, now)
+        f.first_token(placed, now + seconds)
+        now += 0.01
+
+    for _ in range(10):  # until learned (5), every answer teaches; then one a half second
+        answer(0.1)
+    fit = f.units["a"].ttft
+    assert fit.samples == 5 and f.queued["a"] == 0  # all answered
+    now += 0.5
+    answer(0.1)
+    answer(0.5)  # five times the prediction, but within the half second: not seen
+    assert fit.samples == 6
+    now += 0.5
+    answer(0.5)  # seen: a surprise, so the next answers all teach until it is settled
+    answer(0.5)
+    answer(0.5)  # the third surprise in a row resets the fit's certainty
+    assert fit.samples == 9 and fit.surprised == 0
 
 
 def test_a_lagging_unit_is_named_with_its_ratio() -> None:
