@@ -198,7 +198,10 @@ class RoutingConfig:
     # it soonest (where its prompt ids are known, or no affinity key applies) and flags a unit
     # whose prefill drifts far above the fleet's as slow; "observe" learns, exports and flags
     # without routing by it; "off" neither.
-    latency_model: str = "route"
+    # "observe" by default: routing by it trades a cache hit for a shorter queue without
+    # counting the eviction that causes, which the prefix benchmark shows can cost hit rate
+    # under KV pressure (docs/benchmarks.md).
+    latency_model: str = "observe"
 
     def __post_init__(self) -> None:
         _check(

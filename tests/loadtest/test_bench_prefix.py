@@ -115,6 +115,10 @@ unitgate_kv_events_bad_frames_total{unit="v0"} 0.0
 unitgate_kv_index_blocks 77.0
 # TYPE unitgate_kv_index_orphans counter
 unitgate_kv_index_orphans_total 3.0
+# TYPE unitgate_prefix_predictions counter
+unitgate_prefix_predictions_total{outcome="exact",unit="v0"} 18.0
+unitgate_prefix_predictions_total{outcome="exact",unit="v1"} 1.0
+unitgate_prefix_predictions_total{outcome="over",unit="v1"} 1.0
 """
 
 
@@ -144,6 +148,9 @@ def test_the_gateways_kv_figures_counters_as_deltas_gauges_as_they_end() -> None
         "orphans": 3.0,
         "index_blocks": 77.0,
         "trusted_units": 1.0,
+        "predicted_exact": 19.0,
+        "predicted_over": 1.0,
+        "predicted_under": 0.0,
     }
     before = after | {"batches": 40.0, "index_blocks": 0.0, "orphans": 3.0}
     deltas = scrape.kv_deltas(before, after)
@@ -184,7 +191,11 @@ def test_the_markdown_table_has_a_row_per_mode_and_the_kv_table_the_precise_ones
         == "| 76% (12 groups) | load | 2.00 | 3.00 | 3.00 | 6.0 | 20% (of 70%) | 50% | 1/3 |"
     )
     assert lines[3].startswith("| 76% (12 groups) | precise | 0.25 | 0.50 |")
-    kv_head = lines.index("| working set | index blocks | event batches | replays | drops"
-                          " | bad frames | orphans | trusted units |")  # fmt: skip
-    assert lines[kv_head + 2] == "| 76% (12 groups) | 77 | 42 | 2 | 0 | 0 | 3 | 1 |"
+    kv_head = lines.index("| working set | mode | index blocks | event batches | replays | drops"
+                          " | bad frames | orphans | trusted units"
+                          " | cached tokens predicted within 5% |")  # fmt: skip
+    assert (
+        lines[kv_head + 2]
+        == "| 76% (12 groups) | precise | 77 | 42 | 2 | 0 | 0 | 3 | 1 | 95% of 20 |"
+    )
     assert len(lines) == kv_head + 3 + 2 and lines[-1] == "- a note"

@@ -74,6 +74,9 @@ def fleet(
                     tmp,
                     f"vllm{i}",
                     model,
+                    # each answer's usage says its cached tokens, which the gateway checks its
+                    # predictions against
+                    "--enable-prompt-tokens-details",
                     cpu=i,
                     kv=True,
                     kv_cache_bytes=kv_cache_bytes,

@@ -21,8 +21,8 @@ COLUMNS = (
     "busiest unit", "failed",
 )  # fmt: skip
 KV_COLUMNS = (
-    "working set", "index blocks", "event batches", "replays", "drops", "bad frames", "orphans",
-    "trusted units",
+    "working set", "mode", "index blocks", "event batches", "replays", "drops", "bad frames",
+    "orphans", "trusted units", "cached tokens predicted within 5%",
 )  # fmt: skip
 KV_KEYS = ("index_blocks", "batches", "replays", "drops", "bad_frames", "orphans", "trusted_units")
 
@@ -84,7 +84,17 @@ def cells(r: Mapping[str, Any]) -> list[str]:
 
 
 def kv_cells(r: Mapping[str, Any]) -> list[str]:
-    return [_working_set(r), *(f"{r['kv'][key]:g}" for key in KV_KEYS)]
+    kv = r["kv"]
+    return [_working_set(r), r["mode"], *(f"{kv[key]:g}" for key in KV_KEYS), _predicted(kv)]
+
+
+def _predicted(kv: Mapping[str, float]) -> str:
+    """The share of requests whose cached tokens the gateway predicted within 5% of the
+    server's count, of those the server counted."""
+    counted = sum(kv.get(f"predicted_{o}", 0.0) for o in scrape.OUTCOMES)
+    if not counted:
+        return "-"
+    return f"{kv.get('predicted_exact', 0.0) / counted:.0%} of {counted:g}"
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], notes: Sequence[str]) -> str:

@@ -12,13 +12,12 @@ another is measured:
   tree of the prompts' text per worker, load balancing past its thresholds).
 - `precise`: `prefix_scorer = "auto"` with every unit's KV events (`kv_events`,
   `kv_events_replay`) and the model's tokenizer (`[routing] tokenizers`), the latency model
-  off: to the unit holding the most of the prompt.
-- `predicted`: the same, with the latency model routing (`latency_model = "route"`, the
-  default): to the unit predicted to answer soonest, its cached tokens counted, once each
+  observing (the default): to the unit holding the most of the prompt.
+- `predicted`: the same, with the latency model routing (`latency_model = "route"`): to the
+  unit predicted to answer soonest, its cached tokens counted, once each
   unit's speed is learned (20 answers each).
 
-The load-only and approximate modes run with the latency model off: they are today's
-routing without it.
+The load-only and approximate modes run with the latency model off.
 """
 
 from __future__ import annotations
@@ -40,7 +39,9 @@ MODES = ("load", "approximate", "vllm-router", "precise", "predicted")
 ROUTING = {
     "load": ("none", "off", "off"),
     "approximate": ("session+prefix", "approximate", "off"),
-    "precise": ("session+prefix", "auto", "off"),
+    # observed, not routed by: routes as with it off, and predicts each request's cached
+    # tokens, which the servers' counts check
+    "precise": ("session+prefix", "auto", "observe"),
     "predicted": ("session+prefix", "auto", "route"),
 }
 # The modes that read the units' KV events.

@@ -22,6 +22,10 @@ KV_COUNTERS = {
     "bad_frames": "unitgate_kv_events_bad_frames_total",
     "orphans": "unitgate_kv_index_orphans_total",
 }
+# How the gateway's predictions of each request's cached tokens compared with the server's
+# own count (`cached_tokens`, with --enable-prompt-tokens-details), by outcome.
+PREDICTIONS = "unitgate_prefix_predictions_total"
+OUTCOMES = ("exact", "over", "under")
 KV_BLOCKS = "unitgate_kv_index_blocks"
 KV_TRUSTED = "unitgate_kv_events_trusted"
 
@@ -31,9 +35,14 @@ def _samples(text: str) -> Iterator[Sample]:
         yield from family.samples
 
 
-def total(text: str, name: str) -> float:
-    """The sum of a sample's values over all its label sets (a server's engines; units)."""
-    return sum(s.value for s in _samples(text) if s.name == name)
+def total(text: str, name: str, **labels: str) -> float:
+    """The sum of a sample's values over all its label sets (a server's engines; units), or
+    over those with `labels`."""
+    return sum(
+        s.value
+        for s in _samples(text)
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,7 @@ def busiest_share(deltas: Mapping[str, Cache]) -> float:
 def kv_figures(text: str) -> dict[str, float]:
     """The gateway's KV counters (summed over units), its index's size and trusted units."""
     figures = {key: total(text, name) for key, name in KV_COUNTERS.items()}
+    figures |= {f"predicted_{o}": total(text, PREDICTIONS, outcome=o) for o in OUTCOMES}
     figures["index_blocks"] = total(text, KV_BLOCKS)
     figures["trusted_units"] = total(text, KV_TRUSTED)
     return figures
@@ -82,4 +92,5 @@ def kv_figures(text: str) -> dict[str, float]:
 
 def kv_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """Counters over a window; the index's size and trust as they stand at its end."""
-    return {key: after[key] - before[key] if key in KV_COUNTERS else after[key] for key in after}
+    counters = {*KV_COUNTERS, *(f"predicted_{o}" for o in OUTCOMES)}
+    return {key: after[key] - before[key] if key in counters else after[key] for key in after}

@@ -61,10 +61,10 @@ def notes(
         " requests in flight (with two units, the less loaded one), not a strict round robin."
         " approximate = prefix_scorer approximate (the first prefix_chars of the prompt)."
         " vllm-router = its cache_aware policy at its defaults. precise = prefix_scorer auto"
-        " with every unit's KV events and the model's tokenizer, the latency model off."
-        " predicted = the same with the latency model routing (the default): to the unit"
+        " with every unit's KV events and the model's tokenizer, the latency model observing."
+        " predicted = the same with the latency model routing (latency_model route): to the unit"
         " predicted to answer soonest once each unit has 20 answers. The other gateway modes"
-        " run with the latency model off.",
+        " run with it off.",
         "Fleet hit rate = all servers' vllm:prefix_cache_hits_total over"
         " vllm:prefix_cache_queries_total (prompt tokens) during the mode; in brackets the"
         " ceiling, where only each group's first request misses. Busiest unit = the largest"

@@ -30,10 +30,31 @@ def learned(ttft: dict[str, float], least: int = 5) -> Forecast:
     return forecast
 
 
+async def test_observing_the_forecast_leaves_routing_as_it_was(rigs: Make) -> None:
+    """`latency_model = "observe"` (the default): the prediction is made and left on the
+    call for the metrics, and the unit is picked as without a forecast."""
+    async with serve_app(answering([])) as a, serve_app(answering([])) as b:
+        forecast = learned({"a": 0.4, "b": 0.05})
+        rig = rigs([("a", a, HEAVY), ("b", b, HEAVY)], forecast=forecast)
+        served = set()
+        for _ in range(12):  # by load alone, twelve in a row to b is one chance in 4,096
+            call = rig.call()
+            with call.lease:
+                unit, answer = await rig.dispatcher.open(call)
+                served.add(unit.id)
+                assert call.placed is not None and call.placed.predicted is not None
+                rig.upstream.finish(answer)
+        assert served == {"a", "b"}
+
+
 async def test_the_unit_predicted_soonest_gets_the_request(rigs: Make) -> None:
     async with serve_app(answering([])) as a, serve_app(answering([])) as b:
         # seed 7 explores on none of these picks (EXPLORE: 5% go by load alone)
-        rig = rigs([("a", a, HEAVY), ("b", b, HEAVY)], forecast=learned({"a": 0.4, "b": 0.05}))
+        rig = rigs(
+            [("a", a, HEAVY), ("b", b, HEAVY)],
+            forecast=learned({"a": 0.4, "b": 0.05}),
+            routing={"latency_model": "route"},
+        )
         for _ in range(5):
             call = rig.call()
             with call.lease:
@@ -60,6 +81,7 @@ async def test_a_target_no_unit_meets_sheds_the_request_or_takes_the_soonest(
             [("a", a, HEAVY), ("b", b, HEAVY)],
             forecast=forecast,
             priority={"classes": classes, "default": "standard"},
+            routing={"latency_model": "route"},
         )
         call = rig.call()
         call.lease.ask = Ask("interactive")
