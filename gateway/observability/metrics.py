@@ -103,6 +103,15 @@ class Metrics:
             ["unit", "model", "type"],
             registry=r,
         )
+        self.routed = CounterFamily(
+            "unitgate_routing_decisions",
+            "Attempts placed, by how their unit was chosen: predicted (the latency model),"
+            " cached (the longest prefix the units' KV events show), affinity (a session or the"
+            " prefix hash), load (power of two choices), home (the unit holding a stored"
+            " response).",
+            ["how"],
+            registry=r,
+        )
         self.rejections = Counter(
             "unitgate_admission_rejections",
             "Requests refused by admission control.",

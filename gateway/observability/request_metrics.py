@@ -40,6 +40,7 @@ class MetricsObserver(Observer[Call]):
         self._series: dict[tuple[str, str], _Series] = {}
         self._requests: dict[tuple[str, str, int], CounterChild] = {}
         self._waits: dict[str, Histogram] = {}
+        self._routed: dict[str, CounterChild] = {}
 
     def _of(self, unit: str, model: str) -> _Series:
         series = self._series.get((unit, model))
@@ -64,6 +65,11 @@ class MetricsObserver(Observer[Call]):
         if wait is None:
             wait = self._waits[klass] = self.m.queue_wait.labels(klass)
         wait.observe(waited)
+        how = call.routed or "load"
+        routed = self._routed.get(how)
+        if routed is None:
+            routed = self._routed[how] = self.m.routed.labels(how)
+        routed.inc()
 
     def attempt_failed(
         self, call: Call, unit: UnitState, error: UpstreamError, started: float

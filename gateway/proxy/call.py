@@ -46,6 +46,7 @@ class Call:
         "placed",
         "prompt_ids",
         "rid",
+        "routed",
         "send_body",
         "send_path",
         "start",
@@ -93,6 +94,8 @@ class Call:
         self.turn: bytes | None = None
         # The current attempt's placement, as the latency forecast sees it (dispatch.py).
         self.placed: Placed | None = None
+        # How the current attempt's unit was chosen (routing/balance.py's `place`, or "home").
+        self.routed = ""
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.method = "POST"  # GET for a stored response's or the tokenizer's read
         self.send_path = path  # the target on the unit (a stored response's id and query too)

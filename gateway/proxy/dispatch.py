@@ -22,7 +22,7 @@ from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.routing.admission import Admission
-from gateway.routing.balance import choose
+from gateway.routing.balance import place
 from gateway.routing.budget import CauseBudget, RetryBudget
 from gateway.routing.forecast import Forecast, Placed
 from gateway.signals import Signals
@@ -192,7 +192,9 @@ class Dispatcher:
                 cached = self.depths(call.prompt_ids, (u.id for u in routable))
             forecast = self.forecast
             if forecast is None:
-                return choose(routable, call.tried, call.key, factor, self.rng, cached)
+                unit, how = place(routable, call.tried, call.key, factor, self.rng, cached)
+                call.routed = "home" if call.home is not None else how
+                return unit
             return self._timely(call, forecast, routable, cached or {}, factor)
 
         loop = asyncio.get_running_loop()
@@ -228,9 +230,10 @@ class Dispatcher:
         if self.by_latency and free and self.rng.random() >= EXPLORE:
             running = ((u.id, u.inflight + u.foreign) for u in routable)
             estimates = forecast.estimates(running, prompt, cached)
-        unit = choose(routable, call.tried, call.key, factor, self.rng, cached, estimates, slo)
+        unit, how = place(routable, call.tried, call.key, factor, self.rng, cached, estimates, slo)
         if unit is None:
             return None
+        call.routed = "home" if call.home is not None else how
         held = cached.get(unit.id, 0)
         if estimates is not None:
             predicted: float | None = estimates[unit.id].ttft

@@ -32,7 +32,23 @@ def choose(
     estimates: Mapping[str, Estimate] | None = None,
     slo: float | None = None,
 ) -> H | None:
-    """A unit with room for one more request, or None when every candidate is full.
+    """A unit with room for one more request, or None when every candidate is full (`place`
+    without saying how)."""
+    return place(routable, exclude, key, factor, rng, cached, estimates, slo)[0]
+
+
+def place(
+    routable: Sequence[H],
+    exclude: Collection[H],
+    key: int | None,
+    factor: float,
+    rng: Random,
+    cached: Mapping[str, int] | None = None,
+    estimates: Mapping[str, Estimate] | None = None,
+    slo: float | None = None,
+) -> tuple[H | None, str]:
+    """A unit with room for one more request (None when every candidate is full), and how it
+    was chosen: "predicted", "cached", "affinity" or "load".
 
     `exclude` holds units already tried for this request: a retry must go elsewhere.
     `cached`: how many of the prompt's tokens each unit's cache holds (cached.py).
@@ -43,13 +59,13 @@ def choose(
     if estimates:
         unit = pick_timely(estimates, candidates, factor, slo)
         if unit is not None:
-            return unit
+            return unit, "predicted"
     if cached:
         unit = pick_cached(cached, candidates, factor)
         if unit is not None:
-            return unit
+            return unit, "cached"
     if key is not None:
         unit = pick_bounded(key, candidates, factor)
         if unit is not None:
-            return unit
-    return pick_p2c([u for u in candidates if has_room(u)], rng)
+            return unit, "affinity"
+    return pick_p2c([u for u in candidates if has_room(u)], rng), "load"

@@ -69,6 +69,7 @@ async def test_the_soonest_units_get_the_requests_and_a_lagging_one_turns_slow(
             text = await resp.text()
         assert 'unitgate_unit_latency_fit{figure="ttft_1k_idle",unit="u2"}' in text
         assert 'unitgate_ttft_prediction_ratio_bucket{le="1.1",unit="u0"}' in text
+        assert 'unitgate_routing_decisions_total{how="predicted"}' in text
         # The unit recovers: exploration's requests teach its model, and it is healthy again.
         clean_sim.post("/units/u2/settings", {"ttft_ms": 5})
 

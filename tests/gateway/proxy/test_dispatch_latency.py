@@ -43,6 +43,7 @@ async def test_observing_the_forecast_leaves_routing_as_it_was(rigs: Make) -> No
                 unit, answer = await rig.dispatcher.open(call)
                 served.add(unit.id)
                 assert call.placed is not None and call.placed.predicted is not None
+                assert call.routed == "load"
                 rig.upstream.finish(answer)
         assert served == {"a", "b"}
 
@@ -64,6 +65,7 @@ async def test_the_unit_predicted_soonest_gets_the_request(rigs: Make) -> None:
                 assert placed is not None and placed.unit == "b"
                 assert placed.predicted == pytest.approx(0.05, rel=0.05)
                 assert placed.prompt > 0 and placed.cached == 0  # estimated from its bytes
+                assert call.routed == "predicted"
                 rig.upstream.finish(answer)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from random import Random
 
-from gateway.routing.balance import choose
+from gateway.routing.balance import choose, place
 from gateway.routing.forecast import Estimate
 from gateway.routing.timely import pick_timely
 from tests.support import FakeUnit
@@ -45,3 +45,15 @@ def test_choose_asks_the_forecast_first_and_falls_back_without_it() -> None:
     assert choose([a, b], [], None, 1.25, rng, {"a": 512}, found) is b
     assert choose([a, b], [], None, 1.25, rng, {"a": 512}, None) is a
     assert choose([a, b], [b], None, 1.25, rng, None, found) is a  # b was tried
+
+
+def test_place_says_how_it_chose() -> None:
+    a, b = FakeUnit("a"), FakeUnit("b")
+    rng = Random(2)
+    found = {"a": Estimate(0.3, 0.3), "b": Estimate(0.1, 0.1)}
+    assert place([a, b], [], None, 1.25, rng, {"a": 512}, found) == (b, "predicted")
+    assert place([a, b], [], None, 1.25, rng, {"a": 512}) == (a, "cached")
+    assert place([a, b], [], 7, 1.25, rng)[1] == "affinity"
+    assert place([a, b], [], None, 1.25, rng)[1] == "load"
+    full = FakeUnit("full", inflight=1, cap=1)
+    assert place([full], [], None, 1.25, rng) == (None, "load")
