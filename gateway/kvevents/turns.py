@@ -35,15 +35,28 @@ def digest(messages: Sequence[Any]) -> bytes:
 
 def keys(messages: object) -> tuple[bytes | None, bytes | None]:
     """(the key this request's prompt ids are kept under, the key of its earlier turn, if it
-    continues one); (None, None) for messages that are not a list."""
+    continues one); (None, None) for messages that are not a list.
+
+    Both are `digest`s, of the messages and of all but the last two, with each message
+    serialised once: orjson writes a list as "[", its items joined by ",", and "]", so the
+    earlier turn's digest is a copy of the hash taken on the way."""
     if not isinstance(messages, list) or not messages:
         return None, None
+    answer = messages[-2] if len(messages) >= 3 else None
+    continues = isinstance(answer, dict) and answer.get("role") == "assistant"
+    cut = len(messages) - 2 if continues else -1
+    h = hashlib.blake2b(b"[", digest_size=16)
     earlier = None
-    if len(messages) >= 3:
-        answer = messages[-2]
-        if isinstance(answer, dict) and answer.get("role") == "assistant":
-            earlier = digest(messages[:-2])
-    return digest(messages), earlier
+    for i, message in enumerate(messages):
+        if i == cut:
+            closed = h.copy()
+            closed.update(b"]")
+            earlier = closed.digest()
+        if i:
+            h.update(b",")
+        h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+    h.update(b"]")
+    return h.digest(), earlier
 
 
 class Turns:

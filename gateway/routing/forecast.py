@@ -124,14 +124,10 @@ class Forecast:
         model = self.units.get(unit)
         if model is None or not model.learned:
             return None
-        # UnitLatency.predict_ttft and predict_tpot, inline: asked of every candidate of every
-        # request, where the calls and their tuples cost more than the arithmetic.
-        a, b, c, d = model.ttft.theta
-        ttft = a + b * uncached / 1000 + c * self.queued.get(unit, 0) / 1000 + d * running
-        ttft = ttft if ttft > 0.0 else 0.0
-        e, f = model.tpot.theta
-        tpot = e + f * (running + 1)
-        return Estimate(ttft, ttft + DECODE_HORIZON * (tpot if tpot > 0.0 else 0.0))
+        ttft = model.predict_ttft(uncached, self.queued.get(unit, 0), running)
+        tpot = model.predict_tpot(running + 1)
+        assert ttft is not None and tpot is not None  # learned
+        return Estimate(ttft, ttft + DECODE_HORIZON * tpot)
 
     def estimates(
         self, units: Iterable[tuple[str, int]], prompt: int, cached: Mapping[str, int]

@@ -118,12 +118,18 @@ class UnitLatency:
     def predict_ttft(self, uncached: int, queued: int, running: int = 0) -> float | None:
         if self.ttft.samples < self.least:
             return None
-        return max(0.0, self.ttft.predict((1.0, uncached / 1000, queued / 1000, float(running))))
+        # The fit's features, written out: asked of every candidate of every request, where
+        # a tuple and Rls.predict's call would cost more than the arithmetic.
+        a, b, c, d = self.ttft.theta
+        ttft = a + b * uncached / 1000 + c * queued / 1000 + d * running
+        return ttft if ttft > 0.0 else 0.0
 
     def predict_tpot(self, running: int) -> float | None:
         if self.tpot.samples < self.least:
             return None
-        return max(0.0, self.tpot.predict((1.0, float(running))))
+        e, f = self.tpot.theta
+        tpot = e + f * running
+        return tpot if tpot > 0.0 else 0.0
 
     @property
     def learned(self) -> bool:

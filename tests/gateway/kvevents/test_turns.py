@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from array import array
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.kvevents.turns import Turns, digest, keys
 
 SYSTEM = {"role": "system", "content": "You sell tents."}
@@ -24,6 +27,25 @@ def test_the_next_turn_finds_the_key_its_earlier_turn_was_kept_under() -> None:
     # the message before the last is not the assistant's: not a next turn
     assert keys([SYSTEM, ASK, MORE, MORE])[1] is None
     assert keys("not a list") == (None, None) and keys([]) == (None, None)
+
+
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": st.text()}
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_the_keys_are_the_digests_of_the_messages_and_of_all_but_the_last_two(
+    messages: list[dict[str, str]],
+) -> None:
+    """`keys` serialises each message once; what it hashes is what `digest` does."""
+    kept, earlier = keys(messages)
+    assert kept == digest(messages)
+    continues = len(messages) >= 3 and messages[-2]["role"] == "assistant"
+    assert earlier == (digest(messages[:-2]) if continues else None)
 
 
 def test_the_order_of_a_messages_members_does_not_matter() -> None:
