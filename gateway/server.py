@@ -12,10 +12,9 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
@@ -28,7 +27,7 @@ from gateway.auth.ring import KeyRing
 from gateway.base import readyfile
 from gateway.base.net import KEEPALIVE_S, LISTEN_BACKLOG
 from gateway.base.oslimits import stream_budget
-from gateway.config import Config, UnitConfig
+from gateway.config import Config
 from gateway.front.protocol import LeanRoute
 from gateway.front.server import Front
 from gateway.health.feed import BreakerFeed, Record
@@ -36,7 +35,7 @@ from gateway.health.gate import BreakerGate
 from gateway.health.prober import Traffic, live_count
 from gateway.health.supervisor import HealthSupervisor
 from gateway.heap import freeze_startup
-from gateway.kvevents.turns import Turns
+from gateway.knowledge import UnitKnowledge
 from gateway.limits.build import build_limiter
 from gateway.limits.limiter import Limiter
 from gateway.observability import access_log
@@ -44,13 +43,7 @@ from gateway.observability.audit import AuditObserver
 from gateway.observability.events import EventLog
 from gateway.observability.fairness import TokenWindow
 from gateway.observability.health_observers import health_signals
-from gateway.observability.kv_metrics import KvCollector
-from gateway.observability.latency_metrics import (
-    Figures,
-    LatencyCollector,
-    PredictionObserver,
-    ratio_family,
-)
+from gateway.observability.latency_metrics import Figures
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import MetricsObserver
@@ -60,22 +53,14 @@ from gateway.observability.tenants import TenantObserver
 from gateway.observability.tracing import Tracing
 from gateway.proxy.call import Call
 from gateway.proxy.dispatch import Dispatcher
-from gateway.proxy.forecast_feed import ForecastFeed
 from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
-from gateway.proxy.turns_feed import TurnsFeed
 from gateway.proxy.upstream import UpstreamClient
 from gateway.relay.native import resolve
 from gateway.routing.admission import Admission
-from gateway.routing.forecast import Forecast
-from gateway.routing.latency import lag_reason
 from gateway.signals import Signals
 from gateway.tls import scheme, server_context
 from gateway.units import BitChange, PanicChange, UnitRegistry, UnitState
-
-if TYPE_CHECKING:
-    from gateway.kvevents.fleet import KvFleet
-    from gateway.kvevents.prompts import Prompts
 
 log = logging.getLogger("unitgate")
 LIMITER_CLOSE_S = 5.0  # at stop: the limiter's last flush (leases back, last settles)
@@ -150,9 +135,12 @@ class Gateway:
         self.live = LiveStreams(config.health.traffic_window, config.health.pace_factor)
         self.units.on_membership(self._membership)
         self.units.on_panic(lambda change: _log_panic(self.events, change))
-        # Each unit's latency, learned from its answers (gateway/routing/forecast.py).
-        self.forecast = (
-            Forecast() if config.routing.latency_model != "off" and role.public else None
+        # The request path's observers: it emits signals, these subscribe (gateway/signals.py).
+        self.signals: Signals[Call] = Signals()
+        self.signals.subscribe(MetricsObserver(self.metrics))
+        # What routing knows of the units beyond their health: their caches, their speed.
+        self.knowledge = UnitKnowledge(
+            config, self.units, self.signals, self.metrics, role.public, role.latency
         )
         self.health = HealthSupervisor(
             config,
@@ -160,11 +148,8 @@ class Gateway:
             self.health_signals,
             traffic=role.traffic or self.live.flowing,
             own=role.own or live_count,
-            lagging=self._lagging,
+            lagging=self.knowledge.lagging,
         )
-        # The request path's observers: it emits signals, these subscribe (gateway/signals.py).
-        self.signals: Signals[Call] = Signals()
-        self.signals.subscribe(MetricsObserver(self.metrics))
         window, top = TokenWindow(config.metrics.fairness_window), config.metrics.tenants_top
         self.tenants = TenantObserver(self.metrics.tenants, TenantLabels(top), window)
         self.signals.subscribe(self.tenants)
@@ -174,7 +159,6 @@ class Gateway:
         idle, pace = config.timeouts.idle, config.health.pace_factor
         self.signals.subscribe(BreakerFeed(record, self.live.flowing, idle, pace))
         self.signals.subscribe(self.live)  # an answer that opened: its unit serves
-        self._observe_routing()
         if self.tracing.enabled:
             self.signals.subscribe(TracingObserver(self.tracing))
         access_log.subscribe(self.signals, config.logging)  # only if [logging] access
@@ -193,7 +177,7 @@ class Gateway:
                 *views,
                 keys=self.keys,
                 settle=role.settle,
-                latency=self.latency_figures,
+                latency=self.knowledge.latency_figures,
             )
         self.draining = False
         self.public_url = ""
@@ -206,80 +190,12 @@ class Gateway:
         self.proxy: ProxyHandler | None = None  # the request path, once started
         self.limiter: Limiter | None = None  # the keys' limits, with the request path
 
-    def _observe_routing(self) -> None:
-        """The forecast learns from the request path's signals; its figures and accuracy are
-        exported, with the KV index's."""
-        # Which units' caches hold which blocks, from their KV events: made when a unit names
-        # a publisher (`kv_events`; its import of zmq is the `kv` extra's), with the path.
-        self.kv: KvFleet | None = None
-        self.prompts: Prompts | None = None  # each model's tokenizer, with the path
-        # Conversations' turns' prompt ids, for models without a tokenizer (kvevents/turns.py).
-        r = self.config.routing
-        keep = r.prefix_scorer == "auto" and r.conversation_tokens > 0 and self.role.public
-        self.turns = Turns(r.conversation_tokens) if keep else None
-        if self.turns is not None:
-            self.signals.subscribe(TurnsFeed(self.turns))
-        self.metrics.registry.register(KvCollector(lambda: self.kv, lambda: self.turns))
-        if self.forecast is not None:
-            self.signals.subscribe(ForecastFeed(self.forecast, _loop_time))
-            ratio = ratio_family()
-            self.metrics.registry.register(ratio)
-            observer = PredictionObserver(ratio, _loop_time, self.metrics.registry)
-            self.signals.subscribe(observer)
-        self.metrics.registry.register(LatencyCollector(self.latency_figures))
-
-    def latency_figures(self) -> Mapping[str, Mapping[str, float]]:
-        """Each unit's learned latency figures (Forecast.figures), or its workers'."""
-        if self.role.latency is not None:
-            return self.role.latency()
-        return self.forecast.figures() if self.forecast is not None else {}
-
-    def _lagging(self, unit_id: str) -> str | None:
-        factor = self.config.health.prefill_lag_factor
-        if factor <= 0 or self.config.routing.latency_model == "off":
-            return None
-        per_k = {unit: f["ttft_1k_idle"] for unit, f in self.latency_figures().items()}
-        return lag_reason(per_k, unit_id, factor)
-
     def _membership(self, unit: UnitState, added: bool) -> None:
         if not added:
             self.live.forget(unit.id)
-            if self.forecast is not None:
-                self.forecast.drop(unit.id)
-            if self.kv is not None:
-                self.kv.leave(unit.id)
-        elif self.role.public and self.proxy is not None and unit.config.kv_events:
-            self._kv_fleet().join(unit.config)
-
-    async def _prompts(self) -> Prompts | None:
-        """Each model's tokenizer (`[routing] tokenizers`), loaded off the loop; None when
-        the prefix is scored approximately or not at all."""
-        r = self.config.routing
-        if not r.tokenizers or r.prefix_scorer != "auto":
-            return None
-        from gateway.kvevents.prompts import Prompts
-
-        self.prompts = await asyncio.to_thread(Prompts, r.tokenizers)
-        return self.prompts
-
-    def _vocabulary(self, unit: UnitConfig) -> int | None:
-        """The unit's model's vocabulary, where the gateway has its tokenizer."""
-        prompts, state = self.prompts, self.units.units.get(unit.id)
-        if prompts is None or state is None:
-            return None
-        return next((v for m in state.models if (v := prompts.vocabulary(m)) is not None), None)
-
-    def _depths(self, prompt: Sequence[int], units: Iterable[str]) -> Mapping[str, int]:
-        return {} if self.kv is None else self.kv.depths(prompt, units)
-
-    def _kv_fleet(self) -> KvFleet:
-        if self.kv is None:
-            from gateway.kvevents.fleet import KvFleet
-
-            self.kv = KvFleet(self.config.routing.kv_index_blocks, self._vocabulary)
-            if self.turns is not None:  # a unit's cache is known: a turn's ids are worth keeping
-                self.turns.active = True
-        return self.kv
+            self.knowledge.leave(unit.id)
+        elif self.role.public and self.proxy is not None:  # else joined as the path starts
+            self.knowledge.join(unit.config)
 
     async def start(self) -> None:
         self.lag.start()
@@ -310,10 +226,10 @@ class Gateway:
                     self.admission,
                     self._upstream,
                     self.signals,
-                    prompts=await self._prompts(),
-                    depths=self._depths,
-                    forecast=self.forecast,
-                    turns=self.turns,
+                    prompts=await self.knowledge.load_prompts(),
+                    depths=self.knowledge.depths,
+                    forecast=self.knowledge.forecast,
+                    turns=self.knowledge.turns,
                 )
                 gate = Gatekeeper(self.config.auth, self.keys)
                 workers = self.config.gateway.worker_count if self.role.reuse_port else 1
@@ -324,8 +240,7 @@ class Gateway:
                 )
                 self.units.on_change(lambda change: _eject_streams(proxy, change))
                 for unit in self.units.units.values():
-                    if unit.config.kv_events:
-                        self._kv_fleet().join(unit.config)
+                    self.knowledge.join(unit.config)
                 app = public_app(self.config, proxy, self.units, lambda: self.draining)
                 self.front = g.front_chosen
                 lean = lean_routes(proxy, g.root_path) if self.front == "lean" else None
@@ -376,9 +291,7 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
             self._upstream = None
-        if self.kv is not None:
-            await self.kv.stop()
-            self.kv = None
+        await self.knowledge.stop()
         if self.limiter is not None:  # after the drain: the last settles go with its flush
             limiter, self.limiter = self.limiter, None
             try:
@@ -485,10 +398,6 @@ def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
                 count,
                 proxy.config.resume.ejected_idle,
             )
-
-
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
 
 
 def _log_panic(events: EventLog, change: PanicChange) -> None:

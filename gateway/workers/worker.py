@@ -53,7 +53,7 @@ async def run(link_fd: int) -> int:
         gateway.admission.by_class,
         gateway.tenants.shares,
         gateway.live.progressed,
-        gateway.latency_figures,
+        gateway.knowledge.latency_figures,
     )
     gateway.events.on_event(link.event)
     gateway.signals.subscribe(link)

@@ -160,6 +160,7 @@ def test_the_load_tools_stand_apart_from_the_gateway() -> None:
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("launcher", "__main__"),  # unitgate, unitgate up: starts gateways, engines, redis
     ("api", "server", "workers", "app", "check_config", "watch"),  # hosting a gateway
+    ("knowledge",),  # what routing learns of the units: caches, speed, conversations' turns
     ("admin", "status"),  # the operator's surfaces
     ("observability",),  # metrics, traces, logs, events: subscribers
     ("front",),  # the public listener's lean protocol

@@ -46,15 +46,15 @@ async def test_the_soonest_units_get_the_requests_and_a_lagging_one_turns_slow(
     )
     async with running(config) as gw:
         await until_routable(gw, within=10.0)
-        forecast = gw.forecast
+        forecast = gw.knowledge.forecast
         assert forecast is not None
         # Until every unit has learned, requests go by load alone, a third of them to u2.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0
-        while len(gw.latency_figures()) < 3:
-            assert loop.time() < deadline, f"not learned: {gw.latency_figures()}"
+        while len(gw.knowledge.latency_figures()) < 3:
+            assert loop.time() < deadline, f"not learned: {gw.knowledge.latency_figures()}"
             await load(http, gw, 9, 3)
-        figures = gw.latency_figures()
+        figures = gw.knowledge.latency_figures()
         assert figures["u2"]["ttft_1k_idle"] > 5 * figures["u0"]["ttft_1k_idle"]
         assert 0.1 < figures["u2"]["ttft_1k_idle"] < 0.5  # its 150 ms, and the relay's
         # Learned: the slow unit gets what exploration and the load bound send it.
@@ -79,4 +79,4 @@ async def test_the_soonest_units_get_the_requests_and_a_lagging_one_turns_slow(
 
         deadline = loop.time() + 60.0
         while not await recovered():
-            assert loop.time() < deadline, gw.latency_figures()["u2"]
+            assert loop.time() < deadline, gw.knowledge.latency_figures()["u2"]

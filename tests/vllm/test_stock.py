@@ -400,7 +400,7 @@ async def test_a_prompt_cached_on_one_server_draws_its_requests_there(
     )
     async with running(config_from_dict(raw)) as gw, aiohttp.ClientSession() as http:
         await until_routable(gw, within=60.0)
-        kv = gw.kv
+        kv = gw.knowledge.kv
         assert kv is not None
         await until(
             lambda: kv.depths(ids, ["s0", "s1"]).get("s1", 0) >= 3 * 128, 30.0, "s1's blocks"
@@ -442,7 +442,7 @@ async def test_without_a_tokenizer_a_conversations_next_turn_goes_where_its_star
         aiohttp.ClientSession() as http,
     ):
         await until_routable(gw, within=60.0)
-        kv, turns = gw.kv, gw.turns
+        kv, turns = gw.knowledge.kv, gw.knowledge.turns
         assert kv is not None and turns is not None
         url = gw.public_url + "/v1/chat/completions"
         for n in range(4):
