@@ -237,7 +237,7 @@ async def test_a_gateway_reads_the_units_that_name_a_publisher_and_forgets_one_r
     )
     try:
         async with running(config) as gw:
-            kv = gw.kv
+            kv = gw.knowledge.kv
             assert kv is not None and kv.subscriber("plain") is None
             await until(lambda: kv.trusted("a"))
             pubs[0].publish(stored(1, 2))
@@ -257,7 +257,7 @@ async def test_a_gateway_reads_the_units_that_name_a_publisher_and_forgets_one_r
             gw.units.remove("a")
             assert kv.index.match(keys_of(1, 2)) == {"b": 2}
             assert kv.subscriber("a") is None
-        assert gw.kv is None
+        assert gw.knowledge.kv is None
     finally:
         for pub in pubs:
             pub.shutdown()

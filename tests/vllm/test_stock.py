@@ -509,7 +509,7 @@ async def test_zz_a_server_killed_mid_stream_leaves_the_client_the_same_greedy_t
                 watcher = asyncio.create_task(ejection(victim))
     assert killed_at and watcher is not None, "the stream ended before the kill"
     await watcher
-    kv = gateway.kv
+    kv = gateway.knowledge.kv
     assert kv is not None
     await until(lambda: not kv.trusted(victim), 10.0, f"{victim}'s KV events untrusted")
     record_property("detection_s", round(detected.result(), 3))
