@@ -5,7 +5,14 @@ It speaks the node contract real engine nodes will expose (OpenAI API on the lea
 """
 
 from loadtest.simunits.cluster import SimCluster
-from loadtest.simunits.state import Fault, FaultMode, HealthMode, NodeHealth, Settings
+from loadtest.simunits.state import (
+    Fault,
+    FaultMode,
+    HealthMode,
+    NodeHealth,
+    Settings,
+    ToolsMode,
+)
 from loadtest.simunits.topology import Address, UnitSpec
 from loadtest.simunits.unit import SimUnit
 
@@ -18,5 +25,6 @@ __all__ = [
     "Settings",
     "SimCluster",
     "SimUnit",
+    "ToolsMode",
     "UnitSpec",
 ]

@@ -18,7 +18,7 @@ import uvloop
 from gateway.base.oslimits import raise_fd_limit
 from gateway.base.readyfile import write_ready
 from loadtest.simunits.cluster import DEFAULT_MAX_TOKENS_CAP, DEFAULT_MODEL, SimCluster
-from loadtest.simunits.state import Settings
+from loadtest.simunits.state import Settings, ToolsMode
 from loadtest.simunits.topology import (
     ConfigError,
     UnitSpec,
@@ -82,6 +82,18 @@ def _add_behaviour_args(p: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.tokens,
         help="completion tokens when a request has no max_tokens",
     )
+    beh.add_argument(
+        "--tools",
+        choices=[mode.value for mode in ToolsMode],
+        default=_DEFAULTS.tools.value,
+        help="answer to a request with tools: a tool call, plain text, or a call whose "
+        "arguments are not JSON (a revision that broke tool calling)",
+    )
+    beh.add_argument(
+        "--variant",
+        default=_DEFAULTS.variant,
+        help="change the answers' words, deterministically (units of one variant agree)",
+    )
     beh.add_argument("--max-tokens-cap", type=int, default=DEFAULT_MAX_TOKENS_CAP)
     beh.add_argument("--model", default=DEFAULT_MODEL, help="model id served by /v1/models")
 
@@ -121,6 +133,12 @@ def _check_behaviour(p: argparse.ArgumentParser, args: argparse.Namespace) -> No
         p.error("--tokens and --max-tokens-cap must be >= 1")
 
 
+def behaviour_settings(args: argparse.Namespace) -> Settings:
+    """Every unit's settings at start, from the behaviour flags (checked before)."""
+    tools = ToolsMode(args.tools)
+    return Settings(args.ttft_ms, args.itl_ms, args.tokens, tools, args.variant)
+
+
 def _announce(cluster: SimCluster, ready_file: Path | None) -> None:
     """Runs in a worker thread: file and stdout writes can block."""
     if ready_file is not None:
@@ -155,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     cluster = SimCluster(
         specs=specs,
-        settings=Settings(args.ttft_ms, args.itl_ms, args.tokens),
+        settings=behaviour_settings(args),
         model=args.model,
         max_tokens_cap=args.max_tokens_cap,
         control_host=args.control_host,

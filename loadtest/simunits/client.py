@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -29,6 +29,28 @@ async def sse_data(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     async for line in response.content:
         if line.startswith(b"data: "):
             yield line[len(b"data: ") :].rstrip(b"\r\n")
+
+
+def assemble_tool_calls(chunks: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
+    """Join the `delta.tool_calls` of streamed chat chunks into whole calls, by `index`.
+
+    The result has the shape of a whole answer's `message.tool_calls`: id, type and name
+    as the first delta of a call gives them, `arguments` as the join of every piece.
+    """
+    calls: dict[int, JsonObject] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            for delta in (choice.get("delta") or {}).get("tool_calls") or []:
+                call = calls.setdefault(
+                    delta["index"],
+                    {"id": None, "type": None, "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = delta.get("id") or call["id"]
+                call["type"] = delta.get("type") or call["type"]
+                function = delta.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+    return [calls[index] for index in sorted(calls)]
 
 
 class ControlClient:
@@ -52,11 +74,13 @@ class ControlClient:
         result: JsonObject = await self._call("GET", f"/units/{unit_id}/stats")
         return result
 
-    async def settings(self, unit_id: str, **values: float) -> JsonObject:
+    async def settings(self, unit_id: str, **values: float | str) -> JsonObject:
+        """E.g. `settings("u0", ttft_ms=320, tools="bad_json", variant="r2")`."""
         result: JsonObject = await self._call("POST", f"/units/{unit_id}/settings", values)
         return result
 
     async def fault(self, unit_id: str, mode: str, **params: object) -> JsonObject:
+        """E.g. `fault("u0", "drop", after_tokens=3, rate=0.05, seed=7)`."""
         result: JsonObject = await self._call(
             "POST", f"/units/{unit_id}/fault", {"mode": mode, **params}
         )

@@ -1,7 +1,9 @@
 """OpenAI-compatible API of a simulated unit's leader node (test tool).
 
 Faults are applied here, in one place, from the plain data the control API stored: the
-fault is picked at admission and then decides how far the normal path runs.
+fault is picked at admission and then decides how far the normal path runs. What the answer
+is (text, or a tool call when the request offers tools) is fixed before admission too, from
+the unit's settings, so a fault cuts a tool call exactly as it cuts text.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from loadtest.simunits.openai_format import (
 )
 from loadtest.simunits.params import ParamError
 from loadtest.simunits.state import Fault, FaultMode, Settings
+from loadtest.simunits.toolcalls import ToolCall, tool_call, tool_call_length
 from loadtest.simunits.unit import SimUnit, wait_forever
 
 
@@ -50,6 +53,8 @@ class _Job:
     fault: Fault
     count: int
     finish_reason: str
+    call: ToolCall | None
+    """The tool call the answer is, instead of text."""
 
     @property
     def cut_after(self) -> int | None:
@@ -57,6 +62,12 @@ class _Job:
         if self.fault.mode in (FaultMode.STALL, FaultMode.DROP):
             return min(self.fault.after_tokens, self.count)
         return None
+
+    def chunk(self, index: int) -> dict[str, object]:
+        """The streamed chunk of token `index`; a continuation's text picks up at `start`."""
+        if self.call is not None:
+            return self.bodies.tool_call_chunk(self.call, index)
+        return self.bodies.token_chunk(self.req.start + index)
 
 
 class LeaderApi:
@@ -99,9 +110,7 @@ class LeaderApi:
         except ParamError as exc:
             return json_response(error_body(str(exc)), 400)
         state = self._unit.state
-        count, finish = completion_length(req, state.settings.tokens, self._config.max_tokens_cap)
-        bodies = Bodies(req, self._new_id(request, kind), self._config.created)
-        job = _Job(req, bodies, state.settings, state.admit(), count, finish)
+        job = self._job(req, self._new_id(request, kind), state.settings, state.admit())
         try:
             response, failed = await self._serve(request, job)
         except asyncio.CancelledError:
@@ -117,6 +126,16 @@ class LeaderApi:
         else:
             state.finish_completed()
         return response
+
+    def _job(self, req: GenRequest, response_id: str, settings: Settings, fault: Fault) -> _Job:
+        bodies = Bodies(req, response_id, self._config.created, settings.variant)
+        call = tool_call(req.tool, settings.tools, response_id)
+        cap = self._config.max_tokens_cap
+        if call is None:
+            count, finish = completion_length(req, settings.tokens, cap)
+        else:
+            count, finish = tool_call_length(req.max_tokens, call, cap)
+        return _Job(req, bodies, settings, fault, count, finish, call)
 
     async def _serve(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
         """Run the request to its end; the flag says whether an injected fault ended it."""
@@ -142,7 +161,7 @@ class LeaderApi:
             await self._unit.stall_forever()
         if job.fault.mode is FaultMode.DROP:
             return _abort(request, web.Response()), True
-        return json_response(job.bodies.full(job.count, job.finish_reason)), False
+        return json_response(job.bodies.full(job.count, job.finish_reason, job.call)), False
 
     async def _stream(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
         response = web.StreamResponse(
@@ -156,8 +175,7 @@ class LeaderApi:
             await self._unit.emit(index, job.settings)
             if index == 0 and job.req.kind == "chat":
                 await response.write(sse_event(bodies.role_chunk()))
-            # A continuation (token-id prompt) picks the answer up at token `start`.
-            await response.write(sse_event(bodies.token_chunk(job.req.start + index)))
+            await response.write(sse_event(job.chunk(index)))
         if job.fault.mode is FaultMode.STALL:
             await self._unit.stall_forever()
         if job.fault.mode is FaultMode.DROP:

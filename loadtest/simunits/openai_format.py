@@ -2,7 +2,10 @@
 
 Everything here is deterministic (ids from x-request-id, a fixed `created`, token i is
 always "tok{i} ") so that a stream fetched directly and one relayed by the gateway can be
-compared byte for byte.
+compared byte for byte. A unit's `variant` setting swaps "tok" for a word drawn from the
+variant and i, so units of one variant answer alike and another variant answers differently,
+as two revisions of a model would; the text depends on the token's position, never on the
+prompt, so a continuation still picks up exactly where the answer left off.
 
 Token ids (`return_token_ids`, shaped like engine/server/wire.py) are deterministic too: a
 prompt word is one id below 256, and answer token i is id `GEN_BASE + i`. So a token-id prompt
@@ -21,6 +24,7 @@ from typing import Literal, TypeGuard
 import orjson
 
 from loadtest.simunits.params import ParamError, as_object, integer
+from loadtest.simunits.toolcalls import Tool, ToolCall, parse_tool
 
 Kind = Literal["chat", "completion"]
 
@@ -28,6 +32,10 @@ PROCESS_CREATED = int(time.time())
 DONE_EVENT = b"data: [DONE]\n\n"
 GEN_BASE = 1000
 """Id of answer token 0; prompt ids stay below it, so ids >= GEN_BASE are answer tokens."""
+VARIANT_WORDS = (
+    "amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "harbor",
+    "ivory", "juniper", "kelp", "lumen", "maple", "nectar", "onyx", "pine",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,8 @@ class GenRequest:
     start: int = 0
     """Answer tokens already in a token-id prompt: where this request's answer picks up."""
     return_token_ids: bool = False
+    tool: Tool | None = None
+    """The tool a chat answer calls (see toolcalls.py), if the request offers one."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -53,8 +63,11 @@ class GenRequest:
         return ids or [0]
 
 
-def token_text(index: int) -> str:
-    return f"tok{index} "
+def token_text(index: int, variant: str = "") -> str:
+    if not variant:
+        return f"tok{index} "
+    word = VARIANT_WORDS[zlib.crc32(f"{variant}:{index}".encode()) % len(VARIANT_WORDS)]
+    return f"{word}{index} "
 
 
 def token_id(index: int) -> int:
@@ -145,9 +158,9 @@ def parse_request(kind: Kind, raw: object, served_model: str) -> GenRequest:
         raise ParamError("return_token_ids", "must be a boolean")
     prompt, start = _prompt(kind, body)
     max_tokens = _max_tokens(kind, body)
-    return GenRequest(
-        kind, model, stream, include_usage, max_tokens, prompt, start, return_token_ids is True
-    )
+    tool = parse_tool(body) if kind == "chat" else None
+    ids = return_token_ids is True
+    return GenRequest(kind, model, stream, include_usage, max_tokens, prompt, start, ids, tool)
 
 
 def completion_length(req: GenRequest, default_tokens: int, cap: int) -> tuple[int, str]:
@@ -185,6 +198,7 @@ class Bodies:
     req: GenRequest
     id: str
     created: int
+    variant: str = ""
     _prompt_sent: bool = field(default=False, init=False)
 
     def _base(self, object_name: str) -> dict[str, object]:
@@ -227,7 +241,12 @@ class Bodies:
 
     def token_chunk(self, index: int) -> dict[str, object]:
         """The chunk of answer token `index`, counted from the answer's first token."""
-        return self._chunk(self._choice({"content": token_text(index)}, None, [token_id(index)]))
+        delta: dict[str, object] = {"content": token_text(index, self.variant)}
+        return self._chunk(self._choice(delta, None, [token_id(index)]))
+
+    def tool_call_chunk(self, call: ToolCall, index: int) -> dict[str, object]:
+        """The chunk of token `index` of a tool-call answer (see ToolCall.delta)."""
+        return self._chunk(self._choice(call.delta(index), None, [token_id(index)]))
 
     def finish_chunk(self, finish_reason: str) -> dict[str, object]:
         return self._chunk(self._choice({}, finish_reason, []))
@@ -237,14 +256,22 @@ class Bodies:
         body["usage"] = usage(self.req.prompt_tokens, completion_tokens)
         return body
 
-    def full(self, completion_tokens: int, finish_reason: str) -> dict[str, object]:
+    def _message(self, text: str, call: ToolCall | None, tokens: int) -> dict[str, object]:
+        if call is None:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": None, "tool_calls": [call.message_call(tokens)]}
+
+    def full(
+        self, completion_tokens: int, finish_reason: str, call: ToolCall | None = None
+    ) -> dict[str, object]:
+        """The whole answer; with `call`, a chat answer is that tool call instead of text."""
         indices = range(self.req.start, self.req.start + completion_tokens)
-        text = "".join(token_text(i) for i in indices)
+        text = "".join(token_text(i, self.variant) for i in indices)
         chat = self.req.kind == "chat"
         body = self._base("chat.completion" if chat else "text_completion")
         if chat:
             body["system_fingerprint"] = None
-            content: dict[str, object] = {"message": {"role": "assistant", "content": text}}
+            content: dict[str, object] = {"message": self._message(text, call, completion_tokens)}
         else:
             content = {"text": text}
         choice = {"index": 0, **content, "logprobs": None, "finish_reason": finish_reason}

@@ -9,7 +9,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from loadtest.simunits.state import Fault, FaultMode, HealthMode, NodeHealth, Settings
+from loadtest.simunits.state import (
+    Fault,
+    FaultMode,
+    HealthMode,
+    NodeHealth,
+    Settings,
+    ToolsMode,
+)
 
 
 class ParamError(ValueError):
@@ -18,17 +25,21 @@ class ParamError(ValueError):
         self.field = field
 
 
+_AT_RATE = frozenset({"rate", "seed"})
 _FAULT_PARAMS: dict[FaultMode, frozenset[str]] = {
     FaultMode.NONE: frozenset(),
-    FaultMode.ERROR: frozenset({"status"}),
+    FaultMode.ERROR: frozenset({"status"}) | _AT_RATE,
+    # A refused connection is a property of the socket, not of a request: no rate.
     FaultMode.REFUSE: frozenset(),
-    FaultMode.HANG: frozenset(),
-    FaultMode.STALL: frozenset({"after_tokens"}),
-    FaultMode.DROP: frozenset({"after_tokens"}),
+    FaultMode.HANG: _AT_RATE,
+    FaultMode.STALL: frozenset({"after_tokens"}) | _AT_RATE,
+    FaultMode.DROP: frozenset({"after_tokens"}) | _AT_RATE,
 }
 
 _FAULT_MODES = frozenset(m.value for m in FaultMode)
 _HEALTH_MODES = frozenset(m.value for m in HealthMode)
+_TOOLS_MODES = frozenset(m.value for m in ToolsMode)
+_SETTINGS = frozenset({"ttft_ms", "itl_ms", "tokens", "tools", "variant"})
 DEFAULT_SLOW_DELAY_MS = 1000.0
 
 
@@ -52,20 +63,54 @@ def integer(body: Mapping[str, object], key: str, default: int, minimum: int) ->
     return value
 
 
+def _rate(body: Mapping[str, object]) -> float | None:
+    value = body.get("rate")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ParamError("rate", "must be a number in (0, 1]")
+    return float(value)
+
+
+def _seed(body: Mapping[str, object]) -> int | None:
+    value = body.get("seed")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParamError("seed", "must be an integer")
+    return value
+
+
 def _reject_unknown(body: Mapping[str, object], allowed: frozenset[str], what: str) -> None:
     for key in body:
         if key not in allowed:
             raise ParamError(key, f"is not a parameter of {what}")
 
 
+def _tools_mode(body: Mapping[str, object], default: ToolsMode) -> ToolsMode:
+    value = body.get("tools", default.value)
+    if not isinstance(value, str) or value not in _TOOLS_MODES:
+        raise ParamError("tools", f"must be one of {', '.join(ToolsMode)}")
+    return ToolsMode(value)
+
+
+def _variant(body: Mapping[str, object], default: str) -> str:
+    value = body.get("variant", default)
+    if not isinstance(value, str):
+        raise ParamError("variant", "must be a string")
+    return value
+
+
 def parse_settings(raw: object, current: Settings) -> Settings:
     body = as_object(raw)
-    _reject_unknown(body, frozenset({"ttft_ms", "itl_ms", "tokens"}), "settings")
+    _reject_unknown(body, _SETTINGS, "settings")
     return dataclasses.replace(
         current,
         ttft_ms=number(body, "ttft_ms", current.ttft_ms),
         itl_ms=number(body, "itl_ms", current.itl_ms),
         tokens=integer(body, "tokens", current.tokens, 1),
+        tools=_tools_mode(body, current.tools),
+        variant=_variant(body, current.variant),
     )
 
 
@@ -93,10 +138,15 @@ def parse_fault(raw: object) -> Fault:
         if mode is FaultMode.REFUSE:
             raise ParamError("count", "is not supported with mode 'refuse'; clear it with 'none'")
         count = integer(body, "count", 1, 1)
+    rate, seed = _rate(body), _seed(body)
+    if rate is not None and count is not None:
+        raise ParamError("rate", "cannot be combined with 'count'; give one of them")
+    if seed is not None and rate is None:
+        raise ParamError("seed", "only applies to a fault with a 'rate'")
     status = integer(body, "status", 500, 400)
     if status > 599:
         raise ParamError("status", "must be an HTTP error status (400-599)")
-    return Fault(mode, count, status, integer(body, "after_tokens", 2, 0))
+    return Fault(mode, count, status, integer(body, "after_tokens", 2, 0), rate, seed)
 
 
 def parse_node_health(raw: object) -> NodeHealth:

@@ -1,12 +1,14 @@
 """Per-unit state of the simulated units (a test tool): settings, faults, health modes, stats.
 
 Kept free of I/O and asyncio so the rules that tests and the gateway rely on (when a
-counted fault runs out, what a reset keeps) live in one place and can be read on their own.
+counted fault runs out, which requests a fault at a rate strikes, what a reset keeps) live in
+one place and can be read on their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -18,6 +20,14 @@ class FaultMode(StrEnum):
     HANG = "hang"
     STALL = "stall"
     DROP = "drop"
+
+
+class ToolsMode(StrEnum):
+    """How a unit answers a request that offers tools; the last two stand for a broken revision."""
+
+    CALL = "call"  # a tool call whose arguments fit the tool's schema
+    TEXT = "text"  # plain text, as a model that lost the skill
+    BAD_JSON = "bad_json"  # a tool call whose arguments are not valid JSON
 
 
 class HealthMode(StrEnum):
@@ -32,6 +42,9 @@ class Settings:
     ttft_ms: float = 20.0
     itl_ms: float = 10.0
     tokens: int = 16
+    tools: ToolsMode = ToolsMode.CALL
+    variant: str = ""
+    """Changes the answer's words, deterministically: units with one variant answer alike."""
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -39,12 +52,19 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """What the leader does to the next requests; `count=None` means until cleared."""
+    """What the leader does to the next requests; `count=None` means until cleared.
+
+    With a `rate` the fault strikes that share of requests, drawn from a generator seeded
+    with `seed` when the fault is set (`None`: a fresh random sequence); the others run
+    normally. `rate` and `count` do not combine (see params.py).
+    """
 
     mode: FaultMode = FaultMode.NONE
     count: int | None = None
     status: int = 500
     after_tokens: int = 2
+    rate: float | None = None
+    seed: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -92,6 +112,8 @@ class UnitState:
     health: list[NodeHealth]
     fault: Fault = NO_FAULT
     stats: Stats = field(default_factory=Stats)
+    strikes: random.Random = field(default_factory=random.Random)
+    """Decides which requests a fault at a rate strikes; re-seeded whenever a fault is set."""
 
     @classmethod
     def new(cls, unit_id: str, node_count: int, defaults: Settings) -> UnitState:
@@ -101,16 +123,24 @@ class UnitState:
         """Count a new request and return the fault it must suffer.
 
         A counted fault is consumed here, at admission, so "the next N requests" means
-        the next N to arrive regardless of how long each one takes to finish.
+        the next N to arrive regardless of how long each one takes to finish. A fault at
+        a rate draws once per admitted request, in arrival order, so a seed fixes which
+        of the requests it strikes.
         """
         self.stats.requests += 1
         self.stats.in_flight += 1
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
         fault = self.fault
+        if fault.rate is not None:
+            return fault if self.strikes.random() < fault.rate else NO_FAULT
         if fault.count is not None:
             left = fault.count - 1
             self.fault = dataclasses.replace(fault, count=left) if left > 0 else NO_FAULT
         return fault
+
+    def set_fault(self, fault: Fault) -> None:
+        self.fault = fault
+        self.strikes = random.Random(fault.seed)
 
     def finish_completed(self) -> None:
         self.stats.in_flight -= 1

@@ -91,13 +91,13 @@ class SimUnit:
         async with self._fault_lock:
             # Without the API here (a followers-only process) a fault is recorded, not felt.
             if fault.mode is FaultMode.REFUSE:
-                self.state.fault = fault
+                self.state.set_fault(fault)
                 if self._api is not None:
                     await self._api.close_socket()
             else:
                 if self._api is not None:
                     await self._api.open()
-                self.state.fault = fault
+                self.state.set_fault(fault)
 
     def set_settings(self, settings: Settings) -> None:
         self.state.settings = settings

@@ -115,6 +115,15 @@ async def test_drop_breaks_the_transfer(
         ("hang", {"status": 500}, "status"),
         ("error", {"status": 200}, "status"),
         ("error", {"count": 0}, "count"),
+        ("drop", {"rate": 0}, "rate"),
+        ("drop", {"rate": 1.5}, "rate"),
+        ("drop", {"rate": True}, "rate"),
+        ("error", {"rate": "0.1"}, "rate"),
+        ("error", {"rate": 0.1, "count": 3}, "rate"),
+        ("error", {"seed": 3}, "seed"),
+        ("error", {"rate": 0.1, "seed": 1.5}, "seed"),
+        ("refuse", {"rate": 0.5}, "rate"),
+        ("none", {"rate": 0.5}, "rate"),
     ],
 )
 async def test_bad_fault_params_are_rejected(

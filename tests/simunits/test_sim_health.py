@@ -93,7 +93,7 @@ async def test_client_disconnect_is_recorded(
 async def test_reset_restores_everything(
     cluster: SimCluster, session: aiohttp.ClientSession, control: ControlClient
 ) -> None:
-    await control.settings("u0", ttft_ms=999)
+    await control.settings("u0", ttft_ms=999, tools="text", variant="r2")
     await control.fault("u0", "refuse")
     await control.node_health("u0", 1, "unhealthy")
     await control.fault("u1", "error", status=500)
@@ -103,7 +103,13 @@ async def test_reset_restores_everything(
     units = await control.units()
     for unit in units:
         assert unit["fault"]["mode"] == "none"
-        assert unit["settings"] == {"ttft_ms": 5.0, "itl_ms": 1.0, "tokens": 8}
+        assert unit["settings"] == {
+            "ttft_ms": 5.0,
+            "itl_ms": 1.0,
+            "tokens": 8,
+            "tools": "call",
+            "variant": "",
+        }
         assert {h["mode"] for h in unit["health"]} == {"ok"}
         assert unit["stats"]["requests"] == 0
     async with session.post(
