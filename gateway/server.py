@@ -57,6 +57,7 @@ from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.upstream import UpstreamClient
 from gateway.relay.native import resolve
+from gateway.rollout.collector import Collector
 from gateway.routing.admission import Admission
 from gateway.signals import Signals
 from gateway.tls import scheme, server_context
@@ -162,6 +163,8 @@ class Gateway:
         if self.tracing.enabled:
             self.signals.subscribe(TracingObserver(self.tracing))
         access_log.subscribe(self.signals, config.logging)  # only if [logging] access
+        # Each revision's answers while a rollout runs, which its gates judge.
+        self.rollout_samples = _rollout_samples(self.signals, role)
         # The data plane's API keys: written by the admin API here, or by the control plane's
         # link in a worker; read by the request path.
         self.keys = KeyRing()
@@ -178,6 +181,7 @@ class Gateway:
                 keys=self.keys,
                 settle=role.settle,
                 latency=self.knowledge.latency_figures,
+                samples=self.rollout_samples,
             )
         self.draining = False
         self.public_url = ""
@@ -398,6 +402,17 @@ def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
                 count,
                 proxy.config.resume.ejected_idle,
             )
+
+
+def _rollout_samples(signals: Signals[Call], role: Role) -> Collector | None:
+    """The control half drives rollouts, on the answers of the request path it runs (with
+    workers it runs none, and refuses to start one)."""
+    if not role.control:
+        return None
+    collector = Collector()
+    if role.public:
+        signals.subscribe(collector)
+    return collector
 
 
 def _log_panic(events: EventLog, change: PanicChange) -> None:

@@ -17,6 +17,7 @@ wrong identity, stalled) stays out: routing to a dead unit helps no one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,8 +26,11 @@ from typing import Literal
 from gateway.config import Config, UnitConfig
 from gateway.health_states import Health
 from gateway.paths import served
+from gateway.revisions import Canary, Revisions
 from gateway.routing.affinity import hash_key
 from gateway.shares import below_share
+
+log = logging.getLogger("unitgate")
 
 Bit = Literal["healthy", "admitting", "enabled", "draining"]
 
@@ -70,6 +74,7 @@ class UnitState:
     __slots__ = (
         "admitting",
         "cap",
+        "cell",
         "config",
         "configured_cap",
         "draining",
@@ -86,9 +91,12 @@ class UnitState:
         "nodes",
         "panicked",
         "reasons",
+        "revision",
+        "scale",
         "serves",
         "token_ids",
         "weight",
+        "why_idle",
     )
 
     def __init__(
@@ -105,6 +113,12 @@ class UnitState:
         # The unit's own header lines on every request (its API key, its `headers`).
         self.extra_head = config.header_lines()
         self.weight = config.weight  # lowered by the registry while the unit is slow
+        self.cell, self.revision = config.cell, config.revision
+        # Its weight's factor while a rollout runs (revisions.py: a cell keeps its share).
+        self.scale = 1.0
+        # Why routing leaves it out though its bits allow it: its revision is not the one its
+        # cell serves (set by the registry; "" = not for that reason).
+        self.why_idle = ""
         self.configured_cap = cap
         self.cap = cap  # lowered by the breaker while it admits trial requests only
         self.models = models
@@ -143,6 +157,11 @@ class UnitState:
         return self.health.routable and self.admitting and self.in_service
 
     @property
+    def serving(self) -> bool:
+        """Routable, and of a revision its cell serves now (to some of its requests)."""
+        return self.routable and not self.why_idle
+
+    @property
     def rescuable(self) -> bool:
         """Out, but only on soft evidence or by its breaker: panic routing may use it."""
         if not self.in_service or self.routable or self.health is Health.UNKNOWN:
@@ -159,6 +178,7 @@ class _Listeners:
     on_bit: list[Listener] = field(default_factory=list)
     on_membership: list[Callable[[UnitState, bool], None]] = field(default_factory=list)
     on_panic: list[Callable[[PanicChange], None]] = field(default_factory=list)
+    on_revisions: list[Callable[[Revisions], None]] = field(default_factory=list)
 
 
 class UnitRegistry:
@@ -175,12 +195,37 @@ class UnitRegistry:
         self._slow_weight = h.slow_weight
         self._panic_threshold = h.panic_threshold
         self.panic: dict[str, str] = {}  # model -> why, while its units are panic-routed
+        self.revisions = Revisions()
         for unit in config.units:
             self.units[unit.id] = self._state(unit)
-        self.snapshot: Snapshot = self._build()
+            self._adopt(unit)
+        self._revise()
+        self.snapshot: Snapshot = self._build(moving=False)
+        # What requests that drew the new revision in the cell being moved route over (the
+        # same object as `snapshot` outside a rollout).
+        self.moving: Snapshot = self.snapshot
 
-    def routable(self, model: str) -> tuple[UnitState, ...]:
-        return self.snapshot.get(model, ())
+    def routable(self, model: str, moving: bool = False) -> tuple[UnitState, ...]:
+        """The model's routable units; `moving`: for a request that drew the new revision of
+        the cell a rollout is moving (revisions.py)."""
+        return (self.moving if moving else self.snapshot).get(model, ())
+
+    @property
+    def canary(self) -> Canary | None:
+        return self.revisions.canary
+
+    def set_revisions(self, revisions: Revisions) -> None:
+        """What each cell serves and the running rollout's split, as its driver decides."""
+        if revisions == self.revisions:
+            return
+        self.revisions = revisions
+        self._rebuild()
+        for listener in self._listeners.on_revisions:
+            listener(revisions)
+
+    def on_revisions(self, listener: Callable[[Revisions], None]) -> None:
+        """`listener(revisions)` after the cells' revisions or a rollout's split changed."""
+        self._listeners.on_revisions.append(listener)
 
     def any_routable(self) -> bool:
         return any(self.snapshot.values())
@@ -208,7 +253,7 @@ class UnitRegistry:
         if unit.health is health and unit.hard == hard:
             return False
         unit.health, unit.hard = health, hard
-        unit.weight = unit.config.weight * (self._slow_weight if health is Health.SLOW else 1.0)
+        self._weigh(unit)
         unit.reasons["healthy"] = reason
         self._publish(BitChange(unit, "healthy", health.routable, reason, who))
         return True
@@ -218,10 +263,17 @@ class UnitRegistry:
         for listener in self._listeners.on_bit:
             listener(change)
 
+    def _weigh(self, unit: UnitState) -> None:
+        slow = self._slow_weight if unit.health is Health.SLOW else 1.0
+        unit.weight = unit.config.weight * slow * unit.scale
+
     def _rebuild(self) -> None:
-        """Swap the snapshot, then report a panic change (listeners see the new snapshot)."""
+        """Swap the snapshots, then report a panic change (listeners see the new snapshot)."""
         before = self.panic
-        self.snapshot = self._build()
+        self._revise()
+        moving = None if self.canary is None else self._build(moving=True)
+        self.snapshot = self._build(moving=False)
+        self.moving = self.snapshot if moving is None else moving
         changes = [PanicChange(m, True, why) for m, why in self.panic.items() if m not in before]
         changes += [
             PanicChange(m, False, "enough units routable again")
@@ -237,6 +289,7 @@ class UnitRegistry:
         if config.id in self.units:
             raise KeyError(config.id)
         unit = self.units[config.id] = self._state(config)
+        self._adopt(config)
         self._rebuild()
         for listener in self._listeners.on_membership:
             listener(unit, True)
@@ -277,13 +330,56 @@ class UnitRegistry:
             state.reasons["healthy"] = "waiting for its first probe round"
         return state
 
-    def _build(self) -> Snapshot:
+    def _adopt(self, unit: UnitConfig) -> None:
+        """The first unit of a cell sets the revision the cell serves (units of another one
+        wait for a rollout: `unitgate up` may start both revisions' units at once)."""
+        serving = self.revisions.of(unit.cell)
+        if serving is None:
+            self.revisions = self.revisions.with_serving(unit.cell, unit.revision)
+        elif serving != unit.revision:
+            log.info(
+                "unit %s of revision %r waits in cell %s, which serves %r, for a rollout",
+                unit.id, unit.revision, unit.cell, serving,
+            )  # fmt: skip
+
+    def _wanted(self, unit: UnitState, moving: bool) -> str:
+        """The revision `unit`'s cell serves a request that drew `moving` (revisions.py)."""
+        serving = self.revisions.of(unit.cell)
+        if serving is None:  # only a cell whose units were all removed: none to route
+            serving = unit.revision
+        canary = self.revisions.canary
+        return serving if canary is None else canary.revision(unit.cell, serving, moving)
+
+    def _revise(self) -> None:
+        """Each unit's `why_idle` (of a revision no request of its cell gets) and `scale`."""
+        canary = self.revisions.canary
+        weights: dict[tuple[str, str], float] = {}
+        if canary is not None:
+            for unit in self.units.values():
+                key = (unit.cell, unit.revision)
+                weights[key] = weights.get(key, 0.0) + unit.config.weight
+        for unit in self.units.values():
+            stay, move = self._wanted(unit, False), self._wanted(unit, True)
+            unit.why_idle = "" if unit.revision in (stay, move) else _idle(unit, stay, canary)
+            scale = 1.0
+            if canary is not None and unit.revision == canary.new and canary.reached(unit.cell):
+                old = weights.get((unit.cell, canary.old), 0.0)
+                new = weights.get((unit.cell, canary.new), 0.0)
+                scale = old / new if old > 0 and new > 0 else 1.0
+            if unit.scale != scale:
+                unit.scale = scale
+                self._weigh(unit)
+
+    def _build(self, moving: bool) -> Snapshot:
+        """The routable units by model for the requests that drew `moving` (the same for
+        every request outside a rollout); panic routing as the other split sees it is kept
+        (`panic`, `panicked`) only for those that did not."""
         by_model: dict[str, list[UnitState]] = {m: [] for m in self.models}
         spare: dict[str, list[UnitState]] = {m: [] for m in self.models}
         serving = dict.fromkeys(self.models, 0)
         for unit in self.units.values():
             unit.panicked = False
-            if not unit.in_service:
+            if not unit.in_service or unit.revision != self._wanted(unit, moving):
                 continue
             for model in unit.models:
                 serving[model] += 1
@@ -302,5 +398,19 @@ class UnitRegistry:
                 units.extend(spare[model])
                 for unit in spare[model]:
                     unit.panicked = True
-        self.panic = panic
+        if not moving:
+            self.panic = panic
         return MappingProxyType({m: tuple(us) for m, us in by_model.items()})
+
+
+def _idle(unit: UnitState, wanted: str, canary: Canary | None) -> str:
+    mine = f"revision {unit.revision!r}" if unit.revision else "no revision label"
+    if canary is not None and unit.revision == canary.new:
+        return (
+            f"{mine}: the rollout {canary.id} has not moved cell {unit.cell!r} to it yet"
+            f" (the cell serves {wanted!r})"
+        )
+    return (
+        f"{mine}, but cell {unit.cell!r} serves {wanted!r}: a rollout moves traffic to it"
+        " (docs/rollouts.md)"
+    )

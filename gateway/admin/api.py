@@ -20,10 +20,17 @@ state file not writable (the action is then not applied).
     POST   /admin/units/{id}/drain      {"reason": "..."} (optional, or no body)  -> 200 UNIT
     POST   /admin/units/{id}/enable     {"reason": "..."} (optional, or no body)  -> 200 UNIT
     POST   /admin/units                 {"id", "leader", "nodes"?, "weight"?, "max_inflight"?,
-                                         "models"?, "enabled"?}                   -> 201 UNIT
+                                         "models"?, "enabled"?, "cell"?,
+                                         "revision"?}                             -> 201 UNIT
     DELETE /admin/units/{id}            -> 200 {"id", "removed": true, "in_flight"}
     GET    /admin/events?limit=N&unit=ID  (limit default 100) -> 200 {"events": [EVENT, ...]}
     POST   /admin/keys, GET /admin/keys, DELETE /admin/keys/{id}: data-plane API keys (keys.py)
+    POST   /admin/rollouts              {"to", "from"?, "cells"?, "steps"?, "step_seconds"?,
+                                         "gates"?, "golden"?, "hooks"?, ...}        -> 201 ROLLOUT
+    GET    /admin/rollouts              -> 200 {"rollouts": [ROLLOUT, ...]}  (newest first)
+    GET    /admin/rollouts/current      -> 200 ROLLOUT (404: none has run)
+    POST   /admin/rollouts/current/pause | resume | abort                 -> 200 ROLLOUT
+    GET    /admin/rollouts/current/verdict -> 200 {"id", "state", "verdict", "gates", "reason"}
     GET    /admin/openapi.json          -> 200 this API in OpenAPI 3.1 (no token needed)
 
     UNIT = {"id", "routable",            # true when health, breaker and admin all allow it
@@ -32,6 +39,7 @@ state file not writable (the action is then not applied).
             "admin": {"state": "enabled"|"disabled"|"draining"|"drained",
                       "reason", "who", "since"},                  # the operator's; since = Unix s
             "in_flight", "drained",      # drained: out of service by the admin, 0 in flight
+            "cell", "revision", "idle",  # idle: why its revision gets no traffic ("" = it does)
             "leader", "weight", "cap", "models",
             "nodes": [{"url", "role", "rank", "healthy", "latency_ms", "error"}]}
     EVENT = {"time", "unit", "what", "reason", "who"}  # oldest first; time = Unix s
@@ -48,7 +56,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -64,9 +72,11 @@ from gateway.admin.state import State
 from gateway.admin.store import StoreError
 from gateway.admin.view import BreakerView, Settle, WorkersView, unit_view
 from gateway.errors import GatewayError
+from gateway.rollout.driver import RolloutError, Rollouts
 from gateway.units import UnitState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 DEFAULT_EVENTS = 100
 STATUS_EVENTS = 30  # the latest events on the status page
 # With workers, an admin change is answered once every worker applied it, waiting at most this
@@ -84,8 +94,10 @@ class AdminApi:
         breaker_view: BreakerView | None = None,
         workers: WorkersView | None = None,
         settle: Settle | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.service = service
+        self.rollouts = rollouts
         self._settle = settle
         self.keys = KeyAdmin(service)
         self._auth = auth  # known once the admin has started
@@ -108,6 +120,13 @@ class AdminApi:
                 web.get("/keys", self.list_keys),
                 web.post("/keys", self.create_key),
                 web.delete("/keys/{id}", self.revoke_key),
+                web.post("/rollouts", self.start_rollout),
+                web.get("/rollouts", self.list_rollouts),
+                web.get("/rollouts/current", self.current_rollout),
+                web.post("/rollouts/current/pause", self.steer_rollout),
+                web.post("/rollouts/current/resume", self.steer_rollout),
+                web.post("/rollouts/current/abort", self.steer_rollout),
+                web.get("/rollouts/current/verdict", self.rollout_verdict),
                 openapi.route(),  # the one route without a token
             ]
         )
@@ -126,6 +145,7 @@ class AdminApi:
             "units": await self._views(list(registry.units.values())),
             "panic": dict(registry.panic),
             "events": [e.to_json() for e in self.service.events.recent(STATUS_EVENTS)],
+            "rollout": None if self.rollouts is None else self.rollouts.view(),
         }
 
     async def workers(self, request: web.Request) -> web.Response:
@@ -180,6 +200,45 @@ class AdminApi:
 
     async def revoke_key(self, request: web.Request) -> web.Response:
         return _json(200, await self.keys.revoke(request.match_info["id"], request[WHO]))
+
+    async def start_rollout(self, request: web.Request) -> web.Response:
+        rollouts = self._rollouts()
+        body = await _body(request, required=True)
+        record = await _steered(rollouts.start(body, request[WHO]))
+        view = record.view()
+        if rollouts.note:
+            view["note"] = rollouts.note
+        return _json(201, view)
+
+    async def list_rollouts(self, request: web.Request) -> web.Response:
+        records = reversed(list(self._rollouts().records.values()))
+        return _json(200, {"rollouts": [r.view() for r in records]})
+
+    async def current_rollout(self, request: web.Request) -> web.Response:
+        record = self._rollouts().current
+        if record is None:
+            raise AdminError("no rollout has run yet", status=404, code="no_rollout")
+        return _json(200, record.view())
+
+    async def steer_rollout(self, request: web.Request) -> web.Response:
+        rollouts, who = self._rollouts(), request[WHO]
+        verb = request.path.rsplit("/", 1)[1]
+        steer = {"pause": rollouts.pause, "resume": rollouts.resume, "abort": rollouts.abort}[verb]
+        return _json(200, (await _steered(steer(who))).view())
+
+    async def rollout_verdict(self, request: web.Request) -> web.Response:
+        rollouts = self._rollouts()
+        try:
+            return _json(200, rollouts.verdict())
+        except RolloutError as exc:
+            raise AdminError(str(exc), status=exc.status, code=exc.code) from None
+
+    def _rollouts(self) -> Rollouts:
+        if self.rollouts is None:
+            raise AdminError(
+                "rollouts need the request path in this process", status=404, code="no_rollouts"
+            )
+        return self.rollouts
 
     async def _set_state(
         self, request: web.Request, state: State, *, reason_required: bool
@@ -253,6 +312,13 @@ def _reason(body: object, required: bool) -> str:
     if required and not reason.strip():
         raise bad_request("[body].reason is required: say why the unit is taken out of service")
     return reason.strip()
+
+
+async def _steered(action: Awaitable[T]) -> T:
+    try:
+        return await action
+    except RolloutError as exc:
+        raise AdminError(str(exc), status=exc.status, code=exc.code) from None
 
 
 def _json(status: int, payload: object) -> web.Response:

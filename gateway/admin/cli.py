@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from gateway.admin import tables
+from gateway.admin import rollout_cli, tables
 from gateway.admin.client import AdminClient, ClientError
 from gateway.admin.drain_wait import DEFAULT_WAIT, wait_drained
 
@@ -73,6 +73,10 @@ def parser() -> argparse.ArgumentParser:
     events.add_argument("--limit", type=int, default=100, help="newest N (default 100)")
     events.add_argument("--unit", help="only this unit's events")
     _keys_parser(verb("keys", "data-plane API keys: create, list, revoke"))
+    rollout_cli.add_parser(
+        verb("rollouts", "replace a revision cell by cell: start, status, pause, abort..."),
+        lambda: _global_flags(after_verb=True),
+    )
     return p
 
 
@@ -157,6 +161,8 @@ def _add_parser(add: argparse.ArgumentParser) -> None:
     add.add_argument("--weight", type=float)
     add.add_argument("--max-inflight", type=int)
     add.add_argument("--model", action="append", default=[], help="a served model (repeat)")
+    add.add_argument("--cell", help='its cell (default "default")')
+    add.add_argument("--revision", help="its revision label (default none)")
 
 
 def _unit_path(ns: argparse.Namespace, action: str = "") -> str:
@@ -170,6 +176,8 @@ def _add_body(ns: argparse.Namespace) -> dict[str, Any]:
         "models": ns.model,
         "weight": ns.weight,
         "max_inflight": ns.max_inflight,
+        "cell": ns.cell,
+        "revision": ns.revision,
     }
     body.update({k: v for k, v in optional.items() if v not in (None, [])})
     return body
@@ -216,4 +224,5 @@ COMMANDS: dict[str, tuple[Command, Callable[[Any], str]]] = {
     "remove": (lambda c, ns: c.delete(_unit_path(ns)), tables.removed),
     "events": (lambda c, ns: c.get(_events_path(ns)), tables.events),
     "keys": (_keys, tables.keys),
+    "rollouts": (rollout_cli.run, rollout_cli.render),
 }

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.admin import key_schemas
+from gateway.admin import key_schemas, rollout_schemas
 from gateway.admin.schemas import SCHEMAS, Schema, of, ref
 from gateway.version import version
 
@@ -23,7 +23,7 @@ ROUTE = "openapi"  # the route's name: the admin's auth middleware lets it throu
 
 INTRO = """\
 Look at units, take them out of service and back, add and remove them, read the events log,
-make and revoke the data plane's API keys.
+make and revoke the data plane's API keys, roll a new revision out cell by cell.
 
 Served on the operator listener (next to /metrics) under /admin/, when `[admin].enabled`.
 Every operation but this document's needs `Authorization: Bearer <token>`: no or malformed
@@ -34,8 +34,8 @@ ERRORS = {
     "400": "Bad body or query; the message names the key.",
     "401": "No `Authorization: Bearer` header.",
     "403": "The token is not valid.",
-    "404": "No unit (or key) with this id.",
-    "409": "A unit with this id exists.",
+    "404": "No unit (or key) with this id, or no rollout.",
+    "409": "A unit with this id exists, or a rollout is running.",
     "500": "The state file could not be written: the action was not applied.",
     "503": "The shared state store is unreachable: the action was not applied.",
 }
@@ -150,6 +150,7 @@ def paths() -> dict[str, Any]:
         ),
         "/admin/events": {"get": events()},
         **key_paths(),
+        **rollout_schemas.rollout_paths(operation, AUTH, WRITE),
         "/admin/workers": {
             "get": operation(
                 "List the worker processes",
@@ -255,6 +256,7 @@ def document() -> dict[str, Any]:
             {"name": "units", "description": "Units and their service state."},
             {"name": "events", "description": "Who changed what, and why."},
             {"name": "keys", "description": "The data plane's API keys."},
+            {"name": "rollouts", "description": "A revision replaced by another, cell by cell."},
             {"name": "gateway", "description": "The gateway itself."},
         ],
         "paths": paths(),
@@ -266,7 +268,7 @@ def document() -> dict[str, Any]:
                     "description": "A token from [admin].token_env or [admin].token_file.",
                 }
             },
-            "schemas": {**SCHEMAS, **key_schemas.SCHEMAS},
+            "schemas": {**SCHEMAS, **key_schemas.SCHEMAS, **rollout_schemas.SCHEMAS},
             "responses": responses,
         },
     }

@@ -27,6 +27,9 @@ from gateway.auth.ring import KeyRing
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
+from gateway.observability.rollout_metrics import RolloutCollector, RolloutEnds
+from gateway.rollout.collector import Collector
+from gateway.rollout.driver import Rollouts
 from gateway.status.classes import ClassesAndTenants
 from gateway.status.feed import Annotator, StatusFeed
 from gateway.status.latency import Figures, Latency
@@ -50,12 +53,22 @@ class Admin:
         keys: KeyRing | None = None,
         settle: Settle | None = None,
         latency: Figures | None = None,
+        samples: Collector | None = None,
     ) -> None:
-        """`latency`: each unit's learned latency figures, for the status page."""
+        """`latency`: each unit's learned latency figures, for the status page; `samples`:
+        the rollouts' collector, where this process runs the request path."""
         self._config = config
         self.service = AdminService(config, units, events, keys=keys)
         self._auth: Authenticator | None = None
-        self.api = AdminApi(self.service, self._authenticator, breaker_view, workers, settle)
+        self.rollouts = (
+            None if samples is None else Rollouts(config, units, self.service, events, samples)
+        )
+        self.api = AdminApi(
+            self.service, self._authenticator, breaker_view, workers, settle, self.rollouts
+        )
+        if metrics is not None and self.rollouts is not None:
+            metrics.registry.register(RolloutCollector(self.rollouts.view))
+            RolloutEnds(metrics.registry, events)
         # The status page (/status) shows what the admin API does, pushed on every change,
         # and each unit's recent traffic, the classes and the top tenants from the metrics.
         found: list[Annotator] = []
@@ -85,14 +98,29 @@ class Admin:
                 yield
             return
         if not admin.state_file:
-            yield
+            async with self._driving(None):
+                yield
             return
         store = await Store.open(admin.state_file)
         try:
             await self.service.restore(store)
-            yield
+            async with self._driving(store):
+                yield
         finally:
             await store.close()
+
+    @contextlib.asynccontextmanager
+    async def _driving(self, store: Store | None) -> AsyncIterator[None]:
+        """The rollouts back from the store (a live one carries on), stopped at shutdown."""
+        rollouts = self.rollouts
+        if rollouts is None:
+            yield
+            return
+        await rollouts.restore(store)
+        try:
+            yield
+        finally:
+            await rollouts.stop()
 
     @contextlib.asynccontextmanager
     async def _shared(self) -> AsyncIterator[None]:

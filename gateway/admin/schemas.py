@@ -16,6 +16,7 @@ Schema = dict[str, Any]
 ADMIN_STATES = ("enabled", "disabled", "draining", "drained")
 HEALTH_STATES = ("unknown", "healthy", "slow", "unhealthy")  # gateway.health_states.Health
 BASE_URL = "^https?://[^/]+/?$"  # gateway.config.checks.base_url
+CELL = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # gateway.config.unit's cell names
 BREAKER_STATES = ("admitting", "ejected", "probing")  # gateway.health.breaker.BreakerState
 
 
@@ -132,6 +133,13 @@ UNIT = obj(
         "id": of("string"),
         "routable": of("boolean", "True when health, breaker and admin all let it serve."),
         "panic_routed": of("boolean", "Routed only because too few units are routable."),
+        "cell": of("string", "The cell it belongs to (rollouts move one cell at a time)."),
+        "revision": of("string", "Its revision label."),
+        "idle": of(
+            "string",
+            "Why routing leaves it out though health, breaker and admin allow it: its revision "
+            "is not its cell's; empty when not for that reason.",
+        ),
         "health": obj(
             {
                 "state": of("string", enum=list(HEALTH_STATES)),
@@ -208,6 +216,13 @@ NEW_UNIT = {
         "served_model": of("string"),
         "api_key_env": of("string"),
         "headers": of("object", additionalProperties=of("string")),
+        "cell": of("string", 'Its cell (default "default").', pattern=CELL),
+        "revision": of(
+            "string",
+            "Its revision label: a unit of another revision than its cell's gets traffic "
+            "only once a rollout moves the cell to it.",
+            maxLength=128,
+        ),
         "tls_ca": of("string"),
         "tls_cert": of("string"),
         "tls_key": of("string"),

@@ -52,6 +52,10 @@ class Saved:
     added: dict[str, AddedUnit] = field(default_factory=dict)
     removed: dict[str, Removal] = field(default_factory=dict)  # units of the config file
     keys: dict[str, Key] = field(default_factory=dict)  # data-plane API keys, by id
+    # Rollouts' records by id, oldest first (gateway/rollout/record.py), and the revision
+    # each cell serves where a rollout changed it.
+    rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    serving: dict[str, str] = field(default_factory=dict)
 
 
 def saved_mark(unit: str, state: str, reason: str, who: str, since: float) -> Mark:

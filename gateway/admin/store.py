@@ -5,8 +5,10 @@ SQLite transaction is all or nothing. The stdlib driver blocks, so every call ru
 thread; one connection and one lock serialize them, which is plenty for operator actions.
 The schema is versioned in `meta` so a newer gateway can migrate and an older one refuses a
 file it does not understand instead of misreading it. Version 2 added the data-plane API keys
-(`keys`: one JSON record per key, its secret's hash and never the secret); a version 1 file
-is migrated when opened.
+(`keys`: one JSON record per key, its secret's hash and never the secret); version 3 the
+rollouts (`rollouts`: one JSON record each, the running one and those before it) and the
+revision each cell serves once a rollout changed it (`cells`). Older files are migrated when
+opened.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gateway.admin.errors import AdminStartError
 from gateway.admin.state import AddedUnit, Mark, Removal, Saved, saved_mark
 from gateway.auth.keys import Key, from_record
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS marks (
@@ -34,7 +36,14 @@ CREATE TABLE IF NOT EXISTS added (
 CREATE TABLE IF NOT EXISTS removed (unit TEXT PRIMARY KEY, who TEXT NOT NULL, since REAL NOT NULL);
 """
 # Each version's step from the one before; tables it adds are in _SCHEMA (IF NOT EXISTS).
-_MIGRATIONS = {2: "CREATE TABLE IF NOT EXISTS keys (id TEXT PRIMARY KEY, record TEXT NOT NULL);"}
+_MIGRATIONS = {
+    2: ("CREATE TABLE IF NOT EXISTS keys (id TEXT PRIMARY KEY, record TEXT NOT NULL);",),
+    3: (
+        "CREATE TABLE IF NOT EXISTS rollouts ("
+        "id TEXT PRIMARY KEY, started REAL NOT NULL, record TEXT NOT NULL);",
+        "CREATE TABLE IF NOT EXISTS cells (cell TEXT PRIMARY KEY, revision TEXT NOT NULL);",
+    ),
+}
 
 T = TypeVar("T")
 
@@ -102,6 +111,23 @@ class Store:
         record = orjson.dumps(key.record()).decode()
         await self._write("INSERT OR REPLACE INTO keys VALUES (?, ?)", (key.id, record))
 
+    async def put_rollout(self, rollout: str, started: float, record: dict[str, Any]) -> None:
+        """A rollout's record as it is now (written at every step, verdict and end)."""
+        text = orjson.dumps(record).decode()
+        await self._write(
+            "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)", (rollout, started, text)
+        )
+
+    async def set_serving(self, serving: dict[str, str]) -> None:
+        """The revision each cell serves, after a rollout moved them."""
+
+        def apply(db: sqlite3.Connection) -> None:
+            with db:
+                db.execute("DELETE FROM cells")
+                db.executemany("INSERT INTO cells VALUES (?, ?)", sorted(serving.items()))
+
+        await self._guarded(apply)
+
     async def close(self) -> None:
         async with self._lock:
             await asyncio.to_thread(self._db.close)
@@ -151,7 +177,8 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _migrate(db: sqlite3.Connection, found: int) -> None:
     """From schema version `found` to SCHEMA_VERSION, in the caller's transaction."""
     for version in range(found + 1, SCHEMA_VERSION + 1):
-        db.execute(_MIGRATIONS[version])
+        for statement in _MIGRATIONS[version]:
+            db.execute(statement)
 
 
 def _load(db: sqlite3.Connection) -> Saved:
@@ -165,4 +192,8 @@ def _load(db: sqlite3.Connection) -> Saved:
     for _, record in db.execute("SELECT * FROM keys"):
         key = from_record(orjson.loads(record))
         saved.keys[key.id] = key
+    for rollout, _, record in db.execute("SELECT * FROM rollouts ORDER BY started"):
+        saved.rollouts[rollout] = orjson.loads(record)
+    for cell, revision in db.execute("SELECT * FROM cells"):
+        saved.serving[cell] = revision
     return saved

@@ -47,6 +47,8 @@ def unit(u: dict[str, Any]) -> str:
         + _why(admin["reason"]),
         f"  in flight: {u['in_flight']} (cap {u['cap']}), drained: {_cell(u['drained'])}",
         f"  leader:    {u['leader']}  weight {u['weight']:g}  models {', '.join(u['models'])}",
+        f"  cell:      {u.get('cell', '-')}  revision {u.get('revision') or '-'}"
+        + _why(u.get("idle")),
         "",
     ]
     header = ("RANK", "ROLE", "URL", "HEALTHY", "LATENCY-MS", "ERROR")
@@ -109,6 +111,8 @@ def why_not(u: dict[str, Any]) -> str:
         return _labelled(f"admin {admin['state']}", admin["reason"])
     if not health["healthy"]:
         return _labelled("unhealthy", health["reason"])
+    if not u["routable"] and u.get("idle"):
+        return _labelled("revision", u["idle"])
     if not u["routable"]:
         return _labelled(f"breaker {breaker.get('state', '?')}", breaker.get("reason"))
     return ""

@@ -37,8 +37,13 @@ def unit_view(
         quiet = False
     view = {
         "id": unit.id,
-        "routable": unit.routable or unit.panicked,
+        "routable": unit.serving or unit.panicked,
         "panic_routed": unit.panicked,
+        "cell": unit.cell,
+        "revision": unit.revision,
+        # Why routing leaves it out though its bits allow it: another revision than its
+        # cell's ("" = not for that reason).
+        "idle": unit.why_idle,
         "health": {
             "state": unit.health.value,
             "healthy": unit.healthy,
@@ -105,6 +110,8 @@ def why(view: dict[str, Any]) -> str:
         out.append(_said(f"health: {health['state']}", health["reason"]))
     if breaker_state.get("state") != "admitting":
         out.append(_said(f"breaker: {breaker_state.get('state')}", breaker_state.get("reason")))
+    if view.get("idle"):
+        out.append(f"revision: {view['idle']}")
     return "; ".join(out) or "out of the routing snapshot"
 
 

@@ -36,6 +36,7 @@ from gateway.config.proxy import (
     TimeoutConfig,
     UpstreamConfig,
 )
+from gateway.config.rollout import GateDefaults, HookConfig, RolloutConfig
 from gateway.config.state import StateConfig
 from gateway.config.unit import KINDS, UnitConfig
 
@@ -50,8 +51,10 @@ __all__ = [
     "BreakerConfig",
     "Config",
     "ConfigError",
+    "GateDefaults",
     "GatewayConfig",
     "HealthConfig",
+    "HookConfig",
     "LimitsConfig",
     "ListenerConfig",
     "LoggingConfig",
@@ -60,6 +63,7 @@ __all__ = [
     "PriorityConfig",
     "ResumeConfig",
     "RetryConfig",
+    "RolloutConfig",
     "RoutingConfig",
     "StateConfig",
     "TimeoutConfig",
@@ -91,6 +95,8 @@ class Config:
     # Priority classes; None (no [priority] table) = one class, `standard`, as [admission] sizes it.
     priority: PriorityConfig | None = None
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # Rollouts' default steps and gates, and the hooks an admin request may name.
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     units: tuple[UnitConfig, ...] = ()
 
     def __post_init__(self) -> None:

@@ -166,4 +166,5 @@ def _items(item: Any, values: list[Any], key: str) -> tuple[Any, ...]:
 def key_name(where: str, name: str) -> str:
     if not where:
         return f"[{name}]"
-    return f"{where}.{name}" if where.endswith("]") else f"[{where}].{name}"
+    bracketed = where.endswith("]") or where.startswith("[")  # a table in a section
+    return f"{where}.{name}" if bracketed else f"[{where}].{name}"

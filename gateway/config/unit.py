@@ -29,6 +29,9 @@ BACKENDS = ("builtin", "vllm")
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "gguf")
 PACKAGED_MODELS = ("smollm2",)  # engine.model.gguf.PACKAGED's names, kept equal the same way
 
+DEFAULT_CELL = "default"
+_CELL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_CELL_RULE = "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110 token)
 # Headers the gateway writes itself on every request to a unit; `api_key_env` sets Authorization.
 _OWN_HEADERS = frozenset(
@@ -115,6 +118,12 @@ class UnitConfig:
     # which prompt prefixes the unit's cache holds (docs/routing.md). Needs the `kv` extra.
     kv_events: str = ""
     kv_events_replay: str = ""
+    # The cell the unit belongs to: a rollout moves one cell at a time, so a bad revision
+    # reaches one cell's share of traffic before it is judged (docs/rollouts.md).
+    cell: str = DEFAULT_CELL
+    # A free label for the model and engine version the unit runs. Outside a rollout a cell
+    # serves one revision; a unit of another one gets no traffic until a rollout moves it.
+    revision: str = ""
 
     def __post_init__(self) -> None:
         _check(
@@ -136,6 +145,13 @@ class UnitConfig:
         self._check_backend()
         self._check_tls()
         self._check_kv_events()
+        _check(bool(_CELL.fullmatch(self.cell)), "cell", self.cell, _CELL_RULE)
+        _check(
+            len(self.revision) <= 128 and _printable(self.revision),
+            "revision",
+            self.revision,
+            "must be at most 128 printable ASCII characters",
+        )
 
     def _check_kv_events(self) -> None:
         for key in ("kv_events", "kv_events_replay"):

@@ -241,7 +241,15 @@ class _StateCollector(Collector):
             "1 while the operator allows the unit (enabled, not draining).",
             labels=["unit"],
         )
+        # Each unit's cell and revision, to join on `unit` (they are no label of the per-unit
+        # series: a rollout changes no series' identity, and dashboards and rules stay valid).
+        info = GaugeMetricFamily(
+            "unitgate_unit_info",
+            "1 for each unit, labelled with its cell and its revision.",
+            labels=["unit", "cell", "revision"],
+        )
         for unit in list(self.units.units.values()):  # a snapshot: scrapes run off the loop
+            info.add_metric([unit.id, unit.cell, unit.revision], 1.0)
             inflight.add_metric([unit.id], unit.inflight)
             routable.add_metric([unit.id], 1.0 if unit.routable else 0.0)
             in_service.add_metric([unit.id], 1.0 if unit.in_service else 0.0)
@@ -254,6 +262,7 @@ class _StateCollector(Collector):
         active = dict(self.units.panic)
         for model in self.units.models:
             panic.add_metric([model], 1.0 if model in active else 0.0)
+        yield info
         yield inflight
         yield routable
         yield in_service

@@ -30,6 +30,7 @@ class Call:
         "caller",
         "carried",
         "deadline",
+        "draw",
         "end",
         "error",
         "first_byte",
@@ -37,6 +38,7 @@ class Call:
         "headers",
         "home",
         "info",
+        "keep_revision",
         "key",
         "last_error",
         "lease",
@@ -49,6 +51,7 @@ class Call:
         "routed",
         "send_body",
         "send_path",
+        "session",
         "start",
         "status",
         "trace",
@@ -92,6 +95,12 @@ class Call:
         self.partial = False
         # The key its prompt ids are kept under for the conversation's next turn, if they are.
         self.turn: bytes | None = None
+        # Its conversation (the session affinity reads), where it names one: a rollout gives
+        # a conversation one revision. `draw`: its draw in the rollout (revisions.py; -1 until
+        # a rollout asks); `keep_revision`: the only revision its stream may resume on.
+        self.session: str | None = None
+        self.draw = -1.0
+        self.keep_revision: str | None = None
         # The current attempt's placement, as the latency forecast sees it (dispatch.py).
         self.placed: Placed | None = None
         # How the current attempt's unit was chosen (routing/balance.py's `place`, or "home").

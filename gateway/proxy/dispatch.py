@@ -21,6 +21,7 @@ from gateway.proxy.call import Call
 from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
 from gateway.proxy.upstream import Answer, UpstreamClient
+from gateway.revisions import Canary, draw
 from gateway.routing.admission import Admission
 from gateway.routing.balance import place
 from gateway.routing.budget import CauseBudget, RetryBudget
@@ -104,6 +105,12 @@ class Dispatcher:
         cause (budget.CauseBudget): a failing fleet must not double its load by resuming, but
         one dead leader must not drain the budget either. A break the gateway made itself
         (`cause` None: the unit was ejected) is free."""
+        canary, broken = self.units.canary, call.unit
+        if canary is not None and broken is not None and broken.revision == canary.new:
+            if canary.resume_across:
+                call.draw = 1.0  # on the old revision: the new one is on trial
+            else:  # another tokenizer's ids would mean other tokens
+                call.keep_revision = canary.new
         now = asyncio.get_running_loop().time()
         if cause is not None and not self.resumptions.withdraw(cause, now):
             self.signals.budget_exhausted()
@@ -258,11 +265,24 @@ class Dispatcher:
         home = call.home
         if home is not None:
             return (home,) if home.healthy and self.units.units.get(home.id) is home else ()
-        routable = self.units.routable(call.info.model)
+        canary = self.units.canary
+        if canary is None:
+            routable = self.units.snapshot.get(call.info.model, ())
+        else:
+            routable = self._revision(call, canary)
         path = call.send_path
         if path in RESUMABLE or all(path in u.serves for u in routable):
             return routable  # every kind serves chat and completions
         return tuple(u for u in routable if path in u.serves)
+
+    def _revision(self, call: Call, canary: Canary) -> tuple[UnitState, ...]:
+        """The units of the revision the call drew, in the cell a rollout is moving (its
+        retries and resumptions stay with it: the draw is kept on the call)."""
+        if call.draw < 0:
+            call.draw = draw(canary.id, call.session, self.rng)
+        routable = self.units.routable(call.info.model, call.draw < canary.share)
+        keep = call.keep_revision
+        return routable if keep is None else tuple(u for u in routable if u.revision == keep)
 
     def _may_retry(self, exc: BaseException | None, attempts: int, call: Call) -> bool:
         if not isinstance(exc, UpstreamError) or not exc.retryable:

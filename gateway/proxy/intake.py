@@ -114,7 +114,7 @@ class Intake:
             previous = data.get("previous_response_id")
             if isinstance(previous, str) and previous:  # it continues a stored response
                 call.home = await self.stored.home(previous, info.model, call.rid)
-        session = request.headers.get("x-session-id") or info.user
+        session = call.session = request.headers.get("x-session-id") or info.user
         mode = self.config.routing.affinity
         key = affinity_key(mode, session, info.prefix if self.prefix_affinity else "")
         sessioned = bool(session and "session" in mode)

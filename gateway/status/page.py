@@ -8,7 +8,8 @@ with fetch, since EventSource cannot send one). Its buttons call the admin API i
 A link `/status#token=...` (what `unitgate up` prints) signs the page in: the script takes the
 token from the URL's fragment, which the browser never sends here, so no request and no log
 holds it. The page's charts (charts.js) draw each unit's `traffic` from the same stream, and
-its classes and tenants tables (classes.js) the snapshot's `classes` and `tenants`.
+its classes and tenants tables (classes.js) the snapshot's `classes` and `tenants`, and its
+rollout card (rollout.js) the snapshot's `rollout`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ FILES = {
     "status.js": "text/javascript",
     "charts.js": "text/javascript",
     "classes.js": "text/javascript",
+    "rollout.js": "text/javascript",
     "status.css": "text/css",
 }
 

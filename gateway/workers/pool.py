@@ -93,6 +93,7 @@ class WorkerPool:
         units = self.gateway.units
         units.on_change(lambda _change: self._changed())
         units.on_membership(lambda _unit, _added: self._changed())
+        units.on_revisions(lambda _revisions: self._changed())
         units.on_panic(lambda _change: self._changed())
         self.gateway.events.on_event(lambda _event: self._changed())
         self.gateway.keys.on_change(lambda _ring: self._changed())

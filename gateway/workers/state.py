@@ -25,6 +25,7 @@ from gateway.auth.ring import KeyRing
 from gateway.config import UnitConfig
 from gateway.config.builder import build, table
 from gateway.health_states import Health
+from gateway.revisions import from_wire, to_wire
 from gateway.units import Bit, UnitRegistry, UnitState
 
 BITS: tuple[Bit, ...] = ("admitting", "enabled", "draining")
@@ -40,7 +41,12 @@ def share(total: int, count: int, index: int) -> int:
 
 def encode(registry: UnitRegistry, version: int, keys: KeyRing | None = None) -> dict[str, Any]:
     """The state message; with `keys`, the whole key table too."""
-    found = {"t": "state", "v": version, "units": [_unit(u) for u in registry.units.values()]}
+    found = {
+        "t": "state",
+        "v": version,
+        "units": [_unit(u) for u in registry.units.values()],
+        "revisions": to_wire(registry.revisions),
+    }
     if keys is not None:
         found["keys"] = [key.record() for key in keys.by_id.values()]
     return found
@@ -65,7 +71,8 @@ def _unit(unit: UnitState) -> dict[str, Any]:
 
 def apply(registry: UnitRegistry, message: dict[str, Any], count: int, index: int) -> None:
     """Make `registry` (a worker's mirror) what the message says: units added and removed,
-    caps set before bits, so a bit that makes a unit routable finds its cap in place."""
+    caps set before bits, so a bit that makes a unit routable finds its cap in place; then the
+    cells' revisions and a rollout's split."""
     units = {u["config"]["id"]: u for u in message["units"]}
     for unit_id in [u for u in registry.units if u not in units]:
         registry.remove(unit_id)
@@ -80,6 +87,7 @@ def apply(registry: UnitRegistry, message: dict[str, Any], count: int, index: in
         registry.set_health(unit_id, health, reasons.get("healthy", ""), wire["hard"], WHO)
         for bit in BITS:
             registry.set_bit(unit_id, bit, bool(wire["bits"][bit]), reasons.get(bit, ""), WHO)
+    registry.set_revisions(from_wire(message["revisions"]))
 
 
 def apply_load(registry: UnitRegistry, message: dict[str, Any]) -> None:

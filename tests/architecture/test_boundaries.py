@@ -162,6 +162,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("api", "server", "workers", "app", "check_config", "watch"),  # hosting a gateway
     ("knowledge",),  # what routing learns of the units: caches, speed, conversations' turns
     ("admin", "status"),  # the operator's surfaces
+    ("rollout",),  # a revision replaced by another, cell by cell, judged by gates
     ("observability",),  # metrics, traces, logs, events: subscribers
     ("front",),  # the public listener's lean protocol
     ("proxy",),  # the request path
@@ -172,7 +173,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # read by read, in C (relay/native/) or in Python
     # and what each unit's KV cache holds, from its engine's events
     ("routing", "limits", "auth", "upstream", "relay", "kvevents"),
-    ("errors", "paths", "shares", "heap", "cors", "tls", "version"),
+    ("errors", "paths", "shares", "heap", "cors", "tls", "version", "revisions"),
     ("config", "outcomes"),
     ("health_states",),  # a unit's health values
     ("envchoice",),

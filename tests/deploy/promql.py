@@ -11,8 +11,10 @@ from typing import Any
 
 import yaml
 
+from gateway.observability.events import EventLog
 from gateway.observability.looplag import LoopLag
 from gateway.observability.metrics import Metrics
+from gateway.observability.rollout_metrics import RolloutCollector, RolloutEnds
 from gateway.units import UnitRegistry
 from tests.support import ROOT, gateway_config
 
@@ -46,6 +48,9 @@ def exported_series() -> set[str]:
     unit = {"id": "u0", "leader": "http://127.0.0.1:9", "nodes": ["http://127.0.0.1:9"]}
     registry = UnitRegistry(gateway_config([unit]))
     metrics = Metrics(registry, lambda: 0, LoopLag())
+    # What the admin API registers beside them, where it drives rollouts (admin/runtime.py).
+    metrics.registry.register(RolloutCollector(lambda: None))
+    RolloutEnds(metrics.registry, EventLog())
     names: set[str] = set()
     for family in metrics.registry.collect():
         names.update(family.name + suffix for suffix in SUFFIXES[family.type])

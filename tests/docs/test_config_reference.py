@@ -20,7 +20,8 @@ from typing import Any
 from gateway.config import Config
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-# "## `[gateway]`", "## `[[units]]`", "### `[gateway.tls]`": the section a table belongs to.
+# "## `[gateway]`", "## `[[units]]`", "### `[gateway.tls]`", "### `[rollout.hooks.NAME]`": the
+# section a table belongs to.
 HEADING = re.compile(r"^#{1,6}\s+`(\[\[?[A-Za-z0-9_.]+\]\]?)`\s*$")
 OTHER_HEADING = re.compile(r"^#{1,6}\s")
 ROW = re.compile(r"^\|\s*`([A-Za-z0-9_]+)`\s*\|")
@@ -59,6 +60,10 @@ def _section_of(hint: Any, name: str) -> tuple[str, type[Any] | None]:
         item = typing.get_args(hint)[0]
         if dataclasses.is_dataclass(item):
             return f"[[{name}]]", typing.cast(type[Any], item)
+    if typing.get_origin(hint) is dict:  # named tables of one kind: [rollout.hooks.NAME]
+        item = typing.get_args(hint)[1]
+        if dataclasses.is_dataclass(item):
+            return f"[{name}.NAME]", typing.cast(type[Any], item)
     return name, None
 
 
@@ -101,6 +106,7 @@ def test_the_walk_reaches_every_section_and_the_units_table() -> None:
     for expected in ("[gateway].port", "[timeouts].idle", "[state].url", "[[units]].leader"):
         assert expected in keys
     assert "[[units]].engine_args" in keys  # a free-form table is one key, not a section
+    assert "[rollout.hooks.NAME].command" in keys  # named tables: one section for them all
     assert len(keys) > 80
 
 

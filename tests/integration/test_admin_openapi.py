@@ -130,6 +130,7 @@ async def test_every_operation_answers_as_documented(
     await units_and_states(checker, len(clean_sim.units))
     await membership_and_events(checker, clean_sim.units[0])
     await api_keys(checker)
+    await rollouts(checker, clean_sim.units[0])
     await auth_everywhere(checker)
     wanted = {seen for seen in checker.documented() if seen[2] not in UNPROVOKED}
     assert wanted - checker.seen == set()
@@ -200,6 +201,33 @@ async def api_keys(checker: Checker) -> None:
     status, revoked = await call("DELETE", one, f"/admin/keys/{made['id']}")
     assert (status, revoked["state"]) == (200, "revoked")
     assert (await call("DELETE", one, "/admin/keys/key_nope"))[0] == 404
+
+
+async def rollouts(checker: Checker, sim_unit: dict[str, Any]) -> None:
+    call = checker.call
+    current = "/admin/rollouts/current"
+    status, listed = await call("GET", "/admin/rollouts")
+    assert (status, listed) == (200, {"rollouts": []})
+    for method, path in [("GET", current), ("GET", f"{current}/verdict")] + [
+        ("POST", f"{current}/{verb}") for verb in ("pause", "resume", "abort")
+    ]:
+        assert (await call(method, path))[0] == 404
+    assert (await call("POST", "/admin/rollouts", body={"to": 2}, refused=True))[0] == 400
+    assert (await call("POST", "/admin/rollouts", body={"to": "v9"}))[0] == 400  # no unit has it
+    new = {"id": "u7", "leader": sim_unit["leader"], "nodes": sim_unit["nodes"], "revision": "v2"}
+    assert (await call("POST", "/admin/units", body=new))[0] == 201
+    ask = {"to": "v2", "steps": [50, 100], "step_seconds": 60}
+    status, started = await call("POST", "/admin/rollouts", body=ask)
+    assert (status, started["state"]) == (201, "running")
+    assert (await call("POST", "/admin/rollouts", body=ask))[0] == 409
+    assert (await call("GET", current))[0] == 200
+    assert (await call("GET", f"{current}/verdict"))[0] == 200
+    for verb, state in (("pause", "paused"), ("resume", "running"), ("abort", "aborted")):
+        status, steered = await call("POST", f"{current}/{verb}")
+        assert (status, steered["state"]) == (200, state)
+    status, listed = await call("GET", "/admin/rollouts")
+    assert status == 200 and [r["id"] for r in listed["rollouts"]] == [started["id"]]
+    assert (await call("DELETE", "/admin/units/{id}", "/admin/units/u7"))[0] == 200
 
 
 async def auth_everywhere(checker: Checker) -> None:

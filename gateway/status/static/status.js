@@ -120,6 +120,7 @@ function render(snap) {
   body.replaceChildren(...units.map(row));
   drawCharts(snap);
   drawClasses(snap);
+  drawRollout(snap);
   const events = document.getElementById("events");
   events.replaceChildren(...snap.events.slice().reverse().map((e) => el("li", {},
     `${new Date(e.time * 1000).toLocaleTimeString()} ${e.unit}: ${e.what} (${e.reason}) by ${e.who}` +
@@ -139,7 +140,8 @@ function row(unit) {
   const inFlight = unit.fleet && unit.fleet.in_flight !== undefined
     ? `${unit.in_flight} here, ${unit.fleet.in_flight} fleet` : String(unit.in_flight);
   return el("tr", { "data-unit": unit.id },
-    el("td", { class: "id" }, unit.id),
+    el("td", { class: "id" }, unit.id, el("div", { class: "why" },
+       `cell ${unit.cell}${unit.revision ? " · " + unit.revision : ""}`)),
     el("td", { class: "health" }, state(unit.health.state)),
     el("td", { class: "breaker" }, state(unit.breaker.state)),
     el("td", { class: "admin" }, state(admin)),

@@ -19,6 +19,7 @@ from gateway.admin import openapi
 from gateway.app import ops_app
 from gateway.config import UnitConfig, config_from_dict
 from gateway.observability.fleet import Fleet
+from gateway.rollout.spec import FIELDS
 from gateway.server import Gateway
 from gateway.workers.pool import WorkerPool
 from gateway.workers.reports import Reports
@@ -154,6 +155,14 @@ def test_a_new_unit_body_has_every_unit_config_key() -> None:
     required = {f.name for f in fields if f.default is missing and f.default_factory is missing}
     assert set(schema["required"]) == required
     assert schema["additionalProperties"] is False  # unknown keys are refused with a 400
+
+
+def test_a_rollout_body_has_every_field_the_rollout_reads() -> None:
+    """POST /admin/rollouts refuses unknown fields by name: the schema lists exactly those."""
+    schemas = DOC["components"]["schemas"]
+    assert set(schemas["NewRollout"]["properties"]) == FIELDS
+    assert set(schemas["RolloutSpec"]["properties"]) == FIELDS
+    assert schemas["NewRollout"]["required"] == ["to"]
 
 
 def test_only_the_document_goes_without_a_token() -> None:

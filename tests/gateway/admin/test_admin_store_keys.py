@@ -66,7 +66,7 @@ async def test_a_version_1_file_is_migrated_and_keeps_its_overrides(tmp_path: Pa
     with sqlite3.connect(path) as db:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     db.close()
-    assert row == (str(SCHEMA_VERSION),) == ("2",)
+    assert row == (str(SCHEMA_VERSION),) == ("3",)
     store = await Store.open(path)  # a migrated file opens as any other
     assert (await store.load()).keys == {key.id: key}
     await store.close()

@@ -1,0 +1,613 @@
+"""The rollout driver: one rollout at a time, cell by cell, step by step, back on a failed gate.
+
+A rollout's life, for each of its cells in order:
+1. *prepare*: the `prepare` hooks run, then the new revision's units in the cell must exist
+   and be ready (healthy, admitting, in service) within `ready_timeout`; the golden prompts
+   are asked of both revisions before any traffic moves.
+2. *steps*: the cell gives the new revision each step's share of its conversations. The hard
+   guards (error and break rates over the cell so far, a new unit ejected by its breaker) are
+   judged every tick and roll back within one; at a step's end the golden prompts are asked
+   again and the step's gates are judged on the step's own samples. A gate short of samples
+   waits up to `WAIT_STEPS` more step lengths, then the rollout pauses and says why.
+3. *retire*: at 100% passed, the cell's old units are drained (their answers run to their
+   end), the `retire` hooks run, and the next cell begins.
+When every cell has moved the cells serve the new revision and the `done` hooks run. A failed
+gate, a failed prepare hook, units not ready in time, or an operator's abort roll back at once:
+the canary is removed (every cell serves the old revision), the old units this rollout drained
+are enabled again, the `rollback` hooks run, and the reason names the gate and its figures.
+
+The record (record.py) is saved at every change; a gateway restarted mid-rollout carries on
+from the same cell and step with a fresh step window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import aiohttp
+
+from gateway.config import Config
+from gateway.observability.events import EventLog
+from gateway.revisions import Canary, Revisions
+from gateway.rollout.collector import Collector
+from gateway.rollout.gates import Outcome, Verdict, guards, overall, step_gates
+from gateway.rollout.golden import run_golden
+from gateway.rollout.hooks import hook_context, run_hook
+from gateway.rollout.record import Record, verdict_json
+from gateway.rollout.spec import Fleet, Spec, SpecError, parse
+from gateway.units import UnitRegistry, UnitState
+
+log = logging.getLogger("unitgate.rollout")
+
+TICK = 0.25  # seconds between looks at the guards and the step's clock
+WAIT_STEPS = 3.0  # step lengths a step's gates wait past its end for samples, then pause
+KEPT = 50  # finished rollouts kept in the list (the store keeps every one)
+
+
+class Failed(Exception):
+    """A gate or a prepare step failed: the rollout rolls back with this reason."""
+
+    def __init__(self, reason: str, verdicts: Sequence[Verdict] = ()) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.verdicts = list(verdicts)
+
+
+class Marks(Protocol):
+    """The admin service: the rollout drains and re-enables units through it, so the
+    operator's view, the events and the store see those as any other admin action."""
+
+    async def set_state(self, unit_id: str, state: Any, reason: str, who: str) -> UnitState: ...
+
+
+class Kept(Protocol):
+    """What the store read back holds of rollouts (gateway/admin/state.py's Saved)."""
+
+    @property
+    def rollouts(self) -> dict[str, dict[str, Any]]: ...
+
+    @property
+    def serving(self) -> dict[str, str]: ...
+
+
+class Saver(Protocol):
+    async def load(self) -> Kept: ...
+
+    async def put_rollout(self, rollout: str, started: float, record: dict[str, Any]) -> None: ...
+
+    async def set_serving(self, serving: dict[str, str]) -> None: ...
+
+
+class RolloutError(Exception):
+    """Refused: `status` 400 (the ask is wrong, `field` names what), 404 or 409."""
+
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+class Rollouts:
+    def __init__(
+        self,
+        config: Config,
+        units: UnitRegistry,
+        marks: Marks,
+        events: EventLog,
+        collector: Collector,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.settings = config.rollout
+        self.units = units
+        self.marks = marks
+        self.events = events
+        self.collector = collector
+        self.clock = clock
+        self.records: dict[str, Record] = {}  # oldest first
+        self.current: Record | None = None
+        self._spec: Spec | None = None
+        self._store: Saver | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._golden_done: tuple[int, int] | None = None
+        self._lock = asyncio.Lock()
+        self.note = ""  # said with every start: what a restart would do to it
+
+    # -- the operator's side -------------------------------------------------------------
+
+    async def restore(self, store: Saver | None) -> None:
+        """The saved rollouts and cells back, before the listeners open; a rollout that was
+        live carries on from its cell and step."""
+        self._store = store
+        saved: Mapping[str, dict[str, Any]] = {}
+        serving: Mapping[str, str] = {}
+        if store is not None:
+            found = await store.load()
+            saved, serving = found.rollouts, found.serving
+        if store is None:
+            self.note = (
+                "[admin].state_file is empty: a restart of the gateway ends this rollout "
+                "rolled back (the cells serve their configured revision again)"
+            )
+        revisions = self.units.revisions
+        for cell, revision in serving.items():
+            if any(u.cell == cell and u.revision == revision for u in self.units.units.values()):
+                revisions = revisions.with_serving(cell, revision)
+            else:
+                log.warning(
+                    "cell %s served revision %r after the last rollout, but no unit of it is "
+                    "configured or added now: it serves %r",
+                    cell,
+                    revision,
+                    revisions.of(cell),
+                )
+        self.units.set_revisions(revisions)
+        for rollout, wire in saved.items():
+            try:
+                record = Record.from_wire(wire)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning(
+                    "rollout %s in the state file is unreadable (%s): skipped", rollout, exc
+                )
+                continue
+            self.records[record.id] = record
+            if record.live:
+                try:
+                    spec = parse(record.spec, self.settings, None)
+                except SpecError as exc:
+                    await self._end(
+                        record, "rolled_back", f"cannot carry on after a restart: {exc}"
+                    )
+                    continue
+                self._begin(record, spec)
+                self.events.record(
+                    _subject(record),
+                    "rollout restored",
+                    f"carries on at cell {record.current_cell}, step {record.step + 1}",
+                    "system",
+                )
+        if self.current is None and self.records:
+            self.current = list(self.records.values())[-1]  # the last one, ended
+        self._trim()
+
+    async def start(self, body: object, who: str) -> Record:
+        async with self._lock:
+            running = self.current
+            if running is not None and running.live:
+                raise RolloutError(
+                    f"rollout {running.id} is {running.state} (cell {running.current_cell}): "
+                    "one rollout at a time; abort it or wait for its end",
+                    409,
+                    "rollout_running",
+                )
+            if self.config.gateway.worker_count > 1 or self.config.state.backend == "redis":
+                raise RolloutError(
+                    "rollouts are driven by a gateway of one process with local state "
+                    'for now ([gateway].workers = 1, [state].backend = "local")',
+                    409,
+                    "rollout_unsupported",
+                )
+            try:
+                spec = parse(body, self.settings, self._fleet())
+            except SpecError as exc:
+                raise RolloutError(str(exc), 400, "invalid_rollout") from None
+            now = self.clock()
+            record = Record(
+                id=f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(2)}",
+                spec=spec.wire(),
+                who=who,
+                started=now,
+                since=now,
+            )
+            self.records[record.id] = record
+            await self._save(record)
+            what = f"{spec.old!r} to {spec.to!r} over cells {', '.join(spec.cells)}"
+            self.events.record(_subject(record), "rollout started", what, who)
+            self._begin(record, spec)
+            self._trim()
+            return record
+
+    async def pause(self, who: str) -> Record:
+        record = self._live()
+        if record.state == "running":
+            record.state, record.reason = "paused", f"paused by {who}"
+            await self._save(record)
+            self.events.record(_subject(record), "rollout paused", record.reason, who)
+        return record
+
+    async def resume(self, who: str) -> Record:
+        record = self._live()
+        if record.state == "paused":
+            record.state, record.reason = "running", f"resumed by {who}"
+            if record.step >= 0:  # the step starts over on fresh samples
+                record.since = self.clock()
+                self.collector.next_step()
+            await self._save(record)
+            self.events.record(_subject(record), "rollout resumed", record.reason, who)
+        return record
+
+    async def abort(self, who: str) -> Record:
+        record = self._live()
+        await self._stop_task()
+        await self._end(record, "aborted", f"aborted by {who}", who)
+        return record
+
+    def view(self) -> dict[str, Any] | None:
+        """The current (or last) rollout as the admin API shows it; None: none has run."""
+        return None if self.current is None else self.current.view()
+
+    def verdict(self) -> dict[str, Any]:
+        """For another tool's analysis (Argo Rollouts' web metric, a Flagger webhook):
+        "fail" once rolled back or a gate failed, "pass" once succeeded or every gate of the
+        last look passed, else "wait"."""
+        record = self.current
+        if record is None:
+            raise RolloutError("no rollout has run yet", 404, "no_rollout")
+        if record.state in ("rolled_back", "aborted"):
+            outcome = "fail"
+        elif record.state == "succeeded":
+            outcome = "pass"
+        else:
+            outcomes = {g["outcome"] for g in record.gates}
+            outcome = "fail" if "fail" in outcomes else "pass" if outcomes == {"pass"} else "wait"
+        return {
+            "id": record.id,
+            "state": record.state,
+            "verdict": outcome,
+            "gates": record.gates,
+            "reason": record.reason,
+        }
+
+    async def stop(self) -> None:
+        """At shutdown: the driver stops where it is; the record says `running`, so a
+        restarted gateway with a state file carries on."""
+        await self._stop_task()
+
+    def _live(self) -> Record:
+        record = self.current
+        if record is None or not record.live:
+            raise RolloutError("no rollout is running", 404, "no_rollout")
+        return record
+
+    def _fleet(self) -> Fleet:
+        carried: dict[str, set[str]] = {}
+        for unit in self.units.units.values():
+            carried.setdefault(unit.cell, set()).add(unit.revision)
+        return Fleet(
+            dict(self.units.revisions.serving),
+            {cell: frozenset(r) for cell, r in carried.items()},
+        )
+
+    def _begin(self, record: Record, spec: Spec) -> None:
+        self.current, self._spec = record, spec
+        self.collector.start(spec.old, spec.to)
+        self._golden_done = None
+        self._apply(record, spec)
+        self._task = asyncio.create_task(self._drive(record, spec), name=f"rollout-{record.id}")
+
+    def _trim(self) -> None:
+        done = [r for r in self.records.values() if not r.live]
+        for record in done[: max(0, len(done) - KEPT)]:
+            del self.records[record.id]
+
+    async def _stop_task(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- the driver ------------------------------------------------------------------------
+
+    async def _drive(self, record: Record, spec: Spec) -> None:
+        try:
+            async with aiohttp.ClientSession() as session:
+                while record.live:
+                    await self._tick(record, spec, session)
+                    if record.live:
+                        await asyncio.sleep(TICK)
+        except Failed as failure:
+            if failure.verdicts:
+                record.gates = [verdict_json(v) for v in failure.verdicts]
+            await self._end(record, "rolled_back", failure.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must not leave the fleet half moved
+            log.exception("rollout %s: the driver failed", record.id)
+            await self._end(record, "rolled_back", f"the rollout's driver failed: {exc!r}")
+
+    async def _tick(self, record: Record, spec: Spec, session: aiohttp.ClientSession) -> None:
+        now = self.clock()
+        if record.step >= 0 or record.state == "paused":
+            self._guard(record, spec)
+        if record.state == "paused":
+            return
+        if record.step < 0:
+            await self._prepare(record, spec, session, now)
+        elif now - record.since >= spec.step_seconds:
+            await self._judge(record, spec, session, now)
+
+    def _guard(self, record: Record, spec: Spec) -> None:
+        """The hard guards, on the cell's samples so far: they roll back within a tick."""
+        cell = spec.cells[record.cell]
+        for unit in self._new_units(spec, cells=spec.cells[: record.cell + 1]):
+            if not unit.admitting:
+                why = unit.reasons.get("admitting", "")
+                raise Failed(
+                    f"unit {unit.id} of revision {spec.to!r} (cell {unit.cell}) was "
+                    f"ejected by its breaker ({why})"
+                )
+        verdicts = guards(self.collector.cell.new, self.collector.cell.old, spec.gates)
+        failed = [v for v in verdicts if v.outcome == "fail"]
+        if failed:
+            raise Failed(f"guard in cell {cell}: {failed[0].reason}", verdicts)
+
+    async def _prepare(
+        self, record: Record, spec: Spec, session: aiohttp.ClientSession, now: float
+    ) -> None:
+        cell = spec.cells[record.cell]
+        if record.prepared < record.cell:
+            await self._hooks(record, spec, "prepare", cell, fail=True)
+            record.prepared, record.since = record.cell, self.clock()
+            await self._save(record)
+            return
+        units = [u for u in self._new_units(spec, cells=(cell,)) if u.in_service]
+        if not units or not all(u.health.routable and u.admitting for u in units):
+            if now - record.since > spec.ready_timeout:
+                have = ", ".join(f"{u.id} ({u.health.value})" for u in units) or "none"
+                raise Failed(
+                    f"cell {cell}: the units of revision {spec.to!r} were not ready "
+                    f"within {spec.ready_timeout:g} s (units: {have})"
+                )
+            return
+        await self._golden(record, spec, session, cell)
+        await self._next_step(record, spec, 0)
+
+    async def _judge(
+        self, record: Record, spec: Spec, session: aiohttp.ClientSession, now: float
+    ) -> None:
+        """At a step's end: the golden prompts once, then the step's gates."""
+        cell = spec.cells[record.cell]
+        if self._golden_done != (record.cell, record.step) and self.settings.golden_every_step:
+            await self._golden(record, spec, session, cell)
+            self._golden_done = (record.cell, record.step)
+        look = record.cell * len(spec.steps) + record.step + 1
+        step = self.collector.step
+        old = step.old
+        if record.share >= 1 and old.requests < spec.gates.min_samples:
+            # The whole cell on the new revision, and no other cell serving the old one (the
+            # last cell): compared with the old revision's answers of the step before.
+            old = self.collector.before.old
+        verdicts = step_gates(step.new, old, spec.gates, look, spec.looks)
+        record.gates = [verdict_json(v) for v in verdicts]
+        outcome = overall(verdicts)
+        if outcome == "fail":
+            failed = next(v for v in verdicts if v.outcome == "fail")
+            raise Failed(
+                f"gate {failed.gate} in cell {cell} at {spec.steps[record.step]}%: {failed.reason}",
+                verdicts,
+            )
+        if outcome == "wait":
+            if now - record.since > spec.step_seconds * (1 + WAIT_STEPS):
+                waiting = next(v for v in verdicts if v.outcome == "wait")
+                record.state = "paused"
+                record.reason = (
+                    f"gate {waiting.gate} still waits for samples "
+                    f"{WAIT_STEPS:g} step lengths after the step's end: "
+                    f"{waiting.reason}; resume to wait longer, abort to roll back"
+                )
+                await self._save(record)
+                self.events.record(
+                    _subject(record), "rollout paused", record.reason, "rollout", logging.WARNING
+                )
+            return
+        self.events.record(
+            _subject(record),
+            "rollout verdict",
+            f"cell {cell} at {spec.steps[record.step]}%: every gate passed",
+            "rollout",
+        )
+        if record.step + 1 < len(spec.steps):
+            await self._next_step(record, spec, record.step + 1)
+        else:
+            await self._retire(record, spec, cell)
+
+    async def _next_step(self, record: Record, spec: Spec, step: int) -> None:
+        record.step, record.share = step, spec.steps[step] / 100
+        record.since = self.clock()
+        self.collector.next_step()
+        self._apply(record, spec)
+        await self._save(record)
+        cell = spec.cells[record.cell]
+        self.events.record(
+            _subject(record),
+            "rollout step",
+            f"cell {cell}: {spec.steps[step]}% of its conversations on {spec.to!r}",
+            "rollout",
+        )
+
+    async def _retire(self, record: Record, spec: Spec, cell: str) -> None:
+        """The cell moved: its old units drained (answers in flight run to their end, the
+        guards judged meanwhile), the retire hooks told, and the next cell begun (or the
+        rollout done)."""
+        old = [
+            u
+            for u in self.units.units.values()
+            if u.cell == cell and u.revision == spec.old and u.in_service
+        ]
+        who = f"rollout {record.id}"
+        for unit in old:
+            await self.marks.set_state(
+                unit.id, "draining", f"cell {cell} moved to {spec.to!r}", who
+            )
+            record.drained.append(unit.id)
+        await self._save(record)
+        await self._drained(record, spec, old)
+        await self._hooks(record, spec, "retire", cell, fail=False, old=[u.id for u in old])
+        record.cell += 1
+        record.step, record.share, record.since = -1, 0.0, self.clock()
+        self.collector.next_cell()
+        self._apply(record, spec)
+        await self._save(record)
+        self.events.record(
+            _subject(record),
+            "rollout cell done",
+            f"cell {cell} serves {spec.to!r}; its old units are drained",
+            "rollout",
+        )
+        if record.cell >= len(spec.cells):
+            await self._succeed(record, spec)
+
+    async def _drained(self, record: Record, spec: Spec, units: Sequence[UnitState]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeouts.total
+        while any(u.inflight > 0 for u in units):
+            self._guard(record, spec)
+            if loop.time() > deadline:
+                busy = ", ".join(u.id for u in units if u.inflight > 0)
+                log.warning("units %s still have answers in flight after the total timeout", busy)
+                return
+            await asyncio.sleep(TICK)
+
+    async def _succeed(self, record: Record, spec: Spec) -> None:
+        revisions = self.units.revisions
+        for cell in spec.cells:
+            revisions = revisions.with_serving(cell, spec.to)
+        self.units.set_revisions(Revisions(revisions.serving))
+        if self._store is not None:
+            await self._store.set_serving(dict(revisions.serving))
+        record.state, record.ended = "succeeded", self.clock()
+        record.reason = f"every cell serves {spec.to!r}"
+        self.collector.stop()
+        await self._save(record)
+        self.events.record(_subject(record), "rollout succeeded", record.reason, "rollout")
+        await self._hooks(record, spec, "done", None, fail=False)
+
+    async def _end(self, record: Record, state: str, reason: str, who: str = "rollout") -> None:
+        """Rolled back or aborted: the old revision everywhere again, at once."""
+        spec = self._spec
+        self.units.set_revisions(Revisions(self.units.revisions.serving))
+        record.state = "aborted" if state == "aborted" else "rolled_back"
+        record.reason, record.ended = reason, self.clock()
+        self.collector.stop()
+        for unit_id in record.drained:
+            if unit_id in self.units.units:
+                await self.marks.set_state(
+                    unit_id, "enabled", f"rollout {record.id} rolled back", f"rollout {record.id}"
+                )
+        await self._save(record)
+        self.events.record(
+            _subject(record),
+            f"rollout {record.state.replace('_', ' ')}",
+            reason,
+            who,
+            logging.WARNING,
+        )
+        if spec is not None and spec.hooks:
+            await self._hooks(record, spec, "rollback", None, fail=False)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _apply(self, record: Record, spec: Spec) -> None:
+        """The record's split, as routing applies it."""
+        if not record.live:
+            return
+        cells = spec.cells
+        canary = Canary(
+            id=record.id,
+            old=spec.old,
+            new=spec.to,
+            cells=frozenset(cells),
+            moved=frozenset(cells[: record.cell]),
+            cell=cells[record.cell] if record.step >= 0 and record.cell < len(cells) else None,
+            share=record.share,
+            resume_across=spec.resume_across,
+        )
+        self.units.set_revisions(Revisions(self.units.revisions.serving, canary))
+
+    def _new_units(self, spec: Spec, cells: Sequence[str]) -> list[UnitState]:
+        return [u for u in self.units.units.values() if u.cell in cells and u.revision == spec.to]
+
+    async def _golden(
+        self, record: Record, spec: Spec, session: aiohttp.ClientSession, cell: str
+    ) -> None:
+        if not spec.golden:
+            return
+        new = [u for u in self._new_units(spec, (cell,)) if u.routable]
+        old = [u for u in self.units.units.values() if u.revision == spec.old and u.routable]
+        old.sort(key=lambda u: u.cell != cell)  # the same cell's first
+        if not new or not old:
+            raise Failed(
+                f"cell {cell}: no routable unit of {'the new' if not new else 'the old'}"
+                " revision to ask the golden prompts"
+            )
+        results = await run_golden(
+            spec.golden, old[0], new[0], session, within=self.config.timeouts.total
+        )
+        failed = [r for r in results if not r.passed and not r.inconclusive]
+        figures: dict[str, float | int] = {"items": len(results), "failed": len(failed)}
+        outcome: Outcome = "fail" if failed else "pass"
+        reason = failed[0].reason if failed else f"{len(results)} golden prompts answered alike"
+        verdict = Verdict("golden", outcome, figures, reason)
+        record.gates = [verdict_json(verdict)]
+        if failed:
+            raise Failed(
+                f"gate golden in cell {cell}: {reason} (units {old[0].id} and {new[0].id})",
+                [verdict],
+            )
+
+    async def _hooks(
+        self,
+        record: Record,
+        spec: Spec,
+        moment: str,
+        cell: str | None,
+        fail: bool,
+        old: Sequence[str] = (),
+    ) -> None:
+        for name in spec.hooks:
+            hook = self.settings.hooks[name]
+            if not hook.serves(moment):
+                continue
+            cells = spec.cells if cell is None else (cell,)
+            context = hook_context(
+                record.id,
+                moment,
+                cell or "",
+                spec.old,
+                spec.to,
+                list(old)
+                or [u.id for u in self.units.units.values()
+                    if u.cell in cells and u.revision == spec.old],
+                [u.id for u in self._new_units(spec, cells)],
+            )  # fmt: skip
+            result = await run_hook(hook, moment, context)
+            level = logging.INFO if result.ok else logging.WARNING
+            self.events.record(
+                _subject(record),
+                f"rollout hook {name}",
+                f"{moment}: {result.detail}",
+                "rollout",
+                level,
+            )
+            if fail and not result.ok:
+                raise Failed(f"{moment} hook {name} failed: {result.detail}")
+
+    async def _save(self, record: Record) -> None:
+        if self._store is None:
+            return
+        try:
+            await self._store.put_rollout(record.id, record.started, record.wire())
+        except Exception as exc:
+            log.warning(
+                "rollout %s: cannot save its state (%s): a restart would lose it", record.id, exc
+            )
+
+
+def _subject(record: Record) -> str:
+    return f"rollout:{record.id}"

@@ -1,0 +1,344 @@
+"""Rollouts end to end: a real gateway in front of simulated units in two cells, a client
+sending a steady load of conversations, and the admin API driving revisions through the cells.
+
+Cell a holds u0 (v1) and u1 (v2), cell b u2 (v1) and u3 (v2). The config file carries the old
+units; the new ones join through the admin API, as an operator (or a prepare hook) adds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.config import Config, config_from_dict
+from gateway.server import Gateway, running
+from tests.support import MODEL, SimProcess, start_sim, stop_process
+
+pytestmark = pytest.mark.usefixtures("admin_tokens")
+
+AUTH = {"Authorization": "Bearer alice-token"}
+CHAT = "/v1/chat/completions"
+OLD = {"u0": "a", "u2": "b"}
+NEW = {"u1": "a", "u3": "b"}
+# Small gates for short steps: a handful of samples per revision is enough to judge.
+GATES = {"min_samples": 8}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+GOLDEN = [
+    {"body": {"model": MODEL, "messages": [{"role": "user", "content": "2+2?"}]}},
+    {
+        "body": {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Paris?"}],
+            "tools": [WEATHER],
+        }
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def cells_sim(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SimProcess]:
+    tmp = tmp_path_factory.mktemp("rollout-sim")
+    sim = start_sim(tmp, "--units", "4", "--ttft-ms", "5", "--itl-ms", "2", "--tokens", "6")
+    yield sim  # type: ignore[misc]
+    stop_process(sim.proc)
+
+
+@pytest.fixture
+def sim(cells_sim: SimProcess) -> SimProcess:
+    cells_sim.post("/reset")
+    return cells_sim
+
+
+def config(sim: SimProcess, state_file: Path | None = None) -> Config:
+    units = {u["id"]: u for u in sim.units}
+    return config_from_dict(
+        {
+            "gateway": {"port": 0, "models": [MODEL], "shutdown_timeout": 5.0},
+            "metrics": {"port": 0},
+            "routing": {"affinity": "session"},
+            "health": {"enabled": False},
+            "breaker": {"enabled": False},
+            "admin": {"enabled": True, "state_file": str(state_file or "")},
+            "units": [
+                {"id": i, "leader": units[i]["leader"], "cell": cell, "revision": "v1"}
+                for i, cell in OLD.items()
+            ],
+        }
+    )
+
+
+async def admin(
+    http: aiohttp.ClientSession, gw: Gateway, method: str, path: str, body: Any = None
+) -> tuple[int, Any]:
+    async with http.request(method, gw.metrics_url + path, json=body, headers=AUTH) as resp:
+        return resp.status, await resp.json()
+
+
+async def add_new_units(http: aiohttp.ClientSession, gw: Gateway, sim: SimProcess) -> None:
+    leaders = {u["id"]: u["leader"] for u in sim.units}
+    for unit_id, cell in NEW.items():
+        body = {"id": unit_id, "leader": leaders[unit_id], "cell": cell, "revision": "v2"}
+        status, answer = await admin(http, gw, "POST", "/admin/units", body)
+        assert status == 201, answer
+        assert answer["routable"] is False and "rollout" in answer["idle"]
+
+
+@dataclass
+class Load:
+    """Conversations of three turns each, a few at a time, until stopped."""
+
+    served: Counter[str] = field(default_factory=Counter)
+    failed: list[str] = field(default_factory=list)
+    by_session: dict[str, set[str]] = field(default_factory=dict)
+
+
+async def steady(http: aiohttp.ClientSession, gw: Gateway, load: Load, stop: asyncio.Event) -> None:
+    sessions = itertools.count()
+
+    async def conversation() -> None:
+        while not stop.is_set():
+            session = f"conv-{next(sessions)}"
+            for _ in range(3):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                        "stream": True, "max_tokens": 6}  # fmt: skip
+                headers = {"x-session-id": session}
+                async with http.post(gw.public_url + CHAT, json=body, headers=headers) as resp:
+                    text = await resp.text()
+                    unit = resp.headers.get("x-unitgate-unit", "?")
+                    if resp.status != 200 or "[DONE]" not in text or '"error"' in text:
+                        load.failed.append(f"{resp.status} {unit}: {text[-200:]}")
+                    load.served[unit] += 1
+                    load.by_session.setdefault(session, set()).add(unit)
+
+    await asyncio.gather(*(conversation() for _ in range(4)))
+
+
+@contextlib.asynccontextmanager
+async def loaded(http: aiohttp.ClientSession, gw: Gateway) -> AsyncIterator[Load]:
+    load, stop = Load(), asyncio.Event()
+    task = asyncio.create_task(steady(http, gw, load, stop))
+    try:
+        yield load
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def finished(http: aiohttp.ClientSession, gw: Gateway, within: float) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        status, current = await admin(http, gw, "GET", "/admin/rollouts/current")
+        assert status == 200, current
+        if current["state"] not in ("running", "paused"):
+            return current
+        assert asyncio.get_running_loop().time() < deadline, current
+        await asyncio.sleep(0.1)
+
+
+async def test_a_good_revision_rolls_through_every_cell_in_order(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    async with running(config(sim)) as gw:
+        await add_new_units(http, gw, sim)
+        async with loaded(http, gw) as load:
+            ask = {
+                "to": "v2",
+                "steps": [50, 100],
+                "step_seconds": 1.0,
+                "gates": GATES,
+                "golden": GOLDEN,
+            }
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started
+            assert started["from"] == "v1" and started["cells"] == ["a", "b"]
+            assert "state_file" in started["note"]  # no state file: a restart ends it
+            status, again = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 409 and started["id"] in again["error"]["message"]
+            done = await finished(http, gw, within=30)
+        assert done["state"] == "succeeded", done
+        assert load.failed == []
+        assert load.served["u1"] > 0 and load.served["u3"] > 0
+        # The old units are drained, the cells serve v2.
+        units = {u["id"]: u for u in (await admin(http, gw, "GET", "/admin/units"))[1]["units"]}
+        assert (
+            units["u0"]["admin"]["state"] == "drained"
+            and units["u2"]["admin"]["state"] == "drained"
+        )
+        assert units["u1"]["routable"] and units["u3"]["routable"]
+        assert dict(gw.units.revisions.serving) == {"a": "v2", "b": "v2"}
+        _, events = await admin(http, gw, "GET", "/admin/events?limit=200")
+        story = [
+            (e["what"], e["reason"])
+            for e in events["events"]
+            if e["unit"] == f"rollout:{done['id']}"
+        ]
+        whats = [w for w, _ in story]
+        assert whats[0] == "rollout started" and whats[-1] == "rollout succeeded"
+        steps = [r for w, r in story if w == "rollout step"]
+        assert [s.split(":")[0] for s in steps] == ["cell a", "cell a", "cell b", "cell b"]
+        assert whats.count("rollout cell done") == 2
+        _, verdict = await admin(http, gw, "GET", "/admin/rollouts/current/verdict")
+        assert verdict["verdict"] == "pass"
+
+
+async def test_a_slow_revision_is_rolled_back_in_the_first_cell(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    for unit_id in NEW:
+        sim.post(f"/units/{unit_id}/settings", {"ttft_ms": 305})
+    async with running(config(sim)) as gw:
+        await add_new_units(http, gw, sim)
+        async with loaded(http, gw) as load:
+            ask = {"to": "v2", "steps": [50, 100], "step_seconds": 1.5, "gates": GATES}
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started
+            done = await finished(http, gw, within=30)
+        assert done["state"] == "rolled_back", done
+        assert "ttft" in done["reason"] and "cell a" in done["reason"], done["reason"]
+        assert load.failed == []
+        assert load.served["u3"] == 0  # cell b never sent the bad revision a request
+        share = load.served["u1"] / sum(load.served.values())
+        print(f"share of requests on the slow revision: {share:.1%}")
+        assert gw.units.canary is None
+        assert dict(gw.units.revisions.serving) == {"a": "v1", "b": "v1"}
+        _, verdict = await admin(http, gw, "GET", "/admin/rollouts/current/verdict")
+        assert verdict["verdict"] == "fail"
+
+
+async def test_a_revision_that_breaks_streams_is_rolled_back_and_no_client_sees_it(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    for seed, unit_id in enumerate(NEW):
+        fault = {"mode": "drop", "after_tokens": 3, "rate": 0.05, "seed": seed}
+        sim.post(f"/units/{unit_id}/fault", fault)
+    async with running(config(sim)) as gw:
+        await add_new_units(http, gw, sim)
+        async with loaded(http, gw) as load:
+            ask = {"to": "v2", "steps": [50, 100], "step_seconds": 30, "gates": GATES}
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started
+            done = await finished(http, gw, within=30)
+            rolled_back = asyncio.get_running_loop().time()
+        assert done["state"] == "rolled_back", done
+        assert done["reason"].startswith("guard in cell a: ") and "break" in done["reason"]
+        assert load.failed == []  # every broken stream was resumed on an old unit
+        assert load.served["u3"] == 0
+        seconds = done["ended"] - done["since"]
+        print(f"rolled back {seconds:.1f} s into the first step ({rolled_back:.0f})")
+        assert seconds < 15  # the guards, well before the step's end
+
+
+async def test_a_revision_that_breaks_tool_calls_fails_before_any_traffic(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    for unit_id in NEW:
+        sim.post(f"/units/{unit_id}/settings", {"tools": "text"})
+    async with running(config(sim)) as gw:
+        await add_new_units(http, gw, sim)
+        async with loaded(http, gw) as load:
+            ask = {"to": "v2", "step_seconds": 1, "gates": GATES, "golden": GOLDEN}
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started
+            done = await finished(http, gw, within=20)
+        assert done["state"] == "rolled_back", done
+        assert done["reason"].startswith("gate golden in cell a: "), done["reason"]
+        assert "tool" in done["reason"]
+        assert [g["gate"] for g in done["gates"]] == ["golden"]
+        assert load.served["u1"] == load.served["u3"] == 0  # before its first step
+
+
+async def test_bad_asks_are_refused_by_name_and_change_nothing(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    async with running(config(sim)) as gw:
+        await add_new_units(http, gw, sim)
+        before = dict(gw.units.revisions.serving)
+        for ask, field_name in [
+            ({"to": "v9"}, "to"),
+            ({"to": "v2", "steps": [50, 25, 100]}, "steps"),
+            ({"to": "v2", "steps": [5, 50]}, "steps"),
+            ({"to": "v2", "cells": ["nowhere"]}, "cells"),
+            ({"to": "v2", "hooks": ["undefined"]}, "hooks"),
+            ({"to": "v2", "gates": {"alpah": 0.1}}, "gates.alpah"),
+            ({"to": "v2", "step_seconds": -1}, "step_seconds"),
+            ({"to": "v2", "colour": "red"}, "colour"),
+            ({"to": "v1"}, "from"),
+        ]:
+            status, answer = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 400, (ask, answer)
+            assert answer["error"]["message"].startswith(field_name), (ask, answer)
+        assert gw.units.canary is None and dict(gw.units.revisions.serving) == before
+        status, _ = await admin(http, gw, "GET", "/admin/rollouts/current")
+        assert status == 404
+        status, _ = await admin(http, gw, "POST", "/admin/rollouts/current/abort")
+        assert status == 404
+
+
+async def test_new_units_not_ready_in_time_roll_it_back(
+    sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    async with running(config(sim)) as gw:
+        leaders = {u["id"]: u["leader"] for u in sim.units}
+        body = {
+            "id": "u1",
+            "leader": leaders["u1"],
+            "cell": "a",
+            "revision": "v2",
+            "enabled": False,
+        }
+        assert (await admin(http, gw, "POST", "/admin/units", body))[0] == 201
+        ask = {"to": "v2", "cells": ["a"], "ready_timeout": 0.5, "step_seconds": 1}
+        status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+        assert status == 201, started
+        done = await finished(http, gw, within=10)
+        assert done["state"] == "rolled_back"
+        assert "not ready within 0.5 s" in done["reason"] and "none" in done["reason"]
+        assert gw.units.canary is None
+
+
+async def test_a_restarted_gateway_carries_on_from_its_step(
+    sim: SimProcess, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    state = tmp_path / "admin.sqlite3"
+    async with running(config(sim, state)) as gw:
+        await add_new_units(http, gw, sim)
+        ask = {"to": "v2", "steps": [20, 100], "step_seconds": 60, "gates": GATES}
+        status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+        assert status == 201 and "note" not in started
+        deadline = asyncio.get_running_loop().time() + 10
+        while gw.units.canary is None or gw.units.canary.cell != "a":
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+    async with running(config(sim, state)) as gw:
+        status, current = await admin(http, gw, "GET", "/admin/rollouts/current")
+        assert status == 200 and current["id"] == started["id"]
+        assert current["state"] == "running" and current["cell"] == "a" and current["step"] == 0
+        canary = gw.units.canary
+        assert canary is not None and canary.cell == "a" and canary.share == 0.2
+        status, aborted = await admin(http, gw, "POST", "/admin/rollouts/current/abort")
+        assert status == 200 and aborted["state"] == "aborted"
+        assert gw.units.canary is None
+    async with running(config(sim, state)) as gw:  # an ended rollout stays ended
+        _, current = await admin(http, gw, "GET", "/admin/rollouts/current")
+        _, listed = await admin(http, gw, "GET", "/admin/rollouts")
+        assert [r["id"] for r in listed["rollouts"]] == [started["id"]]
+        assert gw.units.canary is None
