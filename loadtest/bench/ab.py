@@ -43,6 +43,7 @@ from loadtest.gen.client import open_session
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("base", "this")
+LABELS = ("base", "this tree")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -87,17 +88,21 @@ def worktree(rev: str) -> Iterator[Path]:
             subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
 
 
-async def _rounds(
-    urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace
+async def rounds(
+    urls: dict[str, str],
+    pids: dict[str, int],
+    args: argparse.Namespace,
+    sides: tuple[str, str] = SIDES,
 ) -> dict[str, list[float]]:
-    """CPU us per request of each side, round by round (sides alternating in order)."""
+    """CPU us per request of each side, round by round (sides alternating in order); `args`
+    carries itl, concurrency, requests and rounds."""
     spread = TOKENS * args.itl / 1e3
-    cpu: dict[str, list[float]] = {side: [] for side in SIDES}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
     async with open_session(args.concurrency) as session:
-        for side in SIDES:  # warm-up: connections, caches, the first answers
+        for side in sides:  # warm-up: connections, caches, the first answers
             await closed_loop(session, (urls[side],), 2 * args.concurrency, args.concurrency, 0.0)
         for n in range(args.rounds):
-            for side in SIDES if n % 2 == 0 else SIDES[::-1]:
+            for side in sides if n % 2 == 0 else sides[::-1]:
                 before = cpu_ticks(pids[side])
                 loop = await closed_loop(
                     session, (urls[side],), args.requests, args.concurrency, spread
@@ -122,15 +127,19 @@ def _idle(pids: dict[str, int], seconds: float) -> None:
         print(f"idle {side}: user {user:.2f} + system {system:.2f} ms CPU per second")
 
 
-def _report(cpu: dict[str, list[float]]) -> None:
-    base, this = (statistics.median(cpu[side]) for side in SIDES)
+def report(
+    cpu: dict[str, list[float]], sides: tuple[str, str] = SIDES, labels: tuple[str, str] = LABELS
+) -> None:
+    """Each side's median and the second's ratio to the first, overall and round by round."""
+    first, second = sides
+    a, b = (statistics.median(cpu[side]) for side in sides)
     pairs = " ".join(
-        f"{b / max(a, 1e-9):.3f}" for a, b in zip(cpu["base"], cpu["this"], strict=True)
+        f"{y / max(x, 1e-9):.3f}" for x, y in zip(cpu[first], cpu[second], strict=True)
     )
-    print(f"\n| gateway | CPU us per request (median of {len(cpu['base'])}) |")
+    print(f"\n| gateway | CPU us per request (median of {len(cpu[first])}) |")
     print("|---|---:|")
-    print(f"| base | {base:,.0f} |\n| this tree | {this:,.0f} |")
-    print(f"\nthis tree / base: {this / max(base, 1e-9):.3f} (round by round: {pairs})")
+    print(f"| {labels[0]} | {a:,.0f} |\n| {labels[1]} | {b:,.0f} |")
+    print(f"\n{labels[1]} / {labels[0]}: {b / max(a, 1e-9):.3f} (round by round: {pairs})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             urls[side], pids[side] = info["public"], int(info["pid"])
         if args.idle:
             _idle(pids, args.idle)
-        cpu = uvloop.run(_rounds(urls, pids, args))
-    _report(cpu)
+        cpu = uvloop.run(rounds(urls, pids, args))
+    report(cpu)
     return 0
 
 
