@@ -44,6 +44,8 @@ class Canary:
     # Whether a stream broken on a new unit may resume on an old one: their token ids mean
     # the same tokens (False when the new revision changes the tokenizer).
     resume_across: bool = True
+    # Bumped by the driver at each step and resume: the answers collected start over.
+    epoch: int = 0
 
     def revision(self, cell: str, serving: str, moving: bool) -> str:
         """The revision `cell` serves a request that drew `moving` (below the share)."""
@@ -92,6 +94,7 @@ def to_wire(revisions: Revisions) -> dict[str, object]:
             "cell": canary.cell,
             "share": canary.share,
             "resume_across": canary.resume_across,
+            "epoch": canary.epoch,
         }
     return wire
 
@@ -112,5 +115,6 @@ def from_wire(wire: Mapping[str, object]) -> Revisions:
             None if raw["cell"] is None else str(raw["cell"]),
             float(raw["share"]),
             bool(raw.get("resume_across", True)),
+            int(raw.get("epoch", 0)),
         )
     return Revisions(MappingProxyType({str(k): str(v) for k, v in serving.items()}), canary)

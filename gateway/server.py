@@ -57,7 +57,7 @@ from gateway.proxy.handler import ProxyHandler
 from gateway.proxy.live import LiveStreams
 from gateway.proxy.upstream import UpstreamClient
 from gateway.relay.native import resolve
-from gateway.rollout.collector import Collector
+from gateway.rollout.collector import Collector, Samples
 from gateway.routing.admission import Admission
 from gateway.signals import Signals
 from gateway.tls import scheme, server_context
@@ -94,6 +94,9 @@ class Role:
     # Each unit's learned latency figures (default: this process's forecast; the control
     # plane's: its workers', as reported), for the metrics and the probers' lag verdict.
     latency: Figures | None = None
+    # A running rollout's windows, which its driver judges (default: this process's
+    # collector; the control plane's: its workers', summed).
+    rollout_samples: Samples | None = None
 
 
 ALL = Role()
@@ -164,7 +167,7 @@ class Gateway:
             self.signals.subscribe(TracingObserver(self.tracing))
         access_log.subscribe(self.signals, config.logging)  # only if [logging] access
         # Each revision's answers while a rollout runs, which its gates judge.
-        self.rollout_samples = _rollout_samples(self.signals, role)
+        self.rollout_samples = _rollout_samples(self.signals, self.units, role)
         # The data plane's API keys: written by the admin API here, or by the control plane's
         # link in a worker; read by the request path.
         self.keys = KeyRing()
@@ -404,14 +407,13 @@ def _eject_streams(proxy: ProxyHandler, change: BitChange) -> None:
             )
 
 
-def _rollout_samples(signals: Signals[Call], role: Role) -> Collector | None:
-    """The control half drives rollouts, on the answers of the request path it runs (with
-    workers it runs none, and refuses to start one)."""
-    if not role.control:
-        return None
-    collector = Collector()
-    if role.public:
-        signals.subscribe(collector)
+def _rollout_samples(signals: Signals[Call], units: UnitRegistry, role: Role) -> Samples | None:
+    """Where a rollout's answers are counted: by the request path this process runs, or
+    (a control plane) by its workers."""
+    if not role.public:
+        return role.rollout_samples
+    collector = Collector(units)
+    signals.subscribe(collector)
     return collector
 
 

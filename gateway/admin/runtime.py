@@ -28,7 +28,7 @@ from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.rollout_metrics import RolloutCollector, RolloutEnds
-from gateway.rollout.collector import Collector
+from gateway.rollout.collector import Samples
 from gateway.rollout.driver import Rollouts
 from gateway.status.classes import ClassesAndTenants
 from gateway.status.feed import Annotator, StatusFeed
@@ -53,10 +53,10 @@ class Admin:
         keys: KeyRing | None = None,
         settle: Settle | None = None,
         latency: Figures | None = None,
-        samples: Collector | None = None,
+        samples: Samples | None = None,
     ) -> None:
         """`latency`: each unit's learned latency figures, for the status page; `samples`:
-        the rollouts' collector, where this process runs the request path."""
+        where a rollout's answers are counted (None: this process drives no rollout)."""
         self._config = config
         self.service = AdminService(config, units, events, keys=keys)
         self._auth: Authenticator | None = None

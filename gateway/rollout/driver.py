@@ -35,11 +35,12 @@ import aiohttp
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.revisions import Canary, Revisions
-from gateway.rollout.collector import Collector
+from gateway.rollout.collector import Samples, Windows
 from gateway.rollout.gates import Outcome, Verdict, guards, overall, step_gates
 from gateway.rollout.golden import run_golden
 from gateway.rollout.hooks import hook_context, run_hook
 from gateway.rollout.record import Record, verdict_json
+from gateway.rollout.samples import Window
 from gateway.rollout.spec import Fleet, Spec, SpecError, parse
 from gateway.units import UnitRegistry, UnitState
 
@@ -99,7 +100,7 @@ class Rollouts:
         units: UnitRegistry,
         marks: Marks,
         events: EventLog,
-        collector: Collector,
+        samples: Samples,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -107,7 +108,7 @@ class Rollouts:
         self.units = units
         self.marks = marks
         self.events = events
-        self.collector = collector
+        self.samples = samples
         self.clock = clock
         self.records: dict[str, Record] = {}  # oldest first
         self.current: Record | None = None
@@ -185,10 +186,10 @@ class Rollouts:
                     409,
                     "rollout_running",
                 )
-            if self.config.gateway.worker_count > 1 or self.config.state.backend == "redis":
+            if self.config.state.backend == "redis":
                 raise RolloutError(
-                    "rollouts are driven by a gateway of one process with local state "
-                    'for now ([gateway].workers = 1, [state].backend = "local")',
+                    "rollouts are driven by one gateway with its own state for now: not by "
+                    'replicas sharing a Redis store ([state].backend = "redis")',
                     409,
                     "rollout_unsupported",
                 )
@@ -224,9 +225,10 @@ class Rollouts:
         record = self._live()
         if record.state == "paused":
             record.state, record.reason = "running", f"resumed by {who}"
-            if record.step >= 0:  # the step starts over on fresh samples
+            if record.step >= 0 and self._spec is not None:  # the step starts over
                 record.since = self.clock()
-                self.collector.next_step()
+                record.epoch += 1  # on fresh samples
+                self._apply(record, self._spec)
             await self._save(record)
             self.events.record(_subject(record), "rollout resumed", record.reason, who)
         return record
@@ -285,7 +287,7 @@ class Rollouts:
 
     def _begin(self, record: Record, spec: Spec) -> None:
         self.current, self._spec = record, spec
-        self.collector.start(spec.old, spec.to)
+        record.epoch += 1  # what was collected before a restart is gone: start over
         self._golden_done = None
         self._apply(record, spec)
         self._task = asyncio.create_task(self._drive(record, spec), name=f"rollout-{record.id}")
@@ -342,7 +344,8 @@ class Rollouts:
                     f"unit {unit.id} of revision {spec.to!r} (cell {unit.cell}) was "
                     f"ejected by its breaker ({why})"
                 )
-        verdicts = guards(self.collector.cell.new, self.collector.cell.old, spec.gates)
+        cell_so_far = self._windows().cell
+        verdicts = guards(cell_so_far.new, cell_so_far.old, spec.gates)
         failed = [v for v in verdicts if v.outcome == "fail"]
         if failed:
             raise Failed(f"guard in cell {cell}: {failed[0].reason}", verdicts)
@@ -377,13 +380,11 @@ class Rollouts:
             await self._golden(record, spec, session, cell)
             self._golden_done = (record.cell, record.step)
         look = record.cell * len(spec.steps) + record.step + 1
-        step = self.collector.step
-        old = step.old
-        if record.share >= 1 and old.requests < spec.gates.min_samples:
-            # The whole cell on the new revision, and no other cell serving the old one (the
-            # last cell): compared with the old revision's answers of the step before.
-            old = self.collector.before.old
-        verdicts = step_gates(step.new, old, spec.gates, look, spec.looks)
+        windows = self._windows()
+        old, latency = self._baseline(record, spec, windows)
+        verdicts = step_gates(windows.step.new, old, spec.gates, look, spec.looks)
+        if not latency:
+            verdicts = [_uncompared(v) if v.gate in LATENCY_GATES else v for v in verdicts]
         record.gates = [verdict_json(v) for v in verdicts]
         outcome = overall(verdicts)
         if outcome == "fail":
@@ -420,7 +421,7 @@ class Rollouts:
     async def _next_step(self, record: Record, spec: Spec, step: int) -> None:
         record.step, record.share = step, spec.steps[step] / 100
         record.since = self.clock()
-        self.collector.next_step()
+        record.epoch += 1
         self._apply(record, spec)
         await self._save(record)
         cell = spec.cells[record.cell]
@@ -451,7 +452,7 @@ class Rollouts:
         await self._hooks(record, spec, "retire", cell, fail=False, old=[u.id for u in old])
         record.cell += 1
         record.step, record.share, record.since = -1, 0.0, self.clock()
-        self.collector.next_cell()
+        record.epoch += 1
         self._apply(record, spec)
         await self._save(record)
         self.events.record(
@@ -483,7 +484,6 @@ class Rollouts:
             await self._store.set_serving(dict(revisions.serving))
         record.state, record.ended = "succeeded", self.clock()
         record.reason = f"every cell serves {spec.to!r}"
-        self.collector.stop()
         await self._save(record)
         self.events.record(_subject(record), "rollout succeeded", record.reason, "rollout")
         await self._hooks(record, spec, "done", None, fail=False)
@@ -494,7 +494,6 @@ class Rollouts:
         self.units.set_revisions(Revisions(self.units.revisions.serving))
         record.state = "aborted" if state == "aborted" else "rolled_back"
         record.reason, record.ended = reason, self.clock()
-        self.collector.stop()
         for unit_id in record.drained:
             if unit_id in self.units.units:
                 await self.marks.set_state(
@@ -527,8 +526,28 @@ class Rollouts:
             cell=cells[record.cell] if record.step >= 0 and record.cell < len(cells) else None,
             share=record.share,
             resume_across=spec.resume_across,
+            epoch=record.epoch,
         )
         self.units.set_revisions(Revisions(self.units.revisions.serving, canary))
+
+    @staticmethod
+    def _baseline(record: Record, spec: Spec, windows: Windows) -> tuple[Window, bool]:
+        """What the new revision's answers in the cell are judged against, and whether its
+        latency is (like with like: never old units carrying less load each than the new
+        ones do). Up to 50%, the cell's own old units (they carry more). Above, the old
+        units of the cells not yet moved, each carrying its whole cell as the new ones do
+        theirs; in the last cell, none is left: the step before stands in for errors, breaks
+        and finish reasons, and latency is not compared."""
+        if record.share <= 0.5:
+            return windows.step.old, True
+        if windows.others.old.requests >= spec.gates.min_samples:
+            return windows.others.old, True
+        return windows.before.old, False
+
+    def _windows(self) -> Windows:
+        """The current split's samples (empty ones until an answer came)."""
+        found = self.samples.windows()
+        return found if found is not None else _EMPTY
 
     def _new_units(self, spec: Spec, cells: Sequence[str]) -> list[UnitState]:
         return [u for u in self.units.units.values() if u.cell in cells and u.revision == spec.to]
@@ -607,6 +626,19 @@ class Rollouts:
             log.warning(
                 "rollout %s: cannot save its state (%s): a restart would lose it", record.id, exc
             )
+
+
+_EMPTY = Windows(("", 0, 0), "", "")
+LATENCY_GATES = frozenset({"ttft", "tpot"})
+
+
+def _uncompared(verdict: Verdict) -> Verdict:
+    return Verdict(
+        verdict.gate,
+        "pass",
+        {},
+        "not compared: no old unit carries the load the new ones do (the last cell above 50%)",
+    )
 
 
 def _subject(record: Record) -> str:

@@ -32,6 +32,7 @@ class Record:
     gates: list[dict[str, Any]] = field(default_factory=list)  # each gate's last verdict
     drained: list[str] = field(default_factory=list)  # old units it drained (back on rollback)
     prepared: int = -1  # the last cell whose prepare hooks ran
+    epoch: int = 0  # of the split: each step, resume and restart collects anew
     ended: float | None = None
 
     @property
@@ -81,6 +82,7 @@ class Record:
             "gates": self.gates,
             "drained": self.drained,
             "prepared": self.prepared,
+            "epoch": self.epoch,
             "ended": self.ended,
         }
 
@@ -103,6 +105,7 @@ class Record:
             gates=list(wire["gates"]),
             drained=[str(u) for u in wire["drained"]],
             prepared=int(wire.get("prepared", -1)),
+            epoch=int(wire.get("epoch", 0)),
             ended=None if wire.get("ended") is None else float(wire["ended"]),
         )
 

@@ -39,10 +39,12 @@ async def serve(config: Config, ready_file: Path | None = None) -> None:
         settle=pool.settled,
         by_class=reports.by_class,
         latency=fleet.latency,
+        rollout_samples=reports.rollout,
     )
     async with running(config, role=role) as gateway:
         gateway.metrics.fleet = fleet  # /metrics: the workers' request metrics summed in
         gateway.metrics.refresh = pool.refresh
+        reports.rollout.units = gateway.units  # the split the workers' windows are summed for
         try:
             await pool.start(gateway)
             gateway.public_url = pool.url

@@ -25,6 +25,7 @@ from gateway.observability import fleet
 from gateway.observability.events import Event
 from gateway.observability.fairness import Shares
 from gateway.proxy.call import Call
+from gateway.rollout.collector import Samples
 from gateway.signals import Observer
 from gateway.units import UnitRegistry, UnitState
 from gateway.workers import frames
@@ -37,6 +38,7 @@ PROGRESS_KEPT = 10.0  # a unit's last progress older than this is not reported
 # (unit id, loop time, enough) -> seconds since the unit last made progress (LiveStreams)
 Progressed = Callable[[str, float, float], float | None]
 METRICS_EVERY = 10  # reports: the metrics' samples go once a second
+ROLLOUT_EVERY = 5  # reports: a running rollout's windows, twice a second (its guards' pace)
 
 
 class Link(Observer[Call]):
@@ -54,6 +56,8 @@ class Link(Observer[Call]):
         self.shares: Callable[[], Shares] = dict
         self._reporter: asyncio.Task[None] | None = None
         self._until: dict[str, float] = {}  # unit -> flowing until (this loop's clock)
+        self.rollout: Samples | None = None  # the worker's rollout collector
+        self._rolling = False  # the last rollout message carried windows
 
     def attach(
         self,
@@ -64,16 +68,19 @@ class Link(Observer[Call]):
         shares: Callable[[], Shares] = dict,
         progressed: Progressed | None = None,
         latency: Callable[[], Mapping[str, Mapping[str, float]]] = dict,
+        rollout: Samples | None = None,
     ) -> None:
         """What the reports read: the worker's units, how long each one's streams keep
         vouching for it (LiveStreams.flowing_for), its metrics, its admission's classes, its
         fairness window, how long ago each unit last made progress (LiveStreams.progressed),
-        and each unit's learned latency figures (Forecast.figures)."""
+        each unit's learned latency figures (Forecast.figures), and a running rollout's
+        windows (gateway/rollout/collector.py)."""
         self.units, self.flowing_for, self.registry = units, flowing_for, registry
         if progressed is not None:
             self.progressed = progressed
         self.by_class, self.shares = by_class, shares
         self.latency = latency
+        self.rollout = rollout
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -110,6 +117,14 @@ class Link(Observer[Call]):
             samples = fleet.samples(self.registry)
             found = {"t": "metrics", "samples": samples, "scrape": scrape}
             self.send({**found, "fairness": self.shares(), "latency": self.latency()})
+
+    def send_rollout(self) -> None:
+        """A running rollout's windows; once more with none after it ended."""
+        windows = None if self.rollout is None else self.rollout.windows()
+        if windows is None and not self._rolling:
+            return
+        self._rolling = windows is not None
+        self.send({"t": "rollout", "windows": None if windows is None else windows.wire()})
 
     def report(self) -> None:
         if self.units is None:
@@ -151,4 +166,6 @@ class Link(Observer[Call]):
             count += 1
             if count % METRICS_EVERY == 0:
                 self.send_metrics()
+            if count % ROLLOUT_EVERY == 0:
+                self.send_rollout()
             await asyncio.sleep(REPORT_EVERY)

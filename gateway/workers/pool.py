@@ -295,6 +295,8 @@ class WorkerPool:
             self.reports.update(worker.index, now, message)
             self._count_inflight()
             self._send_load(worker)
+        elif kind == "rollout":
+            self.reports.rollout.update(worker.index, message["windows"])
         elif kind == "metrics":
             self.fleet.update(worker.index, message["samples"])
             self.fleet.update_shares(worker.index, message.get("fairness", {}))

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.units import UnitState
 from gateway.workers.link import REPORT_EVERY
+from gateway.workers.rollout_samples import FleetSamples
 
 DUE_AFTER = 3 * REPORT_EVERY  # seconds after a report by which the next one is late
 SILENT_AFTER = 10.0  # seconds without a report after which a worker vouches for nothing
@@ -42,6 +43,7 @@ class Reports:
         self._summed: dict[str, int] = {}  # unit -> the workers' in-flight count, summed now
         self.requests: dict[int, int] = {}  # answered by each worker's current process
         self._classes: dict[int, dict[str, tuple[int, int]]] = {}  # class -> (waiting, held)
+        self.rollout = FleetSamples()  # a running rollout's windows, as the workers sent them
 
     def update(self, index: int, now: float, message: dict[str, Any]) -> None:
         self._flowing[index] = (now, {str(u): float(f) for u, f in message["flowing"].items()})
@@ -63,6 +65,7 @@ class Reports:
         self._inflight.pop(index, None)
         self.requests.pop(index, None)
         self._classes.pop(index, None)
+        self.rollout.forget(index)
         self._sum()
 
     def _sum(self) -> None:

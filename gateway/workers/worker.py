@@ -54,6 +54,7 @@ async def run(link_fd: int) -> int:
         gateway.tenants.shares,
         gateway.live.progressed,
         gateway.knowledge.latency_figures,
+        gateway.rollout_samples,
     )
     gateway.events.on_event(link.event)
     gateway.signals.subscribe(link)

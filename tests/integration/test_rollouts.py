@@ -10,18 +10,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from gateway.config import Config, config_from_dict
 from gateway.server import Gateway, running
-from tests.support import MODEL, SimProcess, start_sim, stop_process
+from tests.support import MODEL, ROOT, SimProcess, start_sim, stop_process
 
 pytestmark = pytest.mark.usefixtures("admin_tokens")
 
@@ -55,10 +61,10 @@ GOLDEN = [
 
 
 @pytest.fixture(scope="module")
-def cells_sim(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SimProcess]:
+def cells_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
     tmp = tmp_path_factory.mktemp("rollout-sim")
     sim = start_sim(tmp, "--units", "4", "--ttft-ms", "5", "--itl-ms", "2", "--tokens", "6")
-    yield sim  # type: ignore[misc]
+    yield sim
     stop_process(sim.proc)
 
 
@@ -87,7 +93,7 @@ def config(sim: SimProcess, state_file: Path | None = None) -> Config:
 
 
 async def admin(
-    http: aiohttp.ClientSession, gw: Gateway, method: str, path: str, body: Any = None
+    http: aiohttp.ClientSession, gw: Any, method: str, path: str, body: Any = None
 ) -> tuple[int, Any]:
     async with http.request(method, gw.metrics_url + path, json=body, headers=AUTH) as resp:
         return resp.status, await resp.json()
@@ -111,7 +117,7 @@ class Load:
     by_session: dict[str, set[str]] = field(default_factory=dict)
 
 
-async def steady(http: aiohttp.ClientSession, gw: Gateway, load: Load, stop: asyncio.Event) -> None:
+async def steady(http: aiohttp.ClientSession, gw: Any, load: Load, stop: asyncio.Event) -> None:
     sessions = itertools.count()
 
     async def conversation() -> None:
@@ -133,7 +139,7 @@ async def steady(http: aiohttp.ClientSession, gw: Gateway, load: Load, stop: asy
 
 
 @contextlib.asynccontextmanager
-async def loaded(http: aiohttp.ClientSession, gw: Gateway) -> AsyncIterator[Load]:
+async def loaded(http: aiohttp.ClientSession, gw: Any) -> AsyncIterator[Load]:
     load, stop = Load(), asyncio.Event()
     task = asyncio.create_task(steady(http, gw, load, stop))
     try:
@@ -143,13 +149,14 @@ async def loaded(http: aiohttp.ClientSession, gw: Gateway) -> AsyncIterator[Load
         await asyncio.wait_for(task, 10)
 
 
-async def finished(http: aiohttp.ClientSession, gw: Gateway, within: float) -> dict[str, Any]:
+async def finished(http: aiohttp.ClientSession, gw: Any, within: float) -> dict[str, Any]:
     deadline = asyncio.get_running_loop().time() + within
     while True:
         status, current = await admin(http, gw, "GET", "/admin/rollouts/current")
         assert status == 200, current
         if current["state"] not in ("running", "paused"):
-            return current
+            found: dict[str, Any] = current
+            return found
         assert asyncio.get_running_loop().time() < deadline, current
         await asyncio.sleep(0.1)
 
@@ -342,3 +349,80 @@ async def test_a_restarted_gateway_carries_on_from_its_step(
         _, listed = await admin(http, gw, "GET", "/admin/rollouts")
         assert [r["id"] for r in listed["rollouts"]] == [started["id"]]
         assert gw.units.canary is None
+
+
+WORKERS_CONFIG = """
+[gateway]
+port = 0
+models = ["{model}"]
+workers = 2
+shutdown_timeout = 5.0
+[metrics]
+port = 0
+[routing]
+affinity = "session"
+[health]
+enabled = false
+[breaker]
+enabled = false
+[admin]
+state_file = ""
+"""
+
+
+@contextlib.contextmanager
+def workers_gateway(tmp: Path, sim: SimProcess) -> Iterator[dict[str, Any]]:
+    """A control plane and two workers (a subprocess), the new units in its config file."""
+    leaders = {u["id"]: u["leader"] for u in sim.units}
+    tables = "".join(
+        f'[[units]]\nid = "{i}"\nleader = "{leaders[i]}"\ncell = "{cell}"\nrevision = "{rev}"\n'
+        for i, cell, rev in [(i, c, "v1") for i, c in OLD.items()]
+        + [(i, c, "v2") for i, c in NEW.items()]
+    )
+    (tmp / "gw.toml").write_text(WORKERS_CONFIG.format(model=MODEL) + tables)
+    ready = tmp / "gw.ready"
+    argv = [sys.executable, "-m", "gateway", "gateway", "--config", str(tmp / "gw.toml")]
+    proc = subprocess.Popen(
+        [*argv, "--ready-file", str(ready)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+            time.sleep(0.05)
+        yield orjson.loads(ready.read_bytes())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stop_process(proc, 20.0)
+
+
+@dataclass
+class Remote:
+    """A gateway in another process, as the helpers above take one."""
+
+    public_url: str
+    metrics_url: str
+
+
+@pytest.mark.slow  # a control plane and two workers start: about 10 s on a busy machine
+async def test_with_workers_the_control_plane_judges_the_workers_answers(
+    sim: SimProcess, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    for unit_id in NEW:
+        sim.post(f"/units/{unit_id}/settings", {"ttft_ms": 305})
+    with workers_gateway(tmp_path, sim) as ready:
+        gw: Any = Remote(ready["public"], ready["metrics"])
+        async with loaded(http, gw) as load:
+            ask = {"to": "v2", "steps": [50, 100], "step_seconds": 1.5, "gates": GATES}
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started
+            slow = await finished(http, gw, within=30)
+            assert slow["state"] == "rolled_back" and "ttft" in slow["reason"], slow
+            for unit_id in NEW:
+                sim.post(f"/units/{unit_id}/settings", {"ttft_ms": 5})
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started
+            good = await finished(http, gw, within=30)
+        assert good["state"] == "succeeded", good
+        assert load.failed == []
+        assert load.served["u1"] > 0 and load.served["u3"] > 0
