@@ -53,8 +53,10 @@ class Windows:
     """What one split of a rollout collected. `step`: the answers of the cell being moved,
     by revision, which the step's gates judge; `others`: the old revision's answers in the
     cells not yet moved (whole cells' load on each unit, the baseline of a step above 50%);
-    `before`: the cell's step before this one; `cell`: each revision's answers in every
-    cell since this cell began, which the guards judge. `key` names the split: the rollout,
+    `before`: the cell's step before this one (in a cell's first step, the old revision's
+    answers in the cells not yet moved during the last cell's last step); `cell`: the new
+    revision's answers in every cell since this cell began, and the old revision's since the
+    rollout began, which the guards judge. `key` names the split: the rollout,
     its epoch (each step and each resume is a new one) and its cell."""
 
     __slots__ = ("before", "cell", "key", "new", "old", "others", "step")
@@ -108,8 +110,13 @@ class Collector(Observer[Call]):
         if found is not None and found.key == key:
             return found
         fresh = Windows(key, canary.old, canary.new)
-        if found is not None and found.key[0] == key[0] and found.key[2] == key[2]:
-            fresh.before, fresh.cell = found.step, found.cell  # the same cell's next step
+        if found is not None and found.key[0] == key[0]:
+            if found.key[2] == key[2]:  # the same cell's next step (or its first, after
+                # the wait for its units, which collected no step)
+                idle = found.step.new.empty and found.step.old.empty
+                fresh.before, fresh.cell = found.before if idle else found.step, found.cell
+            else:  # the next cell: the old revision's answers so far stay the baselines
+                fresh.before.old, fresh.cell.old = found.others.old, found.cell.old
         self._windows = fresh
         return fresh
 

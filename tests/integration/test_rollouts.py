@@ -74,10 +74,13 @@ def sim(cells_sim: SimProcess) -> SimProcess:
     return cells_sim
 
 
-def config(sim: SimProcess, state_file: Path | None = None) -> Config:
+def config(
+    sim: SimProcess, state_file: Path | None = None, hooks: dict[str, Any] | None = None
+) -> Config:
     units = {u["id"]: u for u in sim.units}
     return config_from_dict(
         {
+            "rollout": {"hooks": hooks or {}},
             "gateway": {"port": 0, "models": [MODEL], "shutdown_timeout": 5.0},
             "metrics": {"port": 0},
             "routing": {"affinity": "session"},
@@ -271,6 +274,56 @@ async def test_a_revision_that_breaks_tool_calls_fails_before_any_traffic(
         assert "tool" in done["reason"]
         assert [g["gate"] for g in done["gates"]] == ["golden"]
         assert load.served["u1"] == load.served["u3"] == 0  # before its first step
+
+
+# A prepare hook as an operator would write one: it adds the cell's new unit through the admin
+# API (the gateway's operator URL and the unit's leader are in files the test writes).
+ADD_UNIT = """
+import json, os, sys, urllib.request
+where = json.load(open(sys.argv[1]))
+cell, to = os.environ["UNITGATE_ROLLOUT_CELL"], os.environ["UNITGATE_ROLLOUT_TO"]
+unit = where["units"][cell]
+body = json.dumps({"id": unit["id"], "leader": unit["leader"], "cell": cell, "revision": to})
+request = urllib.request.Request(where["admin"] + "/admin/units", body.encode(), method="POST")
+request.add_header("Authorization", "Bearer alice-token")
+request.add_header("Content-Type", "application/json")
+urllib.request.urlopen(request, timeout=5).read()
+"""
+
+
+async def test_hooks_add_the_new_units_and_hear_how_it_ended(
+    sim: SimProcess, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    script, where, told = tmp_path / "add.py", tmp_path / "where.json", tmp_path / "told.json"
+    script.write_text(ADD_UNIT)
+    hooks = {
+        "add": {"command": [sys.executable, str(script), str(where)], "when": ["prepare"]},
+        "tell": {
+            "command": [sys.executable, "-c", f"import os; open({str(told)!r}, 'a').write("
+                        "os.environ['UNITGATE_ROLLOUT_CONTEXT'] + '\\n')"],
+            "when": ["done", "rollback"],
+        },
+    }  # fmt: skip
+    leaders = {u["id"]: u["leader"] for u in sim.units}
+    async with running(config(sim, hooks=hooks)) as gw:
+        units = {cell: {"id": i, "leader": leaders[i]} for i, cell in NEW.items()}
+        where.write_text(orjson.dumps({"admin": gw.metrics_url, "units": units}).decode())
+        async with loaded(http, gw) as load:
+            ask = {"to": "v2", "from": "v1", "steps": [100], "step_seconds": 1, "gates": GATES,
+                   "hooks": ["add", "tell"]}  # fmt: skip
+            status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)
+            assert status == 201, started  # no unit carries v2 yet: the prepare hook adds them
+            done = await finished(http, gw, within=30)
+        assert done["state"] == "succeeded", done
+        assert load.failed == [] and load.served["u1"] > 0 and load.served["u3"] > 0
+        assert set(gw.units.units) == {"u0", "u1", "u2", "u3"}
+        lines = told.read_text().splitlines()
+        assert [orjson.loads(line)["moment"] for line in lines] == ["done"]
+        context = orjson.loads(lines[0])
+        assert context["rollout_id"] == done["id"] and context["to"] == "v2"
+        _, events = await admin(http, gw, "GET", f"/admin/events?unit=rollout:{done['id']}")
+        hooks_run = [e["what"] for e in events["events"] if e["what"].startswith("rollout hook")]
+        assert hooks_run == ["rollout hook add", "rollout hook add", "rollout hook tell"]
 
 
 async def test_bad_asks_are_refused_by_name_and_change_nothing(
