@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,27 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait()
 
 
+@contextlib.asynccontextmanager
+async def loop_lateness() -> AsyncIterator[list[float]]:
+    """The most this event loop ran a 10 ms timer late meanwhile (`[0]`): a busy 2-core CI
+    machine can starve the process for half a second, which no scheduler can make up for, so
+    an action's allowed lateness is the scheduler's own slack plus that."""
+    worst = [0.0]
+
+    async def probe() -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(0.01)
+            worst[0] = max(worst[0], time.perf_counter() - start - 0.01)
+
+    task = asyncio.create_task(probe())
+    try:
+        yield worst
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def _load(url: str, actions: list[dict[str, Any]], duration: float) -> dict[str, Any]:
     run = RunConfig(url=url, rate=40.0, duration=duration, timeout=5.0)
     work = Workload(WorkloadConfig("unitgate-sim", seed=1))
@@ -72,7 +95,8 @@ async def test_signals_fire_on_time_with_pid_from_health(
             {"at": 0.6, "signal": "kill", "health_url": health_url},
             {"at": 0.7, "signal": "kill", "health_url": "http://127.0.0.1:1"},
         ]
-        result = await _load(sim.units[0].leader_url, actions, 1.0)
+        async with loop_lateness() as late:
+            result = await _load(sim.units[0].leader_url, actions, 1.0)
     assert sleepers[0].wait(5) == -signal.SIGTERM
     assert sleepers[1].wait(5) == -signal.SIGKILL
     fired = result["actions"]
@@ -80,7 +104,7 @@ async def test_signals_fire_on_time_with_pid_from_health(
     assert fired[1]["detail"] == f"pid {sleepers[1].pid}"
     assert fired[2]["outcome"].startswith("ClientConnectorError")  # reported, not raised
     for a in fired:
-        assert a["at"] <= a["fired_s"] <= a["at"] + 0.2
+        assert a["at"] <= a["fired_s"] <= a["at"] + 0.2 + late[0], (a, late[0])
     assert result["summary"]["failed"] == 0
 
 
