@@ -211,7 +211,7 @@ class AdminApi:
         return _json(201, view)
 
     async def list_rollouts(self, request: web.Request) -> web.Response:
-        records = reversed(list(self._rollouts().records.values()))
+        records = await self._rollouts().listing()
         return _json(200, {"rollouts": [r.view() for r in records]})
 
     async def current_rollout(self, request: web.Request) -> web.Response:

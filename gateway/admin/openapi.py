@@ -37,7 +37,7 @@ ERRORS = {
     "404": "No unit (or key) with this id, or no rollout.",
     "409": "A unit with this id exists, or a rollout is running.",
     "500": "The state file could not be written: the action was not applied.",
-    "503": "The shared state store is unreachable: the action was not applied.",
+    "503": "The shared state store (or the replica driving the rollout) did not answer.",
 }
 AUTH = ("401", "403")
 WRITE = (*AUTH, "500", "503")

@@ -154,6 +154,10 @@ def rollout_paths(operation: Any, auth: tuple[str, ...], write: tuple[str, ...])
         "resume": "Carry on; the step starts over on fresh samples.",
         "abort": "Roll back now.",
     }
+    replicas = (
+        " Through a replica that does not drive the rollout, the ask is passed to the one"
+        " that does, and answered once it is done."
+    )
     found: dict[str, Any] = {
         "/admin/rollouts": {
             "get": operation(
@@ -201,7 +205,7 @@ def rollout_paths(operation: Any, auth: tuple[str, ...], write: tuple[str, ...])
                 f"{verb.capitalize()} the rollout",
                 ("200", "The rollout after it.", ref("Rollout")),
                 (*write, "404"),
-                about=about,
+                about=about + replicas,
                 tag="rollouts",
                 operationId=f"{verb}Rollout",
             )

@@ -21,6 +21,7 @@ from gateway.admin.forwarder import EventForwarder
 from gateway.admin.replicas import Heartbeat
 from gateway.admin.service import AdminService
 from gateway.admin.shared import SharedStore
+from gateway.admin.shared_rollouts import SharedRollouts
 from gateway.admin.store import Store, StoreError
 from gateway.admin.view import BreakerView, Settle, WorkersView
 from gateway.auth.ring import KeyRing
@@ -136,12 +137,18 @@ class Admin:
             await self.service.converge()
         except StoreError as exc:
             log.warning("%s; serving from the config file until it is back", exc)
+        rollouts = self.rollouts
+        if rollouts is not None:
+            self.service.on_version(lambda _version: rollouts.poke())
+            await rollouts.share(SharedRollouts(store, self._config.state))
         follower = asyncio.create_task(store.follow(self.service.converge), name="state-follow")
         beats = asyncio.create_task(heartbeat.run(), name="state-heartbeat")
         forwarding = asyncio.create_task(forwarder.run(), name="state-events")
         try:
             yield
         finally:
+            if rollouts is not None:
+                await rollouts.stop()
             store.stop()
             await asyncio.wait({follower}, timeout=STOP_WITHIN_S)  # it returns by itself
             await _end(beats, forwarding, follower)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.admin.errors import AdminError, AdminStartError, bad_request, conflict, unknown_unit
 from gateway.admin.replicas import Fleet, Heartbeat
@@ -179,6 +179,16 @@ class AdminService:
             return await self._heartbeat.fleet()
         except StoreError as exc:
             return f"the fleet's in-flight counts are unknown: {exc}"
+
+    async def busy(self, units: Sequence[UnitState]) -> list[str]:
+        """The units with answers in flight: on any replica where the state is shared (every
+        one of them, while the replicas' reports cannot be read), else here."""
+        fleet = await self.fleet()
+        if fleet is None:
+            return [u.id for u in units if u.inflight > 0]
+        if isinstance(fleet, str):
+            return [u.id for u in units]
+        return [u.id for u in units if not fleet.unit(u.id).quiet]
 
     async def converge(self) -> None:
         """Bring this replica to the shared state's latest version (the store's follower

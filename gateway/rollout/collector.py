@@ -12,7 +12,7 @@ a rollout, or for units of other revisions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from gateway.errors import UpstreamError
@@ -74,6 +74,18 @@ class Windows:
 
 
 PAIRS = ("step", "before", "cell", "others")
+
+
+def add_wires(into: Windows, wires: Iterable[Mapping[str, Any]]) -> Windows:
+    """`into` plus every other process's windows of the same split (`Windows.wire`); windows
+    of another split (a step that has ended, not yet replaced) are left out."""
+    for wire in wires:
+        if tuple(wire["key"]) != into.key:
+            continue
+        for name in PAIRS:
+            mine: Pair = getattr(into, name)
+            mine.merge(Pair.from_wire(wire[name]))
+    return into
 
 
 Key = tuple[str, int, int]  # (rollout id, epoch, cell: how many cells it has moved)

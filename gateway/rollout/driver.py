@@ -18,6 +18,15 @@ are enabled again, the `rollback` hooks run, and the reason names the gate and i
 
 The record (record.py) is saved at every change; a gateway restarted mid-rollout carries on
 from the same cell and step with a fresh step window.
+
+With replicas sharing Redis (`share`), the record lives in the shared store and exactly one
+process drives: the one holding the rollout's lease (gateway/admin/shared_rollouts.py), which
+it renews every tick. Every other replica follows: it applies the record's split as each
+write is announced, sends its own samples for the driver to add to its own, and passes an
+operator's pause, resume or abort to the driver. When the driver dies its lease expires after
+`[state].replica_ttl`, and the first replica to look takes it and carries on from the same
+step: the step keeps its start and its samples (the dead driver's last ones included), so no
+step is run twice.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import aiohttp
@@ -35,7 +44,7 @@ import aiohttp
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.revisions import Canary, Revisions
-from gateway.rollout.collector import Samples, Windows
+from gateway.rollout.collector import Samples, Windows, add_wires
 from gateway.rollout.gates import Outcome, Verdict, guards, overall, step_gates
 from gateway.rollout.golden import run_golden
 from gateway.rollout.hooks import hook_context, run_hook
@@ -47,6 +56,8 @@ from gateway.units import UnitRegistry, UnitState
 log = logging.getLogger("unitgate.rollout")
 
 TICK = 0.25  # seconds between looks at the guards and the step's clock
+LOOK_EVERY = 0.5  # seconds between a following replica's looks at the shared rollout
+STEER_SLACK = 2.0  # seconds past the lease's TTL an operator's ask waits for the driver
 WAIT_STEPS = 3.0  # step lengths a step's gates wait past its end for samples, then pause
 KEPT = 50  # finished rollouts kept in the list (the store keeps every one)
 
@@ -60,11 +71,20 @@ class Failed(Exception):
         self.verdicts = list(verdicts)
 
 
+class LostLease(Exception):
+    """Another process drives the shared rollout now: this one stops driving (and does not
+    end it)."""
+
+
 class Marks(Protocol):
     """The admin service: the rollout drains and re-enables units through it, so the
     operator's view, the events and the store see those as any other admin action."""
 
     async def set_state(self, unit_id: str, state: Any, reason: str, who: str) -> UnitState: ...
+
+    async def busy(self, units: Sequence[UnitState]) -> list[str]:
+        """The units with answers in flight (on any replica, where they share state)."""
+        ...
 
 
 class Kept(Protocol):
@@ -83,6 +103,32 @@ class Saver(Protocol):
     async def put_rollout(self, rollout: str, started: float, record: dict[str, Any]) -> None: ...
 
     async def set_serving(self, serving: dict[str, str]) -> None: ...
+
+
+class Link(Saver, Protocol):
+    """The rollout shared by replicas (gateway/admin/shared_rollouts.py). `load` gives the
+    current record only; `put_rollout` and `set_serving` raise LostLease once another
+    process holds the lease."""
+
+    replica: str  # this replica's name in the fleet
+    instance: str  # this process's, in the lease and the samples
+    ttl: float  # seconds the lease lasts unless renewed
+
+    async def history(self) -> list[dict[str, Any]]: ...
+
+    async def acquire(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+    async def tick(
+        self, windows: dict[str, Any] | None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
+
+    async def publish(self, windows: dict[str, Any]) -> None: ...
+
+    async def clear_samples(self) -> None: ...
+
+    async def command(self, verb: str, rollout: str, who: str) -> None: ...
 
 
 class RolloutError(Exception):
@@ -118,6 +164,12 @@ class Rollouts:
         self._golden_done: tuple[int, int] | None = None
         self._lock = asyncio.Lock()
         self.note = ""  # said with every start: what a restart would do to it
+        self._link: Link | None = None  # with replicas: the shared rollout
+        self._watcher: asyncio.Task[None] | None = None
+        self._poked = asyncio.Event()  # the shared state changed: look again
+        self._others: dict[str, Any] = {}  # the other processes' windows, by process
+        self._renewed = 0.0  # loop time the lease was last renewed
+        self._warned: set[tuple[str, str]] = set()
 
     # -- the operator's side -------------------------------------------------------------
 
@@ -135,19 +187,7 @@ class Rollouts:
                 "[admin].state_file is empty: a restart of the gateway ends this rollout "
                 "rolled back (the cells serve their configured revision again)"
             )
-        revisions = self.units.revisions
-        for cell, revision in serving.items():
-            if any(u.cell == cell and u.revision == revision for u in self.units.units.values()):
-                revisions = revisions.with_serving(cell, revision)
-            else:
-                log.warning(
-                    "cell %s served revision %r after the last rollout, but no unit of it is "
-                    "configured or added now: it serves %r",
-                    cell,
-                    revision,
-                    revisions.of(cell),
-                )
-        self.units.set_revisions(revisions)
+        self._serve(serving)
         for rollout, wire in saved.items():
             try:
                 record = Record.from_wire(wire)
@@ -176,27 +216,44 @@ class Rollouts:
             self.current = list(self.records.values())[-1]  # the last one, ended
         self._trim()
 
+    async def share(self, link: Link) -> None:
+        """With replicas sharing Redis, instead of `restore`: the rollout is read from the
+        shared store and followed until `stop`; a live one whose driver is gone is taken
+        over (here, or by another replica)."""
+        self._link = self._store = link
+        self.note = ""
+        try:
+            await self._look()
+        except Exception as exc:  # Redis away at start: the watcher looks again
+            log.warning("the shared rollout cannot be read yet (%s)", exc)
+        self._watcher = asyncio.create_task(self._watch(), name="rollout-watch")
+
+    def poke(self) -> None:
+        """The shared state changed (a record written somewhere): look now."""
+        self._poked.set()
+
+    @property
+    def driving(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     async def start(self, body: object, who: str) -> Record:
         async with self._lock:
-            running = self.current
-            if running is not None and running.live:
-                raise RolloutError(
-                    f"rollout {running.id} is {running.state} (cell {running.current_cell}): "
-                    "one rollout at a time; abort it or wait for its end",
-                    409,
-                    "rollout_running",
-                )
-            if self.config.state.backend == "redis":
-                raise RolloutError(
-                    "rollouts are driven by one gateway with its own state for now: not by "
-                    'replicas sharing a Redis store ([state].backend = "redis")',
-                    409,
-                    "rollout_unsupported",
-                )
+            self._refuse_second(self.current)
+            link = self._link
+            if link is not None:  # the fleet's, not only what this replica has heard
+                found = await link.load()
+                current = next(iter(found.rollouts.values()), None)
+                self._refuse_second(None if current is None else Record.from_wire(current))
             try:
                 spec = parse(body, self.settings, self._fleet())
             except SpecError as exc:
                 raise RolloutError(str(exc), 400, "invalid_rollout") from None
+            if link is not None and not await link.acquire():
+                raise RolloutError(
+                    "another replica is starting or driving a rollout: one at a time",
+                    409,
+                    "rollout_running",
+                )
             now = self.clock()
             record = Record(
                 id=f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(2)}",
@@ -206,22 +263,53 @@ class Rollouts:
                 since=now,
             )
             self.records[record.id] = record
-            await self._save(record)
+            if link is not None:  # every replica must hear of it, or it does not start
+                try:
+                    await link.put_rollout(record.id, record.started, record.wire())
+                except Exception:
+                    del self.records[record.id]
+                    with contextlib.suppress(Exception):
+                        await link.release()
+                    raise
+            else:
+                await self._save(record)
             what = f"{spec.old!r} to {spec.to!r} over cells {', '.join(spec.cells)}"
             self.events.record(_subject(record), "rollout started", what, who)
             self._begin(record, spec)
             self._trim()
             return record
 
+    @staticmethod
+    def _refuse_second(running: Record | None) -> None:
+        if running is not None and running.live:
+            raise RolloutError(
+                f"rollout {running.id} is {running.state} (cell {running.current_cell}): "
+                "one rollout at a time; abort it or wait for its end",
+                409,
+                "rollout_running",
+            )
+
+    async def listing(self) -> list[Record]:
+        """Every rollout kept, newest first (with replicas, the fleet's)."""
+        if self._link is None:
+            return list(reversed(self.records.values()))
+        found = [Record.from_wire(wire) for wire in await self._link.history()]
+        return found[::-1]
+
     async def pause(self, who: str) -> Record:
+        if self._link is not None and not self.driving:
+            return await self._steer_remotely("pause", who)
         record = self._live()
         if record.state == "running":
             record.state, record.reason = "paused", f"paused by {who}"
-            await self._save(record)
+            async with _moved(record):
+                await self._save(record)
             self.events.record(_subject(record), "rollout paused", record.reason, who)
         return record
 
     async def resume(self, who: str) -> Record:
+        if self._link is not None and not self.driving:
+            return await self._steer_remotely("resume", who)
         record = self._live()
         if record.state == "paused":
             record.state, record.reason = "running", f"resumed by {who}"
@@ -229,14 +317,18 @@ class Rollouts:
                 record.since = self.clock()
                 record.epoch += 1  # on fresh samples
                 self._apply(record, self._spec)
-            await self._save(record)
+            async with _moved(record):
+                await self._save(record)
             self.events.record(_subject(record), "rollout resumed", record.reason, who)
         return record
 
     async def abort(self, who: str) -> Record:
+        if self._link is not None and not self.driving:
+            return await self._steer_remotely("abort", who)
         record = self._live()
         await self._stop_task()
-        await self._end(record, "aborted", f"aborted by {who}", who)
+        async with _moved(record):
+            await self._end(record, "aborted", f"aborted by {who}", who)
         return record
 
     def view(self) -> dict[str, Any] | None:
@@ -267,8 +359,127 @@ class Rollouts:
 
     async def stop(self) -> None:
         """At shutdown: the driver stops where it is; the record says `running`, so a
-        restarted gateway with a state file carries on."""
+        restarted gateway with a state file carries on (with replicas, the lease is given
+        up, and another replica carries on at once)."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        was_driving = self.driving
         await self._stop_task()
+        if self._link is not None and was_driving:
+            with contextlib.suppress(Exception):
+                await self._link.release()
+
+    # -- with replicas: following the shared rollout -------------------------------------
+
+    async def _watch(self) -> None:
+        """Until cancelled: look at the shared rollout on every change and every
+        LOOK_EVERY, unless this process drives it (its driver looks every tick)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), LOOK_EVERY)
+            self._poked.clear()
+            if self.driving:
+                continue
+            try:
+                await self._look()
+            except Exception as exc:  # the store's follower logs its outages
+                log.debug("the shared rollout not read: %s", exc)
+
+    async def _look(self) -> None:
+        """Send this replica's samples; apply what the shared store says; take a live
+        rollout over if nobody holds its lease."""
+        link = self._link
+        assert link is not None
+        mine = self.samples.windows()
+        if mine is not None:
+            await link.publish(mine.wire())
+        found = await link.load()
+        self._serve(found.serving)
+        wire = next(iter(found.rollouts.values()), None)
+        if wire is None or self.driving:
+            return
+        record = Record.from_wire(wire)
+        self.records[record.id] = record
+        self.current = record
+        self._trim()
+        if not record.live:
+            self._spec = None
+            self.units.set_revisions(Revisions(self.units.revisions.serving))
+            return
+        try:
+            spec = parse(record.spec, self.settings, None)
+        except SpecError as exc:
+            log.error("rollout %s cannot be followed here: %s", record.id, exc)
+            return
+        if not await link.acquire():
+            self._spec = spec
+            self._apply(record, spec)
+            return
+        step = "waits for its units" if record.step < 0 else f"step {record.step + 1}"
+        self.events.record(
+            _subject(record),
+            "rollout taken over",
+            f"replica {link.replica} carries on: cell {record.current_cell}, {step}",
+            "rollout",
+        )
+        self._begin(record, spec, fresh=False)
+
+    async def _steer_remotely(self, verb: str, who: str) -> Record:
+        """Pause, resume or abort asked of a replica that does not drive: passed to the
+        driver, answered once the shared record shows it done (the driver acts within a
+        tick; a dead driver's successor within the lease's TTL)."""
+        link = self._link
+        assert link is not None
+        record = self._live()
+        await link.command(verb, record.id, who)
+        loop = asyncio.get_running_loop()
+        within = link.ttl + LOOK_EVERY + STEER_SLACK
+        deadline = loop.time() + within
+        while loop.time() < deadline:
+            self.poke()
+            await asyncio.sleep(TICK / 2)
+            current = self.current
+            if current is not None and current.id == record.id and _steered(verb, current):
+                return current
+        raise RolloutError(
+            f"rollout {record.id}: the replica driving it did not {verb} it within "
+            f"{within:g} s; the ask stays queued for its driver",
+            503,
+            "rollout_driver_unavailable",
+        )
+
+    async def _exchange(self, record: Record) -> None:
+        """The driver's look, each tick: lease renewed, samples swapped, operators' asks
+        taken. A store out of reach for longer than the lease means another replica may
+        drive now: stop."""
+        link = self._link
+        assert link is not None
+        mine = self.samples.windows()
+        loop = asyncio.get_running_loop()
+        try:
+            commands, others = await link.tick(None if mine is None else mine.wire())
+        except LostLease:
+            raise
+        except Exception as exc:
+            if loop.time() - self._renewed > link.ttl:
+                why = f"the shared store was out of reach past the lease ({exc})"
+                raise LostLease(why) from None
+            return
+        self._renewed = loop.time()
+        self._others = {p: w for p, w in others.items() if p != link.instance}
+        for ask in commands:
+            if ask.get("id") != record.id or not record.live:
+                continue
+            verb, who = str(ask.get("verb")), str(ask.get("who", "an operator"))
+            if verb == "pause":
+                await self.pause(who)
+            elif verb == "resume":
+                await self.resume(who)
+            elif verb == "abort":
+                await self._end(record, "aborted", f"aborted by {who}", who)
 
     def _live(self) -> Record:
         record = self.current
@@ -285,10 +496,14 @@ class Rollouts:
             {cell: frozenset(r) for cell, r in carried.items()},
         )
 
-    def _begin(self, record: Record, spec: Spec) -> None:
+    def _begin(self, record: Record, spec: Spec, fresh: bool = True) -> None:
+        """Drive `record` from where it is. `fresh`: what was collected before (a restart)
+        is gone, so the step's samples start over; a replica taking over keeps them."""
         self.current, self._spec = record, spec
-        record.epoch += 1  # what was collected before a restart is gone: start over
+        if fresh:
+            record.epoch += 1
         self._golden_done = None
+        self._renewed = asyncio.get_running_loop().time()
         self._apply(record, spec)
         self._task = asyncio.create_task(self._drive(record, spec), name=f"rollout-{record.id}")
 
@@ -308,16 +523,26 @@ class Rollouts:
 
     async def _drive(self, record: Record, spec: Spec) -> None:
         try:
+            await self._driven(record, spec)
+        except LostLease as exc:  # the successor carries on: nothing is ended here
+            log.warning("rollout %s: no longer driven here (%s)", record.id, exc)
+            self._others = {}
+
+    async def _driven(self, record: Record, spec: Spec) -> None:
+        try:
             async with aiohttp.ClientSession() as session:
                 while record.live:
-                    await self._tick(record, spec, session)
+                    if self._link is not None:
+                        await self._exchange(record)
+                    if record.live:
+                        await self._tick(record, spec, session)
                     if record.live:
                         await asyncio.sleep(TICK)
         except Failed as failure:
             if failure.verdicts:
                 record.gates = [verdict_json(v) for v in failure.verdicts]
             await self._end(record, "rolled_back", failure.reason)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, LostLease):
             raise
         except Exception as exc:  # a bug must not leave the fleet half moved
             log.exception("rollout %s: the driver failed", record.id)
@@ -467,13 +692,17 @@ class Rollouts:
     async def _drained(self, record: Record, spec: Spec, units: Sequence[UnitState]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeouts.total
-        while any(u.inflight > 0 for u in units):
+        while busy := await self.marks.busy(units):
             self._guard(record, spec)
             if loop.time() > deadline:
-                busy = ", ".join(u.id for u in units if u.inflight > 0)
-                log.warning("units %s still have answers in flight after the total timeout", busy)
+                log.warning(
+                    "units %s still have answers in flight after the total timeout",
+                    ", ".join(busy),
+                )
                 return
             await asyncio.sleep(TICK)
+            if self._link is not None:
+                await self._exchange(record)
 
     async def _succeed(self, record: Record, spec: Spec) -> None:
         revisions = self.units.revisions
@@ -485,6 +714,7 @@ class Rollouts:
         record.state, record.ended = "succeeded", self.clock()
         record.reason = f"every cell serves {spec.to!r}"
         await self._save(record)
+        await self._let_go()
         self.events.record(_subject(record), "rollout succeeded", record.reason, "rollout")
         await self._hooks(record, spec, "done", None, fail=False)
 
@@ -500,6 +730,7 @@ class Rollouts:
                     unit_id, "enabled", f"rollout {record.id} rolled back", f"rollout {record.id}"
                 )
         await self._save(record)
+        await self._let_go()
         self.events.record(
             _subject(record),
             f"rollout {record.state.replace('_', ' ')}",
@@ -511,6 +742,35 @@ class Rollouts:
             await self._hooks(record, spec, "rollback", None, fail=False)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    async def _let_go(self) -> None:
+        """The rollout ended: with replicas, its samples dropped and its lease given up."""
+        link = self._link
+        if link is None:
+            return
+        self._others = {}
+        try:
+            await link.clear_samples()
+            await link.release()
+        except Exception as exc:  # the lease expires by itself; the samples within a day
+            log.warning("the ended rollout's lease and samples were not cleared: %s", exc)
+
+    def _serve(self, serving: Mapping[str, str]) -> None:
+        """The cells' revisions as the last rollout left them, where their units exist."""
+        revisions = self.units.revisions
+        for cell, revision in serving.items():
+            if any(u.cell == cell and u.revision == revision for u in self.units.units.values()):
+                revisions = revisions.with_serving(cell, revision)
+            elif (cell, revision) not in self._warned:
+                self._warned.add((cell, revision))
+                log.warning(
+                    "cell %s served revision %r after the last rollout, but no unit of it is "
+                    "configured or added now: it serves %r",
+                    cell,
+                    revision,
+                    revisions.of(cell),
+                )
+        self.units.set_revisions(revisions)
 
     def _apply(self, record: Record, spec: Spec) -> None:
         """The record's split, as routing applies it."""
@@ -547,7 +807,12 @@ class Rollouts:
     def _windows(self) -> Windows:
         """The current split's samples (empty ones until an answer came)."""
         found = self.samples.windows()
-        return found if found is not None else _EMPTY
+        if found is None:
+            return _EMPTY
+        if not self._others:
+            return found
+        summed = Windows(found.key, found.old, found.new)
+        return add_wires(summed, [found.wire(), *self._others.values()])
 
     def _new_units(self, spec: Spec, cells: Sequence[str]) -> list[UnitState]:
         return [u for u in self.units.units.values() if u.cell in cells and u.revision == spec.to]
@@ -622,6 +887,8 @@ class Rollouts:
             return
         try:
             await self._store.put_rollout(record.id, record.started, record.wire())
+        except LostLease:
+            raise
         except Exception as exc:
             log.warning(
                 "rollout %s: cannot save its state (%s): a restart would lose it", record.id, exc
@@ -639,6 +906,26 @@ def _uncompared(verdict: Verdict) -> Verdict:
         {},
         "not compared: no old unit carries the load the new ones do (the last cell above 50%)",
     )
+
+
+@contextlib.asynccontextmanager
+async def _moved(record: Record) -> AsyncIterator[None]:
+    """An operator's ask met a lost lease: another replica drives the rollout now."""
+    try:
+        yield
+    except LostLease:
+        raise RolloutError(
+            f"rollout {record.id}: another replica drives it now; ask again",
+            503,
+            "rollout_driver_unavailable",
+        ) from None
+
+
+def _steered(verb: str, record: Record) -> bool:
+    """Whether `record` shows an operator's `verb` done (or the rollout over anyway)."""
+    if not record.live:
+        return True
+    return {"pause": "paused", "resume": "running"}.get(verb) == record.state
 
 
 def _subject(record: Record) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.rollout.collector import PAIRS, Pair, Windows, key_of
+from gateway.rollout.collector import Windows, add_wires, key_of
 from gateway.units import UnitRegistry
 
 
@@ -34,12 +34,4 @@ class FleetSamples:
         canary = None if self.units is None else self.units.canary
         if canary is None:
             return None
-        key = key_of(canary)
-        summed = Windows(key, canary.old, canary.new)
-        for wire in self._latest.values():
-            if tuple(wire["key"]) != key:
-                continue
-            for name in PAIRS:
-                mine: Pair = getattr(summed, name)
-                mine.merge(Pair.from_wire(wire[name]))
-        return summed
+        return add_wires(Windows(key_of(canary), canary.old, canary.new), self._latest.values())
