@@ -72,7 +72,8 @@ from gateway.admin.state import State
 from gateway.admin.store import StoreError
 from gateway.admin.view import BreakerView, Settle, WorkersView, unit_view
 from gateway.errors import GatewayError
-from gateway.rollout.driver import RolloutError, Rollouts
+from gateway.rollout.ports import RolloutError
+from gateway.rollout.rollouts import Rollouts
 from gateway.units import UnitState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

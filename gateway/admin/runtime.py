@@ -30,7 +30,7 @@ from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.rollout_metrics import RolloutCollector, RolloutEnds
 from gateway.rollout.collector import Samples
-from gateway.rollout.driver import Rollouts
+from gateway.rollout.rollouts import Rollouts
 from gateway.status.classes import ClassesAndTenants
 from gateway.status.feed import Annotator, StatusFeed
 from gateway.status.latency import Figures, Latency

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from gateway.admin.shared import SharedStore, StoreUnavailable
 from gateway.config.state import StateConfig
-from gateway.rollout.driver import LostLease
+from gateway.rollout.ports import LostLease
 
 SAMPLES_KEPT_MS = 24 * 3600 * 1000  # a rollout's samples outlive it by this much at most
 
@@ -84,7 +84,7 @@ class Found:
 
 
 class SharedRollouts:
-    """The Redis side of a shared rollout (gateway/rollout/driver.py's `Link`)."""
+    """The Redis side of a shared rollout (gateway/rollout/ports.py's `Link`)."""
 
     def __init__(self, store: SharedStore, config: StateConfig) -> None:
         self._store = store

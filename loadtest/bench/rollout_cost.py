@@ -16,7 +16,6 @@ cell's windows.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -32,6 +31,7 @@ import uvloop
 from loadtest.bench.ab import report, rounds
 from loadtest.bench.overhead.params import TOKENS
 from loadtest.bench.processes import MODEL, child, gateway_toml, pin_cpus, pinned
+from loadtest.bench.rollout_client import at_step, start
 
 SIDES = ("still", "rolling")
 LABELS = ("no rollout", "rollout at 50% of a cell")
@@ -77,16 +77,8 @@ async def start_rollout(operator: str, token: str) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
-        async with http.post(operator + "/admin/rollouts", json=ASK) as resp:
-            if resp.status != 201:
-                raise SystemExit(f"rollout refused: {resp.status} {await resp.text()}")
-        for _ in range(200):
-            async with http.get(operator + "/admin/rollouts/current") as resp:
-                current = await resp.json()
-            if current["step"] == 0:
-                return
-            await asyncio.sleep(0.05)
-    raise SystemExit(f"the rollout did not reach its first step: {current}")
+        await start(http, operator, ASK)
+        await at_step(http, operator, 0)
 
 
 def main(argv: list[str] | None = None) -> int:

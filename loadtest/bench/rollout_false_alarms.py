@@ -15,19 +15,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import os
 import secrets
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from loadtest.bench.processes import MODEL, child, pin_cpus, pinned
+from loadtest.bench.rollout_client import Tally, converse, ended, start
 from loadtest.bench.rollout_cost import config
 
 CELLS = ("a", "b")
@@ -50,21 +48,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-async def converse(http: aiohttp.ClientSession, public: str, stop: asyncio.Event) -> int:
-    """Conversations of three turns until stopped; the failed requests."""
-    failed, sessions = 0, itertools.count()
-    while not stop.is_set():
-        session = f"s{next(sessions)}-{secrets.token_hex(3)}"
-        for _ in range(3):
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 6, "stream": True}  # fmt: skip
-            headers = {"x-session-id": session}
-            async with http.post(public + "/v1/chat/completions", json=body, headers=headers) as r:
-                text = await r.text()
-                failed += r.status != 200 or "[DONE]" not in text
-    return failed
-
-
 async def enable_all(admin: aiohttp.ClientSession, operator: str) -> None:
     async with admin.get(operator + "/admin/units") as resp:
         units = (await resp.json())["units"]
@@ -74,51 +57,36 @@ async def enable_all(admin: aiohttp.ClientSession, operator: str) -> None:
                 assert resp.status == 200, await resp.text()
 
 
-async def one(
-    admin: aiohttp.ClientSession, operator: str, ask: dict[str, Any]
-) -> tuple[dict[str, Any], float]:
-    started = time.monotonic()
-    async with admin.post(operator + "/admin/rollouts", json=ask) as resp:
-        answer = await resp.json()
-        if resp.status != 201:
-            raise SystemExit(f"rollout refused: {resp.status} {answer}")
-    while True:
-        await asyncio.sleep(0.25)
-        async with admin.get(operator + "/admin/rollouts/current") as resp:
-            current: dict[str, Any] = await resp.json()
-        if current["state"] == "paused":  # gates short of samples: a load problem, not a verdict
-            raise SystemExit(f"rollout paused: {current['reason']} (raise --concurrency)")
-        if current["state"] != "running":
-            return current, time.monotonic() - started
-
-
 async def run(args: argparse.Namespace, public: str, operator: str, token: str) -> int:
     steps = [int(s) for s in args.steps.split(",")]
     timeout = aiohttp.ClientTimeout(total=60)
     headers = {"Authorization": f"Bearer {token}"}
     outcomes: Counter[str] = Counter()
     reasons: list[str] = []
-    stop = asyncio.Event()
+    tally, stop = Tally(), asyncio.Event()
     async with (
         aiohttp.ClientSession(timeout=timeout) as http,
         aiohttp.ClientSession(timeout=timeout, headers=headers) as admin,
     ):
         clients = [
-            asyncio.create_task(converse(http, public, stop)) for _ in range(args.concurrency)
+            asyncio.create_task(converse(http, public, MODEL, tally, stop))
+            for _ in range(args.concurrency)
         ]
         try:
             for n in range(args.rollouts):
                 to, old = ("v2", "v1") if n % 2 == 0 else ("v1", "v2")
                 await enable_all(admin, operator)
                 ask = {"to": to, "from": old, "steps": steps, "step_seconds": args.step_seconds}
-                done, seconds = await one(admin, operator, ask)
+                await start(admin, operator, ask)
+                done, seconds = await ended(admin, operator, pause_is_an_error=True)
                 outcomes[done["state"]] += 1
                 if done["state"] != "succeeded":
                     reasons.append(f"rollout {n + 1}: {done['reason']}")
                 print(f"rollout {n + 1}: {done['state']} in {seconds:.1f} s", flush=True)
         finally:
             stop.set()
-            failed = sum(await asyncio.gather(*clients))
+            await asyncio.gather(*clients)
+    failed = len(tally.failed)
     rolled_back: int = args.rollouts - outcomes["succeeded"]
     print("\n".join(reasons))
     print(f"\n{rolled_back} of {args.rollouts} identical rollouts rolled back "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import os
 import secrets
 import signal
@@ -36,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from gateway.base.ports import free_port
+from loadtest.bench.rollout_client import Tally, converse, ended, start
 
 MODEL = "SmolLM2-135M-Instruct"
 REVISIONS = {
@@ -51,6 +51,7 @@ GOLDEN = [
     for q in ("What is the capital of France?", "What is 2+2?", "Who wrote Hamlet?")
 ]
 STARTUP_S = 300.0
+QUESTIONS = ("Hi!", "Tell me a short fact.", "Thanks.")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -124,47 +125,6 @@ async def ready(http: aiohttp.ClientSession, operator: str) -> None:
     raise SystemExit(f"the units were not up within {STARTUP_S:g} s")
 
 
-async def converse(
-    http: aiohttp.ClientSession,
-    public: str,
-    served: Counter[str],
-    failed: list[str],
-    stop: asyncio.Event,
-) -> None:
-    sessions = itertools.count()
-    while not stop.is_set():
-        session = f"c{next(sessions)}-{secrets.token_hex(2)}"
-        messages: list[dict[str, str]] = []
-        for question in ("Hi!", "Tell me a short fact.", "Thanks."):
-            messages.append({"role": "user", "content": question})
-            body = {"model": MODEL, "messages": messages, "max_tokens": 12, "stream": True}
-            async with http.post(
-                public + "/v1/chat/completions", json=body, headers={"x-session-id": session}
-            ) as resp:
-                text = await resp.text()
-                unit = resp.headers.get("x-unitgate-unit", "?")
-                if resp.status != 200 or "[DONE]" not in text or '"error"' in text:
-                    failed.append(f"{resp.status} {unit}: {text[-200:]}")
-                served[unit] += 1
-            messages.append({"role": "assistant", "content": "ok"})
-
-
-async def roll(
-    http: aiohttp.ClientSession, operator: str, ask: dict[str, Any]
-) -> tuple[dict[str, Any], float]:
-    started = time.monotonic()
-    async with http.post(operator + "/admin/rollouts", json=ask) as resp:
-        answer = await resp.json()
-        if resp.status != 201:
-            raise SystemExit(f"rollout refused: {resp.status} {answer}")
-    while True:
-        async with http.get(operator + "/admin/rollouts/current") as resp:
-            current: dict[str, Any] = await resp.json()
-        if current["state"] not in ("running", "paused"):
-            return current, time.monotonic() - started
-        await asyncio.sleep(1.0)
-
-
 async def run(args: argparse.Namespace, public: str, operator: str, token: str) -> list[str]:
     headers = {"Authorization": f"Bearer {token}"}
     timeout = aiohttp.ClientTimeout(total=120)
@@ -191,19 +151,21 @@ async def one(
     old: str,
 ) -> str:
     """One rollout under the clients' conversations: its table row."""
-    served: Counter[str] = Counter()
-    failed: list[str] = []
-    stop = asyncio.Event()
+    tally, stop = Tally(), asyncio.Event()
     clients = [
-        asyncio.create_task(converse(http, public, served, failed, stop))
+        asyncio.create_task(
+            converse(http, public, MODEL, tally, stop, QUESTIONS, max_tokens=12, grow=True)
+        )
         for _ in range(args.concurrency)
     ]
     ask = {"to": to, "from": old, "steps": [50, 100], "golden": GOLDEN,
            "step_seconds": args.step_seconds}  # fmt: skip
-    done, seconds = await roll(admin, operator, ask)
+    await start(admin, operator, ask)
+    done, seconds = await ended(admin, operator, every=1.0)
     stop.set()
     await asyncio.gather(*clients)
-    by_revision = Counter(unit.split("-", 1)[-1] for unit in served.elements())
+    failed = tally.failed
+    by_revision = Counter(unit.split("-", 1)[-1] for unit in tally.served.elements())
     print(f"{old} -> {to}: {done['state']} after {seconds:.0f} s: {done['reason']}")
     for fail in failed[:5]:
         print(f"  failed: {fail}")

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,12 @@ import pytest
 
 from gateway.config import Config, config_from_dict
 from gateway.server import Gateway, running
+from loadtest.bench.rollout_client import Tally, converse
 from tests.support import MODEL, ROOT, SimProcess, start_sim, stop_process
 
 pytestmark = pytest.mark.usefixtures("admin_tokens")
 
 AUTH = {"Authorization": "Bearer alice-token"}
-CHAT = "/v1/chat/completions"
 OLD = {"u0": "a", "u2": "b"}
 NEW = {"u1": "a", "u3": "b"}
 # Small gates for short steps: a handful of samples per revision is enough to judge. The
@@ -115,42 +113,14 @@ async def add_new_units(http: aiohttp.ClientSession, gw: Gateway, sim: SimProces
         assert answer["routable"] is False and "rollout" in answer["idle"]
 
 
-@dataclass
-class Load:
-    """Conversations of three turns each, a few at a time, until stopped."""
-
-    served: Counter[str] = field(default_factory=Counter)
-    failed: list[str] = field(default_factory=list)
-    by_session: dict[str, set[str]] = field(default_factory=dict)
-
-
-async def steady(http: aiohttp.ClientSession, gw: Any, load: Load, stop: asyncio.Event) -> None:
-    sessions = itertools.count()
-
-    async def conversation() -> None:
-        while not stop.is_set():
-            session = f"conv-{next(sessions)}"
-            for _ in range(3):
-                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                        "stream": True, "max_tokens": 6}  # fmt: skip
-                headers = {"x-session-id": session}
-                async with http.post(gw.public_url + CHAT, json=body, headers=headers) as resp:
-                    text = await resp.text()
-                    unit = resp.headers.get("x-unitgate-unit", "?")
-                    if resp.status != 200 or "[DONE]" not in text or '"error"' in text:
-                        load.failed.append(f"{resp.status} {unit}: {text[-200:]}")
-                    load.served[unit] += 1
-                    load.by_session.setdefault(session, set()).add(unit)
-
-    await asyncio.gather(*(conversation() for _ in range(4)))
-
-
 @contextlib.asynccontextmanager
-async def loaded(http: aiohttp.ClientSession, gw: Any) -> AsyncIterator[Load]:
-    load, stop = Load(), asyncio.Event()
-    task = asyncio.create_task(steady(http, gw, load, stop))
+async def loaded(http: aiohttp.ClientSession, gw: Any) -> AsyncIterator[Tally]:
+    """Conversations of three turns each, four at a time, until the block ends."""
+    tally, stop = Tally(), asyncio.Event()
+    clients = [converse(http, gw.public_url, MODEL, tally, stop) for _ in range(4)]
+    task = asyncio.ensure_future(asyncio.gather(*clients))
     try:
-        yield load
+        yield tally
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

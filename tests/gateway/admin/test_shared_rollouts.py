@@ -13,7 +13,7 @@ import pytest
 from gateway.admin.shared import SharedStore, StoreUnavailable
 from gateway.admin.shared_rollouts import SharedRollouts
 from gateway.config.state import StateConfig
-from gateway.rollout.driver import LostLease
+from gateway.rollout.ports import LostLease
 from tests.redis_support import RedisServer, redis_server
 
 TTL = 0.4
