@@ -70,6 +70,24 @@ class Observer(Generic[C_contra]):
     ) -> None:
         """An attempt at `unit` failed before its first byte (`started`: loop time)."""
 
+    def attempt_cancelled(self, call: C_contra, unit: UnitState) -> None:
+        """An attempt at `unit` was cancelled before its first byte: the client left, or a
+        hedge's other copy answered first."""
+
+    def hedged(self, call: C_contra, first: UnitState, second: UnitState, tokens: int) -> None:
+        """`first` had not answered in time: a second copy of the request goes to `second`
+        (`tokens`: its uncached prompt tokens, the budget's cost)."""
+
+    def hedge_refused(self, call: C_contra, reason: str) -> None:
+        """`first` had not answered in time, but no second copy goes (`reason`: "budget: ...",
+        "overloaded: ..." or "no_unit: ...")."""
+
+    def hedge_ended(
+        self, call: C_contra, winner: UnitState, loser: UnitState, second: bool, wasted: int
+    ) -> None:
+        """Of a hedged request's two copies, `winner`'s answer began first (`second`: the
+        second copy's); `loser`'s was cancelled (`wasted`: its uncached prompt tokens)."""
+
     def retried(self, kind: Failure) -> None:
         """A failed attempt is sent again, elsewhere, paid from the retry budget."""
 
@@ -107,6 +125,10 @@ _HOOKS = (
     "attempt_started",
     "attempt_opened",
     "attempt_failed",
+    "attempt_cancelled",
+    "hedged",
+    "hedge_refused",
+    "hedge_ended",
     "retried",
     "budget_exhausted",
     "first_byte",
@@ -119,7 +141,7 @@ _HOOKS = (
 class Signals(Observer[T]):
     """Fans every hook out to the subscribers that implement it, in subscription order (a
     hook an observer leaves as Observer's no-op is not called: most observers need two or
-    three of the thirteen, and each runs for every request)."""
+    three of the seventeen, and each runs for every request)."""
 
     def __init__(self) -> None:
         self._observers: list[Observer[T]] = []
@@ -130,6 +152,10 @@ class Signals(Observer[T]):
         self._attempt_started: tuple[Callable[[T, UnitState], None], ...] = ()
         self._attempt_opened: tuple[Callable[[T, UnitState, int], None], ...] = ()
         self._attempt_failed: tuple[Callable[[T, UnitState, UpstreamError, float], None], ...] = ()
+        self._attempt_cancelled: tuple[Callable[[T, UnitState], None], ...] = ()
+        self._hedged: tuple[Callable[[T, UnitState, UnitState, int], None], ...] = ()
+        self._hedge_refused: tuple[Callable[[T, str], None], ...] = ()
+        self._hedge_ended: tuple[Callable[[T, UnitState, UnitState, bool, int], None], ...] = ()
         self._retried: tuple[Callable[[Failure], None], ...] = ()
         self._budget_exhausted: tuple[Callable[[], None], ...] = ()
         self._first_byte: tuple[Callable[[T, UnitState, float], None], ...] = ()
@@ -173,6 +199,24 @@ class Signals(Observer[T]):
     ) -> None:
         for hook in self._attempt_failed:
             hook(call, unit, error, started)
+
+    def attempt_cancelled(self, call: T, unit: UnitState) -> None:
+        for hook in self._attempt_cancelled:
+            hook(call, unit)
+
+    def hedged(self, call: T, first: UnitState, second: UnitState, tokens: int) -> None:
+        for hook in self._hedged:
+            hook(call, first, second, tokens)
+
+    def hedge_refused(self, call: T, reason: str) -> None:
+        for hook in self._hedge_refused:
+            hook(call, reason)
+
+    def hedge_ended(
+        self, call: T, winner: UnitState, loser: UnitState, second: bool, wasted: int
+    ) -> None:
+        for hook in self._hedge_ended:
+            hook(call, winner, loser, second, wasted)
 
     def retried(self, kind: Failure) -> None:
         for hook in self._retried:

@@ -21,6 +21,7 @@ from gateway.config.builder import build as _build
 from gateway.config.checks import ConfigError
 from gateway.config.checks import check as _check
 from gateway.config.health import BreakerConfig, HealthConfig
+from gateway.config.hedge import HedgeConfig
 from gateway.config.limits import LimitsConfig
 from gateway.config.logging import LOG_FORMATS, LoggingConfig
 from gateway.config.metrics import MetricsConfig
@@ -54,6 +55,7 @@ __all__ = [
     "GateDefaults",
     "GatewayConfig",
     "HealthConfig",
+    "HedgeConfig",
     "HookConfig",
     "LimitsConfig",
     "ListenerConfig",
@@ -97,6 +99,9 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # Rollouts' default steps and gates, and the hooks an admin request may name.
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # Hedged requests: which, after how long, within what budget (with [priority], each
+    # class's `hedge` says which).
+    hedge: HedgeConfig = field(default_factory=HedgeConfig)
     units: tuple[UnitConfig, ...] = ()
 
     def __post_init__(self) -> None:

@@ -35,6 +35,9 @@ class PriorityClass:
     # When every unit is predicted to miss `ttft_slo`: refuse the request (429, Retry-After)
     # rather than send it to the unit predicted to answer soonest.
     shed_on_slo: bool = False
+    # Whether the class's streamed requests are hedged: sent to a second unit too when the
+    # first has not answered its first token in time ([hedge] says when and how much).
+    hedge: bool = False
 
     def __post_init__(self) -> None:
         check(bool(_NAME.fullmatch(self.name)), "name", self.name, "must match [a-z0-9][a-z0-9_-]*")
@@ -85,8 +88,13 @@ class PriorityClass:
 # - interactive and standard keep today's [admission] defaults (5 s, 1024 for standard).
 # - unit_priority: standard is 0, the engines' default, so a unit sees a standard request as it
 #   sees one without the field; the others sit one step either side.
+# - hedge: a person waits on each interactive request, and they are few: worth a second copy
+#   when the first unit stalls. Standard and batch requests are many, and nobody watches
+#   their first token.
 DEFAULT_CLASSES = (
-    PriorityClass("interactive", 0, 0.2, queue_size=256, queue_timeout=5.0, unit_priority=-1),
+    PriorityClass(
+        "interactive", 0, 0.2, queue_size=256, queue_timeout=5.0, unit_priority=-1, hedge=True
+    ),
     PriorityClass("standard", 1, 0.0, queue_size=1024, queue_timeout=5.0, unit_priority=0),
     PriorityClass("batch", 2, 0.0, queue_size=1024, queue_timeout=60.0, unit_priority=1),
 )

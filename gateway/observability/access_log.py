@@ -63,6 +63,7 @@ def access_fields(call: Call, now: float) -> dict[str, Any]:
         "prompt_tokens": None if usage is None else usage.prompt,
         "completion_tokens": None if usage is None else usage.completion,
         "attempts": call.attempts,
+        "hedge": call.hedge or None,  # which copy of a hedged request answered
     }
 
 

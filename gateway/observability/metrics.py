@@ -75,6 +75,22 @@ class Metrics:
             "Retries refused because the retry budget was spent.",
             registry=r,
         )
+        self.hedges = Counter(
+            "unitgate_hedges",
+            "Hedged requests' second copies, by priority class and outcome: fired (sent),"
+            " first or second (whose answer began first), refused_budget, refused_overloaded,"
+            " refused_no_unit (not sent). A hedge is not a retry: unitgate_retries does not"
+            " count them.",
+            ["class", "outcome"],
+            registry=r,
+        )
+        self.hedge_tokens = Counter(
+            "unitgate_hedge_prefill_tokens",
+            "Uncached prompt tokens of hedges, by priority class and kind: sent (the second"
+            " copies', what the budget counts) and wasted (the cancelled copies').",
+            ["class", "kind"],
+            registry=r,
+        )
         self.resumptions = Counter(
             "unitgate_resumptions",
             "Streams broken after their first byte, by the unit that broke them and what the "

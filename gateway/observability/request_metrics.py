@@ -82,6 +82,22 @@ class MetricsObserver(Observer[Call]):
     def budget_exhausted(self) -> None:
         self.m.budget_exhausted.inc()
 
+    def hedged(self, call: Call, first: UnitState, second: UnitState, tokens: int) -> None:
+        klass = call.lease.ask.klass
+        self.m.hedges.labels(klass, "fired").inc()
+        self.m.hedge_tokens.labels(klass, "sent").inc(tokens)
+
+    def hedge_refused(self, call: Call, reason: str) -> None:
+        code = reason.partition(":")[0]
+        self.m.hedges.labels(call.lease.ask.klass, "refused_" + code).inc()
+
+    def hedge_ended(
+        self, call: Call, winner: UnitState, loser: UnitState, second: bool, wasted: int
+    ) -> None:
+        klass = call.lease.ask.klass
+        self.m.hedges.labels(klass, "second" if second else "first").inc()
+        self.m.hedge_tokens.labels(klass, "wasted").inc(wasted)
+
     def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
         # A streamed answer's first bytes are its first event, sent once the unit made its
         # first token. A whole answer's first byte is its last, and an error is no token.

@@ -20,11 +20,12 @@ from gateway.units import UnitState
 
 
 class _Trace:
-    __slots__ = ("attempt", "request")
+    __slots__ = ("attempts", "request")
 
     def __init__(self, request: Span) -> None:
         self.request = request
-        self.attempt: Span | None = None  # the attempt in flight, if any
+        # The attempts in flight, by unit: one, or a hedged request's two copies.
+        self.attempts: dict[str, Span] = {}
 
 
 class TracingObserver(Observer[Call]):
@@ -46,24 +47,37 @@ class TracingObserver(Observer[Call]):
 
     def attempt_started(self, call: Call, unit: UnitState) -> None:
         trace = _of(call)
-        trace.attempt, call.traceparent = self.tracing.attempt_span(
-            trace.request, unit.id, call.attempts
-        )
+        span, call.traceparent = self.tracing.attempt_span(trace.request, unit.id, call.attempts)
+        trace.attempts[unit.id] = span
 
     def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
-        trace = _of(call)
-        if trace.attempt is not None:
-            trace.attempt.set_attribute("http.response.status_code", status)
-            end_span(trace.attempt, "ok", error=False)
-            trace.attempt = None
+        span = _of(call).attempts.pop(unit.id, None)
+        if span is not None:
+            span.set_attribute("http.response.status_code", status)
+            end_span(span, "ok", error=False)
 
     def attempt_failed(
         self, call: Call, unit: UnitState, error: UpstreamError, started: float
     ) -> None:
-        trace = _of(call)
-        if trace.attempt is not None:
-            end_span(trace.attempt, error.kind, error=True)
-            trace.attempt = None
+        span = _of(call).attempts.pop(unit.id, None)
+        if span is not None:
+            end_span(span, error.kind, error=True)
+
+    def attempt_cancelled(self, call: Call, unit: UnitState) -> None:
+        span = _of(call).attempts.pop(unit.id, None)
+        if span is not None:  # the client left, or the hedge's other copy won: no fault
+            end_span(span, "cancelled", error=False)
+
+    def hedged(self, call: Call, first: UnitState, second: UnitState, tokens: int) -> None:
+        attributes = {"unitgate.unit": first.id, "unitgate.hedge.unit": second.id}
+        _of(call).request.add_event("hedge", attributes)
+
+    def hedge_ended(
+        self, call: Call, winner: UnitState, loser: UnitState, second: bool, wasted: int
+    ) -> None:
+        copy = "second" if second else "first"
+        attributes = {"unitgate.unit": winner.id, "unitgate.hedge.copy": copy}
+        _of(call).request.add_event("hedge won", attributes)
 
     def resumed(self, call: Call, broken: UnitState, outcome: Resumption, detail: str) -> None:
         _of(call).request.add_event("resume", {"unitgate.unit": broken.id, "outcome": outcome})
@@ -73,9 +87,10 @@ class TracingObserver(Observer[Call]):
         error = call.error
         if error is not None:
             outcome = "cancelled" if isinstance(error, asyncio.CancelledError) else "error"
-            if trace.attempt is not None:  # ended while an attempt was in flight
+            for span in trace.attempts.values():  # ended while an attempt was in flight
                 name = outcome if outcome == "cancelled" else type(error).__name__
-                end_span(trace.attempt, name, error=True)
+                end_span(span, name, error=True)
+            trace.attempts.clear()
             end_span(trace.request, outcome, error=True)
             return
         status = call.status

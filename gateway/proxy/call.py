@@ -36,6 +36,7 @@ class Call:
         "first_byte",
         "grant",
         "headers",
+        "hedge",
         "home",
         "info",
         "keep_revision",
@@ -105,6 +106,8 @@ class Call:
         self.placed: Placed | None = None
         # How the current attempt's unit was chosen (routing/balance.py's `place`, or "home").
         self.routed = ""
+        # Which copy of a hedged request the client got ("first", "second"; "" unhedged).
+        self.hedge = ""
         # What the next attempt sends: the client's own request, or a continuation of it.
         self.method = "POST"  # GET for a stored response's or the tokenizer's read
         self.send_path = path  # the target on the unit (a stored response's id and query too)

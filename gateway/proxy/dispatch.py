@@ -18,6 +18,8 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest, Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
+from gateway.proxy.hedging import FIRST, SECOND, Hedger, cancelled, first_of
+from gateway.proxy.lease import Lease
 from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
 from gateway.proxy.upstream import Answer, UpstreamClient
@@ -82,6 +84,10 @@ class Dispatcher:
         r = config.retry
         self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_second, r.budget_window)
         self.resumptions = CauseBudget(self.budget)
+        hedged = config.hedge.enabled or (
+            config.priority is not None and any(c.hedge for c in config.priority.classes)
+        )
+        self.hedger = Hedger(config, units, admission) if hedged else None
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
         """A unit (its slot held in `call.lease`) and its answer's start."""
@@ -126,7 +132,10 @@ class Dispatcher:
         t = self.config.timeouts
         # A non-streamed answer's first byte comes when it is complete: only `total` bounds it.
         call.first_byte = t.first_byte if call.info.stream else t.total
+        hedger = self.hedger
         try:
+            if hedger is not None and call.attempts == 0 and hedger.eligible(call):
+                return await self._hedged(call, hedger)
             return await self._attempt(call)
         except UpstreamError as exc:
             if not self._may_retry(exc, 1, call):
@@ -144,9 +153,97 @@ class Dispatcher:
 
     async def _attempt(self, call: Call) -> tuple[UnitState, Answer]:
         unit = await self._admit(call)
+        return await self._send(call, unit, call.lease, call.placed, call.routed)
+
+    async def _hedged(self, call: Call, hedger: Hedger) -> tuple[UnitState, Answer]:
+        """The first copy; if its answer has not begun after the delay, a second copy on
+        another unit, and the answer that begins first (hedging.py)."""
+        unit = await self._admit(call)
+        placed, routed = call.placed, call.routed
+        mine = max(self._prompt_tokens(call) - (0 if placed is None else placed.cached), 0)
+        first = asyncio.ensure_future(self._send(call, unit, call.lease, placed, routed))
+        try:
+            predicted = None if placed is None else placed.predicted
+            await asyncio.wait({first}, timeout=hedger.hedging.delay(predicted))
+            if first.done():
+                return first.result()
+            twin = self._twin(call, unit, hedger)
+            if twin is None:
+                return await first
+            other, task, lease, tokens = twin
+            self.signals.hedged(call, unit, other, tokens)
+            (won, answer), second = await first_of(first, task)
+        finally:
+            await cancelled(first)
+        call.hedge = SECOND if second else FIRST
+        if second:  # the second copy's slot is the request's now
+            call.lease.unit, lease.unit = lease.unit, None
+        wasted = mine if second else tokens
+        call.placed, call.routed = answer.placed, answer.routed
+        self.signals.hedge_ended(call, won, unit if second else other, second, wasted)
+        return won, answer
+
+    def _twin(
+        self, call: Call, first: UnitState, hedger: Hedger
+    ) -> tuple[UnitState, asyncio.Task[tuple[UnitState, Answer]], Lease, int] | None:
+        """The second copy, sent now to the best unit but `first` (one in another cell if
+        any: a cell's stragglers are correlated), on a slot free now; None if the budget, the
+        overload rule or a full fleet says no (told to the observers)."""
+        now = asyncio.get_running_loop().time()
+        prompt = self._prompt_tokens(call)
+        cached: Mapping[str, int] = {}
+
+        def pick() -> UnitState | None:
+            nonlocal cached
+            others = [u for u in self._routable(call) if u is not first and u not in call.tried]
+            away = [u for u in others if u.cell != first.cell]
+            pool = tuple(away or others)
+            if not pool:
+                return None
+            if call.prompt_ids is not None and self.depths is not None:
+                cached = self.depths(call.prompt_ids, (u.id for u in pool))
+            factor = self.config.routing.bounded_load_factor
+            unit, _ = place(pool, call.tried, call.key, factor, self.rng, cached or None)
+            return unit
+
+        lease = Lease(self.admission)
+        lease.ask = call.lease.ask
+        tokens = prompt  # the second copy's prefill, until its unit's cache is known
+        why = hedger.refusal(call, tokens, now)
+        unit = None if why is not None else self.admission.try_acquire(pick, lease.ask)
+        if unit is None:
+            self.signals.hedge_refused(call, why or "no_unit: no other unit has a free slot")
+            return None
+        lease.unit = unit
+        tokens = max(prompt - cached.get(unit.id, 0), 0)
+        hedger.hedging.spend(tokens, now)
+        placed = None if self.forecast is None else Placed(unit.id, prompt, prompt - tokens, None)
+        task = asyncio.ensure_future(self._send(call, unit, lease, placed, "hedge"))
+        return unit, task, lease, tokens
+
+    def _prompt_tokens(self, call: Call) -> int:
+        """The request's prompt tokens: counted where the gateway knows its ids, else about
+        four bytes of JSON a token (and at least that where the ids are an earlier turn's,
+        only where the prompt begins)."""
+        by_bytes = len(call.send_body) // BYTES_PER_TOKEN
+        ids = call.prompt_ids
+        if ids is None:
+            return by_bytes
+        return max(len(ids), by_bytes) if call.partial else len(ids)
+
+    async def _send(
+        self, call: Call, unit: UnitState, lease: Lease, placed: Placed | None, routed: str
+    ) -> tuple[UnitState, Answer]:
+        """One attempt on `unit`, whose slot `lease` holds, placed as `placed` (the forecast's
+        view; each observer reads it from the call as the attempt's events come)."""
+        loop = asyncio.get_running_loop()
+        if lease is call.lease and call.attempts == 0 and self.hedger is not None:
+            held = 0 if placed is None else placed.cached
+            self.hedger.hedging.prefill(self._prompt_tokens(call) - held, loop.time())
         call.attempts += 1
+        call.placed, call.routed = placed, routed
         self.signals.attempt_started(call, unit)
-        started = asyncio.get_running_loop().time()
+        started = loop.time()
         served = unit.config.served_model
         body = call.send_body
         if served and body:  # a body-less request (a GET) names no model
@@ -168,16 +265,25 @@ class Dispatcher:
                 call.method,
             )
         except BaseException as exc:
-            call.lease.drop()
+            lease.drop()
+            call.placed, call.routed = placed, routed
+            if self.hedger is not None:
+                self.hedger.hedging.attempted(isinstance(exc, UpstreamError), loop.time())
             if isinstance(exc, UpstreamError):
                 call.tried.append(unit)
                 call.last_error = exc
                 self.signals.attempt_failed(call, unit, exc, started)
+            elif isinstance(exc, asyncio.CancelledError):
+                self.signals.attempt_cancelled(call, unit)
             raise  # anything else (the client left: CancelledError) ends the request
         call.send_body = b""  # answered: no retry sends it again (a continuation has its own)
         call.prompt_ids = None  # placed: routing needs them no more
         if served:
             answer.names = Renamer(served, call.info.model)
+        answer.placed, answer.routed = placed, routed
+        call.placed, call.routed = placed, routed
+        if self.hedger is not None:
+            self.hedger.hedging.attempted(False, loop.time())
         self.signals.attempt_opened(call, unit, answer.status)
         return unit, answer
 
@@ -227,10 +333,7 @@ class Dispatcher:
         prefix key keeps its locality, a session its unit). The placement is left on the
         call for the forecast's feed, with the unit's predicted TTFT."""
         ids = call.prompt_ids
-        by_bytes = len(call.send_body) // BYTES_PER_TOKEN
-        prompt = by_bytes if ids is None else len(ids)
-        if call.partial:  # an earlier turn's ids are only where the prompt begins
-            prompt = max(prompt, by_bytes)
+        prompt = self._prompt_tokens(call)
         slo, shed = self.slos.get(call.lease.ask.klass, (None, False))
         estimates = None
         free = ids is not None or call.key is None  # no affinity asks for a unit

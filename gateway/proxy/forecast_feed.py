@@ -50,6 +50,10 @@ class ForecastFeed(Observer[Call]):
         if call.placed is not None:
             self.forecast.unqueue(call.placed)
 
+    def attempt_cancelled(self, call: Call, unit: UnitState) -> None:
+        if call.placed is not None:
+            self.forecast.unqueue(call.placed)
+
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         placed = call.placed
         if placed is not None and placed.unit == unit.id and end is End.COMPLETE:

@@ -18,6 +18,7 @@ from gateway.outcomes import Failure
 from gateway.proxy.names import Renamer
 from gateway.proxy.timers import TimerSlots
 from gateway.relay.native import resolve
+from gateway.routing.forecast import Placed
 from gateway.tls import unit_context
 from gateway.upstream.connection import ConnectionBroken, UpstreamConnection
 from gateway.upstream.pool import ConnectionPool, Endpoint
@@ -39,6 +40,9 @@ class Answer:
     endpoint: Endpoint
     # Turns the unit's name for the model back into the public id (a unit's served_model).
     names: Renamer | None = None
+    # How the attempt that got it was placed (dispatch.py), for the request it answers.
+    placed: Placed | None = None
+    routed: str = ""
 
     @property
     def streaming(self) -> bool:

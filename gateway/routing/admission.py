@@ -24,6 +24,7 @@ from typing import Generic, Protocol, TypeVar
 from gateway.config.priority import PriorityClass, PriorityConfig
 from gateway.errors import GatewayError, Overloaded
 from gateway.routing.classes import Admit, ClassQueues, Entry, Queue, Running, Slots
+from gateway.routing.reserve import fits
 
 STANDARD = "standard"
 ANONYMOUS = "anonymous"
@@ -149,6 +150,29 @@ class Admission:
             self._preempt(loop.time())
         return await self._wait(entry, waiter)
 
+    def try_acquire(self, pick: Callable[[], S | None], ask: Ask = DEFAULT_ASK) -> S | None:
+        """A slot at once on the unit `pick` returns, or None: nothing queues. For a hedge's
+        second copy, which is better not sent than made to wait, and not sent at all while
+        any request waits for a slot. It is never preempted (it holds no place in a queue)."""
+        if self.queues or (self.limit is not None and self.inflight >= self.limit):
+            return None
+        if not fits(self.classes.ranked, ask.klass, self._capacity, self.used):
+            return None
+        try:
+            unit = pick()
+        except GatewayError:
+            return None
+        if unit is not None:
+            self._take(unit, ask.klass, ask.tenant)
+        return unit
+
+    def _take(self, unit: Slot, klass: str, tenant: str) -> None:
+        unit.inflight += 1
+        self.inflight += 1
+        self.used[klass] += 1
+        key = (klass, tenant)
+        self.tenants[key] = self.tenants.get(key, 0) + 1
+
     def release(
         self,
         unit: Slot,
@@ -212,11 +236,7 @@ class Admission:
             return True
         if unit is None:
             return False
-        unit.inflight += 1
-        self.inflight += 1
-        self.used[entry.klass] += 1
-        key = (entry.klass, entry.tenant)
-        self.tenants[key] = self.tenants.get(key, 0) + 1
+        self._take(unit, entry.klass, entry.tenant)
         if entry.klass == self._bottom and waiter.holder is not None:
             self._preemptible[waiter.holder] = asyncio.get_running_loop().time()
         waiter.future.set_result(unit)

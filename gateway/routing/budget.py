@@ -7,6 +7,8 @@ them once failures are widespread. Counts live in time buckets over a sliding wi
 
 from __future__ import annotations
 
+from gateway.routing.window import SlidingSums
+
 
 class RetryBudget:
     def __init__(
@@ -14,43 +16,25 @@ class RetryBudget:
     ) -> None:
         self.ratio = ratio
         self.floor = min_per_second * window
-        self._width = window / buckets
-        self._deposits = [0] * buckets
-        self._withdrawals = [0] * buckets
-        self._slot = 0
-        self._deposited = 0
-        self._withdrawn = 0
+        self._sums = SlidingSums(window, 2, buckets)  # requests, retries
 
     def deposit(self, now: float) -> None:
         """Record one original request."""
-        self._advance(now)
-        self._deposits[self._slot % len(self._deposits)] += 1
-        self._deposited += 1
+        self._sums.add(now, _REQUESTS)
 
     def withdraw(self, now: float) -> bool:
         """Try to spend one retry; False when the budget is exhausted."""
-        self._advance(now)
-        if self._withdrawn + 1 > self.floor + self.ratio * self._deposited:
+        if self.available(now) < 1:
             return False
-        self._withdrawals[self._slot % len(self._withdrawals)] += 1
-        self._withdrawn += 1
+        self._sums.add(now, _RETRIES)
         return True
 
     def available(self, now: float) -> float:
-        self._advance(now)
-        return self.floor + self.ratio * self._deposited - self._withdrawn
+        deposited = self._sums.total(now, _REQUESTS)
+        return self.floor + self.ratio * deposited - self._sums.total(now, _RETRIES)
 
-    def _advance(self, now: float) -> None:
-        slot = int(now / self._width)
-        if slot <= self._slot:
-            return
-        n = len(self._deposits)
-        for s in range(max(self._slot + 1, slot - n + 1), slot + 1):
-            i = s % n
-            self._deposited -= self._deposits[i]
-            self._withdrawn -= self._withdrawals[i]
-            self._deposits[i] = self._withdrawals[i] = 0
-        self._slot = slot
+
+_REQUESTS, _RETRIES = 0, 1
 
 
 class CauseBudget:

@@ -94,6 +94,13 @@ def _add_behaviour_args(p: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.variant,
         help="change the answers' words, deterministically (units of one variant agree)",
     )
+    beh.add_argument(
+        "--stall-rate",
+        type=float,
+        default=_DEFAULTS.stall_rate,
+        help="the share of requests whose first token comes --stall-ms late (stragglers)",
+    )
+    beh.add_argument("--stall-ms", type=float, default=_DEFAULTS.stall_ms)
     beh.add_argument("--max-tokens-cap", type=int, default=DEFAULT_MAX_TOKENS_CAP)
     beh.add_argument("--model", default=DEFAULT_MODEL, help="model id served by /v1/models")
 
@@ -127,8 +134,10 @@ def _served(
 
 
 def _check_behaviour(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.ttft_ms < 0 or args.itl_ms < 0:
-        p.error("--ttft-ms and --itl-ms must be >= 0")
+    if args.ttft_ms < 0 or args.itl_ms < 0 or args.stall_ms < 0:
+        p.error("--ttft-ms, --itl-ms and --stall-ms must be >= 0")
+    if not 0 <= args.stall_rate <= 1:
+        p.error("--stall-rate must be a share in [0, 1]")
     if args.tokens < 1 or args.max_tokens_cap < 1:
         p.error("--tokens and --max-tokens-cap must be >= 1")
 
@@ -136,7 +145,15 @@ def _check_behaviour(p: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def behaviour_settings(args: argparse.Namespace) -> Settings:
     """Every unit's settings at start, from the behaviour flags (checked before)."""
     tools = ToolsMode(args.tools)
-    return Settings(args.ttft_ms, args.itl_ms, args.tokens, tools, args.variant)
+    return Settings(
+        args.ttft_ms,
+        args.itl_ms,
+        args.tokens,
+        tools,
+        args.variant,
+        args.stall_rate,
+        args.stall_ms,
+    )
 
 
 def _announce(cluster: SimCluster, ready_file: Path | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from dataclasses import dataclass
 
@@ -55,6 +56,8 @@ class _Job:
     finish_reason: str
     call: ToolCall | None
     """The tool call the answer is, instead of text."""
+    stall_ms: float = 0.0
+    """Added to its first token's latency: a straggler (Settings.stall_rate)."""
 
     @property
     def cut_after(self) -> int | None:
@@ -74,6 +77,7 @@ class LeaderApi:
     def __init__(self, unit: SimUnit, config: ServeConfig) -> None:
         self._unit = unit
         self._config = config
+        self._stalls = random.Random()  # which requests straggle (Settings.stall_rate)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -135,7 +139,9 @@ class LeaderApi:
             count, finish = completion_length(req, settings.tokens, cap)
         else:
             count, finish = tool_call_length(req.max_tokens, call, cap)
-        return _Job(req, bodies, settings, fault, count, finish, call)
+        straggles = settings.stall_rate > 0 and self._stalls.random() < settings.stall_rate
+        stall = settings.stall_ms if straggles else 0.0
+        return _Job(req, bodies, settings, fault, count, finish, call, stall)
 
     async def _serve(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
         """Run the request to its end; the flag says whether an injected fault ended it."""
@@ -156,7 +162,7 @@ class LeaderApi:
     async def _whole(self, request: web.Request, job: _Job) -> tuple[web.StreamResponse, bool]:
         cut = job.cut_after
         for index in range(job.count if cut is None else cut):
-            await self._unit.emit(index, job.settings)
+            await self._unit.emit(index, job.settings, job.stall_ms)
         if job.fault.mode is FaultMode.STALL:
             await self._unit.stall_forever()
         if job.fault.mode is FaultMode.DROP:
@@ -172,7 +178,7 @@ class LeaderApi:
         bodies = job.bodies
         cut = job.cut_after
         for index in range(job.count if cut is None else cut):
-            await self._unit.emit(index, job.settings)
+            await self._unit.emit(index, job.settings, job.stall_ms)
             if index == 0 and job.req.kind == "chat":
                 await response.write(sse_event(bodies.role_chunk()))
             await response.write(sse_event(job.chunk(index)))

@@ -39,7 +39,7 @@ _FAULT_PARAMS: dict[FaultMode, frozenset[str]] = {
 _FAULT_MODES = frozenset(m.value for m in FaultMode)
 _HEALTH_MODES = frozenset(m.value for m in HealthMode)
 _TOOLS_MODES = frozenset(m.value for m in ToolsMode)
-_SETTINGS = frozenset({"ttft_ms", "itl_ms", "tokens", "tools", "variant"})
+_SETTINGS = frozenset({"ttft_ms", "itl_ms", "tokens", "tools", "variant", "stall_rate", "stall_ms"})
 DEFAULT_SLOW_DELAY_MS = 1000.0
 
 
@@ -111,7 +111,16 @@ def parse_settings(raw: object, current: Settings) -> Settings:
         tokens=integer(body, "tokens", current.tokens, 1),
         tools=_tools_mode(body, current.tools),
         variant=_variant(body, current.variant),
+        stall_rate=_share(body, "stall_rate", current.stall_rate),
+        stall_ms=number(body, "stall_ms", current.stall_ms),
     )
+
+
+def _share(body: Mapping[str, object], key: str, default: float) -> float:
+    value = number(body, key, default)
+    if value > 1:
+        raise ParamError(key, "must be a share in [0, 1]")
+    return value
 
 
 def _fault_mode(body: Mapping[str, object]) -> FaultMode:

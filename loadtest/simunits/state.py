@@ -45,6 +45,9 @@ class Settings:
     tools: ToolsMode = ToolsMode.CALL
     variant: str = ""
     """Changes the answer's words, deterministically: units with one variant answer alike."""
+    stall_rate: float = 0.0
+    """The share of requests whose first token comes `stall_ms` late (a straggler)."""
+    stall_ms: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)

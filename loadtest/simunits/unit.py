@@ -64,9 +64,10 @@ class SimUnit:
         """Ranks whose /health this process answers."""
         return [rank for rank, node in enumerate(self._nodes) if node is not None]
 
-    async def emit(self, index: int, settings: Settings) -> None:
-        """Produce token `index`: wait its latency, then one engine step."""
-        delay_ms = settings.ttft_ms if index == 0 else settings.itl_ms
+    async def emit(self, index: int, settings: Settings, stall_ms: float = 0.0) -> None:
+        """Produce token `index`: wait its latency (the first: `stall_ms` more), then one
+        engine step."""
+        delay_ms = settings.ttft_ms + stall_ms if index == 0 else settings.itl_ms
         await asyncio.sleep(delay_ms / 1000)
         if not self._running.is_set():
             await self._running.wait()

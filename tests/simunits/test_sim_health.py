@@ -109,6 +109,8 @@ async def test_reset_restores_everything(
             "tokens": 8,
             "tools": "call",
             "variant": "",
+            "stall_rate": 0.0,
+            "stall_ms": 0.0,
         }
         assert {h["mode"] for h in unit["health"]} == {"ok"}
         assert unit["stats"]["requests"] == 0

@@ -47,6 +47,22 @@ async def test_units_of_one_simulator_keep_their_own_ttft(
     assert units == {"u0": 20.0, "u1": 320.0}
 
 
+async def test_stragglers_answer_their_first_token_late(
+    cluster: SimCluster, session: aiohttp.ClientSession, control: ControlClient
+) -> None:
+    await control.settings("u0", ttft_ms=5, stall_rate=1.0, stall_ms=300)
+    assert await _time_to_first_event(session, chat_url(cluster)) >= 0.3
+    await control.settings("u0", stall_rate=0.0)
+    assert await _time_to_first_event(session, chat_url(cluster)) < 0.25
+    for bad in ({"stall_rate": 1.5}, {"stall_ms": -1}):
+        with pytest.raises(ControlError) as info:
+            await control.settings("u0", **bad)
+        assert info.value.status == 400 and next(iter(bad)) in str(info.value.body)
+    parser = build_parser()
+    args = parser.parse_args(["--stall-rate", "0.02", "--stall-ms", "2000"])
+    assert (behaviour_settings(args).stall_rate, behaviour_settings(args).stall_ms) == (0.02, 2000)
+
+
 def _strikes(state: UnitState, fault: Fault, requests: int) -> list[int]:
     state.set_fault(fault)
     return [i for i in range(requests) if state.admit().mode is not FaultMode.NONE]
@@ -155,6 +171,8 @@ async def test_settings_round_trip_and_reset(control: ControlClient) -> None:
         "tokens": 8,
         "tools": "bad_json",
         "variant": "r2",
+        "stall_rate": 0.0,
+        "stall_ms": 0.0,
     }
     await control.reset()
     settings = (await control.units())[0]["settings"]

@@ -42,6 +42,7 @@ FIELDS = {
     "prompt_tokens",
     "completion_tokens",
     "attempts",
+    "hedge",
 }
 
 

@@ -1,0 +1,57 @@
+"""Hedged requests end to end: a real gateway in front of the simulated units, one of which
+stalls before its first token. The client gets the other unit's answer, once, soon after the
+delay; the stalled unit sees its copy cancelled; the tokens are counted once."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import aiohttp
+
+from gateway.server import running
+from tests.support import SimProcess, chat_body, gateway_config, session_ranking_first, sim_stats
+
+CHAT = "/v1/chat/completions"
+HEDGE = {"enabled": True, "min_delay": 0.05, "max_delay": 0.2, "budget_share": 1.0}
+
+
+def counted(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample of `name` with (at least) `labels`, 0 if none."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_stalled_first_token_is_hedged_and_the_client_gets_one_answer(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    clean_sim.post("/units/u0/settings", {"stall_rate": 1.0, "stall_ms": 10_000})
+    config = gateway_config(clean_sim.units[:2], routing={"affinity": "session"}, hedge=HEDGE)
+    session = session_ranking_first("u0", ["u1"])  # every first copy goes to the stalled u0
+    loop = asyncio.get_running_loop()
+    async with running(config) as gw:
+        for _ in range(3):
+            began = loop.time()
+            headers = {"x-session-id": session}
+            body = chat_body(stream=True)
+            async with http.post(gw.public_url + CHAT, json=body, headers=headers) as resp:
+                text = await resp.text()
+                assert resp.status == 200 and resp.headers["x-unitgate-unit"] == "u1"
+            assert loop.time() - began < 2.0  # not the 10 s stall
+            assert text.count("data: [DONE]") == 1 and '"error"' not in text
+            assert len(re.findall(r'"role":\s*"assistant"', text)) == 1  # one answer, not two
+        metrics = gw.metrics.render().decode()
+        deadline = loop.time() + 5.0
+        while (await sim_stats(http, clean_sim, "u0"))["cancelled"] < 3:
+            assert loop.time() < deadline, "u0 never saw its copies cancelled"
+            await asyncio.sleep(0.05)
+    assert counted(metrics, "unitgate_hedges_total", outcome="fired") == 3
+    assert counted(metrics, "unitgate_hedges_total", outcome="second") == 3
+    assert counted(metrics, "unitgate_retries_total") == 0  # a hedge is not a retry
+    completion = counted(metrics, "unitgate_tokens_total", unit="u1", type="completion")
+    assert completion == 3 * 8  # counted once, from the answer the client got
+    assert counted(metrics, "unitgate_tokens_total", unit="u0", type="completion") == 0
+    stats = await sim_stats(http, clean_sim, "u0")
+    assert stats["completed"] == 0
