@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway.config import Config
@@ -196,28 +196,22 @@ class Rollouts:
             return record
 
     async def pause(self, who: str) -> Record:
-        if self._link is not None and not self.driving:
-            return await self._steer_remotely("pause", who)
-        record, driver = self._driven()
-        async with _moved(record):
-            await driver.pause(who)
-        return record
+        return await self._steer("pause", who, lambda driver: driver.pause(who))
 
     async def resume(self, who: str) -> Record:
-        if self._link is not None and not self.driving:
-            return await self._steer_remotely("resume", who)
-        record, driver = self._driven()
-        async with _moved(record):
-            await driver.resume(who)
-        return record
+        return await self._steer("resume", who, lambda driver: driver.resume(who))
 
     async def abort(self, who: str) -> Record:
+        return await self._steer("abort", who, lambda driver: _abort(driver, who))
+
+    async def _steer(self, verb: str, who: str, act: Callable[[Driver], Awaitable[None]]) -> Record:
+        """An operator's ask: acted on here by this process's driver, or passed to the
+        replica that drives the rollout."""
         if self._link is not None and not self.driving:
-            return await self._steer_remotely("abort", who)
+            return await self._steer_remotely(verb, who)
         record, driver = self._driven()
-        await driver.stop()
         async with _moved(record):
-            await driver.end("aborted", f"aborted by {who}", who)
+            await act(driver)
         return record
 
     async def listing(self) -> list[Record]:
@@ -409,6 +403,11 @@ def _refuse_second(running: Record | None) -> None:
             409,
             "rollout_running",
         )
+
+
+async def _abort(driver: Driver, who: str) -> None:
+    await driver.stop()
+    await driver.end("aborted", f"aborted by {who}", who)
 
 
 @contextlib.asynccontextmanager

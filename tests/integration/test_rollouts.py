@@ -385,11 +385,11 @@ async def test_a_restarted_gateway_carries_on_from_its_step(
         assert gw.units.canary is None
 
 
-WORKERS_CONFIG = """
+PROCESS_CONFIG = """
 [gateway]
 port = 0
 models = ["{model}"]
-workers = 2
+workers = {workers}
 shutdown_timeout = 5.0
 [metrics]
 port = 0
@@ -405,28 +405,39 @@ state_file = ""
 
 
 @contextlib.contextmanager
-def workers_gateway(tmp: Path, sim: SimProcess) -> Iterator[dict[str, Any]]:
-    """A control plane and two workers (a subprocess), the new units in its config file."""
+def gateway_process(
+    tmp: Path, sim: SimProcess, name: str = "gw", workers: int = 1, extra: str = ""
+) -> Iterator[tuple[subprocess.Popen[bytes], Remote]]:
+    """A gateway in a subprocess (`workers` of them behind a control plane), the old and the
+    new units in its config file, `extra` TOML tables after the rest; its output in
+    `<name>.log`. Stopped with SIGTERM on the way out, unless it is gone already."""
     leaders = {u["id"]: u["leader"] for u in sim.units}
     tables = "".join(
         f'[[units]]\nid = "{i}"\nleader = "{leaders[i]}"\ncell = "{cell}"\nrevision = "{rev}"\n'
         for i, cell, rev in [(i, c, "v1") for i, c in OLD.items()]
         + [(i, c, "v2") for i, c in NEW.items()]
     )
-    (tmp / "gw.toml").write_text(WORKERS_CONFIG.format(model=MODEL) + tables)
-    ready = tmp / "gw.ready"
-    argv = [sys.executable, "-m", "gateway", "gateway", "--config", str(tmp / "gw.toml")]
-    proc = subprocess.Popen(
-        [*argv, "--ready-file", str(ready)], env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    path = tmp / f"{name}.toml"
+    path.write_text(PROCESS_CONFIG.format(model=MODEL, workers=workers) + extra + tables)
+    ready = tmp / f"{name}.ready"
+    argv = [sys.executable, "-m", "gateway", "gateway", "--config", str(path)]
+    with (tmp / f"{name}.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--ready-file", str(ready)],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
             time.sleep(0.05)
-        yield orjson.loads(ready.read_bytes())
+        found = orjson.loads(ready.read_bytes())
+        yield proc, Remote(found["public"], found["metrics"])
     finally:
-        proc.send_signal(signal.SIGTERM)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
         stop_process(proc, 20.0)
 
 
@@ -444,8 +455,7 @@ async def test_with_workers_the_control_plane_judges_the_workers_answers(
 ) -> None:
     for unit_id in NEW:
         sim.post(f"/units/{unit_id}/settings", {"ttft_ms": 305})
-    with workers_gateway(tmp_path, sim) as ready:
-        gw: Any = Remote(ready["public"], ready["metrics"])
+    with gateway_process(tmp_path, sim, workers=2) as (_, gw):
         async with loaded(http, gw) as load:
             ask = {"to": "v2", "steps": [50, 100], "step_seconds": 1.5, "gates": GATES}
             status, started = await admin(http, gw, "POST", "/admin/rollouts", ask)

@@ -13,17 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from gateway.config import Config
@@ -40,11 +36,12 @@ from tests.integration.test_rollouts import (
     cells_sim,
     config,
     finished,
+    gateway_process,
     loaded,
     sim,
 )
 from tests.redis_support import RedisServer
-from tests.support import MODEL, ROOT, SimProcess, stop_process
+from tests.support import SimProcess
 
 pytestmark = pytest.mark.usefixtures("admin_tokens")
 __all__ = ["cells_sim", "sim"]  # fixtures, shared with test_rollouts.py
@@ -117,22 +114,7 @@ async def test_one_replica_drives_and_judges_the_answers_of_another(
         assert {units[u]["admin"]["state"] for u in OLD} == {"drained"}
 
 
-PROCESS_CONFIG = """
-[gateway]
-port = 0
-models = ["{model}"]
-shutdown_timeout = 5.0
-[metrics]
-port = 0
-[routing]
-affinity = "session"
-[health]
-enabled = false
-[breaker]
-enabled = false
-[admin]
-state_file = ""
-[state]
+STATE = """[state]
 backend = "redis"
 url = "{url}"
 key_prefix = "fleet"
@@ -141,39 +123,11 @@ replica_ttl = {ttl}
 """
 
 
-@contextlib.contextmanager
 def replica_process(
     tmp: Path, sim: SimProcess, store: RedisServer, replica: str
-) -> Iterator[tuple[subprocess.Popen[bytes], Remote]]:
-    leaders = {u["id"]: u["leader"] for u in sim.units}
-    tables = "".join(
-        f'[[units]]\nid = "{i}"\nleader = "{leaders[i]}"\ncell = "{cell}"\nrevision = "{rev}"\n'
-        for i, cell, rev in [(i, c, "v1") for i, c in OLD.items()]
-        + [(i, c, "v2") for i, c in NEW.items()]
-    )
-    path = tmp / f"{replica}.toml"
-    text = PROCESS_CONFIG.format(model=MODEL, url=store.url, replica=replica, ttl=TTL)
-    path.write_text(text + tables)
-    ready = tmp / f"{replica}.ready"
-    argv = [sys.executable, "-m", "gateway", "gateway", "--config", str(path)]
-    with (tmp / f"{replica}.log").open("wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--ready-file", str(ready)],
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.05)
-        found = orjson.loads(ready.read_bytes())
-        yield proc, Remote(found["public"], found["metrics"])
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        stop_process(proc, 20.0)
+) -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], Remote]]:
+    state = STATE.format(url=store.url, replica=replica, ttl=TTL)
+    return gateway_process(tmp, sim, replica, extra=state)
 
 
 @pytest.mark.slow  # two gateway processes start: a few seconds each on a busy machine
