@@ -18,7 +18,7 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest, Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
-from gateway.proxy.hedging import FIRST, SECOND, Hedger, cancelled, first_of
+from gateway.proxy.hedging import FIRST, SECOND, Hedger, cancelled, first_of, unused
 from gateway.proxy.lease import Lease
 from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
@@ -172,11 +172,16 @@ class Dispatcher:
                 return await first
             other, task, lease, tokens = twin
             self.signals.hedged(call, unit, other, tokens)
-            (won, answer), second = await first_of(first, task)
+            (won, answer), second = await first_of(first, task, _begun)
         finally:
             await cancelled(first)
+        late = unused(first if second else task)
+        if late is not None:  # the loser's answer began too: closed, the unit stops it
+            self.upstream.finish(late[1])
+            (call.lease if second else lease).drop()
         call.hedge = SECOND if second else FIRST
         if second:  # the second copy's slot is the request's now
+            call.lease.drop()
             call.lease.unit, lease.unit = lease.unit, None
         wasted = mine if second else tokens
         call.placed, call.routed = answer.placed, answer.routed
@@ -399,6 +404,12 @@ class Dispatcher:
             return False
         self.signals.retried(exc.kind)
         return True
+
+
+def _begun(opened: tuple[UnitState, Answer]) -> bool:
+    """A hedge's copy whose answer may win the race: a stream that began. Another status (a
+    unit's 429 or 4xx) wins only if the other copy fails too."""
+    return opened[1].status == 200
 
 
 def _none_routable(call: Call) -> str:

@@ -16,6 +16,7 @@ or `[hedge].enabled` without `[priority]`), and whose client did not send
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TypeVar
 
 from gateway.config import Config
@@ -57,20 +58,36 @@ class Hedger:
         return self.hedging.refusal(tokens, fleet, now)
 
 
-async def first_of(first: asyncio.Task[T], second: asyncio.Task[T]) -> tuple[T, bool]:
-    """The answer of whichever copy's begins first, and whether it is the second's; the
-    other is cancelled and waited for (its slot and connection given back) before this
-    returns. If both fail, the first copy's failure is raised."""
+async def first_of(
+    first: asyncio.Task[T], second: asyncio.Task[T], good: Callable[[T], bool] = lambda _: True
+) -> tuple[T, bool]:
+    """The answer of whichever copy's begins first, and whether it is the second's. An answer
+    that is not `good` (a unit's 429, say) wins only if the other copy fails too; a copy still
+    running when the race is decided is cancelled and waited for (its slot and connection
+    given back) before this returns; a copy that had also answered is the caller's to close.
+    If both fail, the first copy's failure is raised."""
     pending: set[asyncio.Task[T]] = {first, second}
+    fallback: asyncio.Task[T] | None = None
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in (first, second):
                 if task in done and not task.cancelled() and task.exception() is None:
-                    return task.result(), task is second
+                    if good(task.result()):
+                        return task.result(), task is second
+                    fallback = fallback or task
+        if fallback is not None:
+            return fallback.result(), fallback is second
         return first.result(), False  # both failed: the first's error is raised here
     finally:
         await cancelled(first, second)
+
+
+def unused(task: asyncio.Task[T]) -> T | None:
+    """What a copy that lost the race answered anyway (None: it failed or was cancelled)."""
+    if task.done() and not task.cancelled() and task.exception() is None:
+        return task.result()
+    return None
 
 
 async def cancelled(*tasks: asyncio.Task[T]) -> None:

@@ -111,6 +111,33 @@ async def test_the_first_copy_still_wins_if_it_answers_first(rigs: Make) -> None
         await asyncio.wait_for(silent.peers[0].closed.wait(), 1.0)  # b saw the abort
 
 
+async def test_a_refusal_does_not_win_over_a_stream_that_begins_later(rigs: Make) -> None:
+    """The second copy's unit answers 429 at once: the first copy's stream, which begins
+    later, is the client's; the 429's slot is given back."""
+    held: list[Peer] = []
+    hits: list[str] = []
+    async with (
+        RawServer(lambda peer, request: held.append(peer)) as slow,
+        serve_app(answering(hits, status=429)) as busy,
+    ):
+        rig = rigs([("a", slow.url, HEAVY), ("b", busy, LIGHT)], hedge={"enabled": True, **FAST})
+        seen = hedging(rig)
+        call = resumable(rig)
+        with call.lease:
+            task = asyncio.create_task(rig.dispatcher.open(call))
+            await until(lambda: bool(hits) and bool(held), 2.0, "both copies sent")
+            await asyncio.sleep(0.05)  # the 429 is in: the race waits for a
+            assert not task.done()
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            held[0].write(head + b"transfer-encoding: chunked\r\n\r\n5\r\ndata:\r\n")
+            unit, answer = await asyncio.wait_for(task, 1.0)
+            assert (unit.id, answer.status, call.hedge) == ("a", 200, "first")
+            assert ("won", "a", False) in seen.events
+            assert rig.admission.inflight == 1 and rig.unit("b").inflight == 0
+            rig.upstream.finish(answer)
+        assert rig.admission.inflight == 0
+
+
 @pytest.mark.parametrize(
     ("sections", "headers", "why"),
     [
@@ -160,7 +187,7 @@ async def test_a_plain_stream_is_not_hedged(rigs: Make) -> None:
 
 # -- the race itself, over every order in which the two copies may end ------------------------
 
-ENDS = st.sampled_from(["ok", "fail", "never"])
+ENDS = st.sampled_from(["ok", "bad", "fail", "never"])  # bad: an answer, but a 429
 
 
 @settings(max_examples=60, deadline=None)
@@ -187,7 +214,9 @@ async def _race(first: str, second: str, second_ends_first: bool) -> None:
 
     tasks = {name: asyncio.ensure_future(copy(name, end)) for name, end in
              (("first", first), ("second", second))}  # fmt: skip
-    race = asyncio.ensure_future(first_of(tasks["first"], tasks["second"]))
+    race = asyncio.ensure_future(
+        first_of(tasks["first"], tasks["second"], lambda result: result[1] == "ok")
+    )
     await asyncio.sleep(0)  # the race begins, as the dispatcher's does, before any copy ends
     order = ["second", "first"] if second_ends_first else ["first", "second"]
     ends = {"first": first, "second": second}
@@ -197,13 +226,15 @@ async def _race(first: str, second: str, second_ends_first: bool) -> None:
             for _ in range(10):  # this copy's end is seen before the next one's comes
                 await asyncio.sleep(0)
     oks = [n for n in order if ends[n] == "ok"]
+    bads = [n for n in order if ends[n] == "bad"]
     if not oks and "never" in ends.values():
-        assert not race.done()  # a copy may still answer: the race waits for it
+        assert not race.done()  # a copy may still answer (well): the race waits for it
         race.cancel()
         await asyncio.gather(race, return_exceptions=True)
-    elif oks:
-        (winner, _), was_second = await race
-        assert winner == oks[0] and was_second == (winner == "second")
+    elif oks or bads:
+        (winner, end), was_second = await race
+        assert winner == (oks or bads)[0] and was_second == (winner == "second")
+        assert end == ("ok" if oks else "bad")  # a 429 wins only if the other failed
     else:
         with pytest.raises(RuntimeError, match="first"):  # both failed: the first's error
             await race
