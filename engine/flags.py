@@ -44,6 +44,12 @@ def build_parser(
     add("--world-size", type=int)
     add("--master", help="leader's rendezvous host:port")
     add(
+        "--pp",
+        type=int,
+        help="builtin: pipeline stages; the --world-size nodes form tp x pp, tp = world / pp "
+        "(default 1: tensor parallelism over every node)",
+    )
+    add(
         "--from-env",
         choices=lws.SOURCES,
         help="lws: --rank, --world-size, --master (and --role) from LeaderWorkerSet's "

@@ -22,6 +22,8 @@ class NodeSettings:
     unit: str = "unit-0"
     rank: int = 0
     world_size: int = 1
+    # builtin: pipeline stages; the nodes form tp x pp with tp = world_size / pp
+    pp: int = 1
     master: str = "127.0.0.1:29500"  # the leader's rendezvous HOST:PORT
     backend: str = "builtin"
     # the leader's OpenAI API
@@ -96,6 +98,22 @@ def _check_shape(s: NodeSettings) -> None:
     host, _, port = s.master.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"--master: expected HOST:PORT, got {s.master!r}")
+    _check_pp(s)
+
+
+def _check_pp(s: NodeSettings) -> None:
+    if s.pp < 1:
+        raise ValueError(f"--pp: must be >= 1, got {s.pp}")
+    if s.world_size % s.pp:
+        raise ValueError(
+            f"--pp: {s.pp} pipeline stages do not divide --world-size {s.world_size} "
+            f"(the nodes form tp x pp)"
+        )
+    if s.pp > 1 and s.backend != "builtin":
+        raise ValueError(
+            f"--pp: only applies to --backend builtin (the vllm backend runs no pipeline "
+            f"stages across nodes here), got {s.pp} with --backend {s.backend}"
+        )
 
 
 def _check_ports(s: NodeSettings) -> None:

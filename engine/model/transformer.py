@@ -25,6 +25,7 @@ from engine.model.parallel import (
     TPContext,
     WeightSource,
 )
+from engine.model.stages import Part
 
 Entry = tuple[int, Sequence[int], int]
 # The layers whose weights may be stored narrower than the arithmetic (see `narrow`).
@@ -265,7 +266,12 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The model as one rank sees it, owning that rank's KV cache."""
+    """The model as one rank sees it, owning that rank's KV cache.
+
+    `part` is what a pipeline stage holds (`engine.model.stages`): a range of layers, with
+    or without the embedding and the head; by default the whole model. A part runs its
+    pieces through `pack`, `embed`, `run_layers`, `last_tokens` and `head`; `forward` is the
+    whole model's step, which is those pieces in order."""
 
     def __init__(
         self,
@@ -275,6 +281,7 @@ class Transformer(nn.Module):
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         weight_dtype: torch.dtype | None = None,
+        part: Part | None = None,
     ) -> None:
         """`dtype` is the arithmetic's (activations, norms, KV cache); `weight_dtype` the
         stored matrices' and embedding's (None: the same), see `narrow`; `blocks.BLOCKS` keeps
@@ -283,15 +290,19 @@ class Transformer(nn.Module):
         if weight_dtype == blocks.BLOCKS and dtype != torch.float32:
             raise ValueError(f"dtype: quantized blocks multiply float32 activations, got {dtype}")
         tp = tp or TPContext()
-        self.config, self.tp = config, tp
+        part = part or Part.whole(config.num_layers)
+        self.config, self.tp, self.part = config, tp, part
         # Fail with the field's name up front, before any allocation.
         kv, _ = head_shards(config, tp)
         tp.shard(config.intermediate_size, "intermediate_size")
         device = device or torch.device("cpu")
-        self.embed_tokens = ReplicatedEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config, tp, i) for i in range(config.num_layers))
+        # A part without the embedding or the head keeps them empty (nothing allocated).
+        vocab = config.vocab_size
+        self.embed_tokens = ReplicatedEmbedding(vocab if part.embed else 0, config.hidden_size)
+        # Each block indexes the cache by its place in the part (the cache holds its layers).
+        self.layers = nn.ModuleList(Block(config, tp, i - part.first) for i in part.layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = ReplicatedLinear(config.hidden_size, config.vocab_size)
+        self.lm_head = ReplicatedLinear(config.hidden_size, vocab if part.head else 0)
         self.dtype = dtype
         # Floating weights narrower than the arithmetic can overflow (see forward); blocks
         # are decoded to float32 and cannot.
@@ -300,7 +311,7 @@ class Transformer(nn.Module):
         # Built after the cast: the rotary tables stay float32, as in transformers.
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.max_seq_len).to(device)
         self.cache = KVCache(
-            config.num_layers,
+            len(part.layers),
             num_slots,
             config.max_seq_len,
             kv.stop - kv.start,
@@ -311,7 +322,17 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.rotary.cos.device
+
+    def use_group(self, tp: TPContext) -> None:
+        """All-reduce over `tp`'s group from now on: a pipeline stage's ranks get their
+        group once they join the unit, after loading (the shard is the same)."""
+        if (tp.rank, tp.world_size) != (self.tp.rank, self.tp.world_size):
+            raise ValueError(f"tp: {tp} is another shard than {self.tp}")
+        self.tp = tp
+        for module in self.modules():
+            if isinstance(module, RowParallelLinear):
+                module.tp = tp
 
     def _allocate(self, device: torch.device, dtype: torch.dtype, weights: torch.dtype) -> None:
         """Give every parameter its device and dtype before anything is loaded. The big
@@ -331,11 +352,15 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def load(self, source: WeightSource) -> None:
-        """Copy this rank's shard of every weight from `source` (HF tensor names)."""
-        self.embed_tokens.load(source, "model.embed_tokens.weight")
-        for i, block in enumerate(self.layers):
+        """Copy this rank's shard of every weight of its part from `source` (HF names)."""
+        part = self.part
+        if part.embed:
+            self.embed_tokens.load(source, "model.embed_tokens.weight")
+        for i, block in zip(part.layers, self.layers, strict=True):
             assert isinstance(block, Block)
             block.load(source, f"model.layers.{i}")
+        if not part.head:
+            return
         self.norm.weight.copy_(source.get("model.norm.weight"))
         if self.config.tie_embeddings or not source.has("lm_head.weight"):
             # Tied: the head is the embedding's own tensor, not a second vocab x hidden copy.
@@ -348,7 +373,7 @@ class Transformer(nn.Module):
         """Logits (len(batch), vocab) of each entry's last token; writes the entries' keys and
         values into their slots at start_pos onwards. Every rank must call this with the same
         batch, since the row-parallel layers all-reduce inside."""
-        ids, positions = self._pack(batch)
+        ids, positions = self.pack(batch)
         logits = self._logits(batch, ids, positions)
         if self.narrow and not bool(torch.isfinite(logits.sum())):
             # A float16 activation overflowed (see `narrow`). Every rank sees the same
@@ -360,18 +385,37 @@ class Transformer(nn.Module):
     def _logits(
         self, batch: Sequence[Entry], ids: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
-        x = self.embed_tokens(ids).to(self.dtype)
+        x = self.run_layers(self.embed(ids), batch, positions)
+        return self.head(self.last_tokens(x, batch))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The packed tokens' embeddings, (tokens, hidden) in the arithmetic's dtype."""
+        x: torch.Tensor = self.embed_tokens(ids).to(self.dtype)
+        return x
+
+    def run_layers(
+        self, x: torch.Tensor, batch: Sequence[Entry], positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The part's layers over the packed batch's hidden states, (tokens, hidden)."""
         angles = self.rotary.at(positions, x.dtype)
         decode = Decode.plan(batch, positions)
         for block in self.layers:
             x = block(x, batch, angles, self.cache, decode)
+        return x
+
+    def last_tokens(self, x: torch.Tensor, batch: Sequence[Entry]) -> torch.Tensor:
+        """Each entry's last token's row of the packed (tokens, hidden), (entries, hidden)."""
         if x.shape[0] > len(batch):  # some entry has several tokens: keep each one's last
             last = torch.tensor([len(e[1]) for e in batch], device=self.device).cumsum(0) - 1
             x = x[last]
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits (entries, vocab) of the last hidden states."""
         logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits.float()
 
-    def _pack(self, batch: Sequence[Entry]) -> tuple[torch.Tensor, torch.Tensor]:
+    def pack(self, batch: Sequence[Entry]) -> tuple[torch.Tensor, torch.Tensor]:
         """Validate every entry first (nothing is written on error), then pack tokens."""
         if not batch:
             raise ValueError("batch: must hold at least one entry")

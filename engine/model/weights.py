@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from engine.model.config import ModelConfig
 from engine.model.parallel import TPContext
+from engine.model.stages import Part, PartPlan
 from engine.model.transformer import Transformer
 
 
@@ -124,9 +125,11 @@ def init_from_seed(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     weight_dtype: torch.dtype | None = None,
+    part: Part | None = None,
 ) -> Transformer:
-    """A model with random weights that is the same function at every world size."""
-    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype)
+    """A model with random weights that is the same function at every world size (and
+    `part` of it on a pipeline stage)."""
+    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype, part)
     model.load(SeedSource(config, seed))
     return model
 
@@ -139,8 +142,10 @@ def load_hf_folder(
     dtype: torch.dtype = torch.float32,
     max_seq_len: int | None = None,
     weight_dtype: torch.dtype | None = None,
+    part: PartPlan | None = None,
 ) -> Transformer:
-    """A local Hugging Face Llama folder, each rank reading only its shard of each tensor.
+    """A local Hugging Face Llama folder, each rank reading only its shard of each tensor
+    (of the layers `part` gives it, on a pipeline stage).
 
     `max_seq_len` caps the KV cache rows (a checkpoint's 128k context would not fit in RAM
     per slot)."""
@@ -148,6 +153,7 @@ def load_hf_folder(
     config = ModelConfig.from_hf(folder)
     if max_seq_len is not None:
         config = replace(config, max_seq_len=max_seq_len)
-    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype)
+    held = None if part is None else part(config)
+    model = Transformer(config, tp, num_slots, device, dtype, weight_dtype, held)
     model.load(SafetensorsSource(folder))
     return model

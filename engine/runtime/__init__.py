@@ -1,5 +1,6 @@
 """The multi-node unit runtime: a leader that schedules and samples, followers that mirror its
-forward passes, and a step message broadcast over Gloo that keeps them in lockstep."""
+forward passes, and a step message over Gloo that keeps them in lockstep (broadcast under
+tensor parallelism, sent to each follower on a pipeline: `unicast`, `pipelined`)."""
 
 from engine.runtime.group import destroy_unit_group, init_unit_group
 from engine.runtime.health import NodeStats, serve_health

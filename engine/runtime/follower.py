@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 
-from engine.model import Transformer
 from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Receive, StepMessage, receive
+from engine.runtime.stepper import StepModel
 
 log = logging.getLogger(__name__)
 
 
-def run_follower(model: Transformer, stats: NodeStats, receive_step: Receive = receive) -> int:
+def run_follower(model: StepModel, stats: NodeStats, receive_step: Receive = receive) -> int:
     """Loop until STOP (exit code 0) or until the leader is lost (exit code 1).
 
     Losing the leader shows as a broadcast that raises: the connection closed (the leader
@@ -45,7 +45,7 @@ def run_follower(model: Transformer, stats: NodeStats, receive_step: Receive = r
             stats.record_step(msg.pending, msg.slots_used)
 
 
-def _run_step(model: Transformer, msg: StepMessage, stats: NodeStats, rank: int) -> bool:
+def _run_step(model: StepModel, msg: StepMessage, stats: NodeStats, rank: int) -> bool:
     try:
         model(msg.entries)
         if msg.forks:

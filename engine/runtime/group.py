@@ -1,4 +1,5 @@
-"""The unit's process group: every node of a unit is one rank of one Gloo world (the TP group).
+"""The unit's process group: every node of a unit is one rank of one Gloo world (the TP group;
+with pipeline stages, each stage's ranks also form a group of their own, see `stage_group`).
 
 The rendezvous store gets its own, long timeout (a leader may load a big checkpoint while its
 followers wait); the collectives get a short one, because a collective that outlives it means a
@@ -13,6 +14,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from engine.model import TPContext
+from engine.model.stages import Layout
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,16 @@ def init_unit_group(
     )
     log.info("rank %d/%d joined the unit group at %s", rank, world_size, master)
     return TPContext.from_process_group()
+
+
+def stage_group(layout: Layout) -> TPContext:
+    """This rank's stage as a tensor-parallel context. Every rank creates every stage's
+    group, in stage order (torch.distributed requires all ranks to take part in each);
+    a stage of one rank needs none. Call after `init_unit_group`."""
+    if layout.tp == 1:
+        return TPContext()
+    groups = [dist.new_group(layout.stage_ranks(s)) for s in range(layout.pp)]
+    return TPContext(layout.tp_rank, layout.tp, groups[layout.stage])
 
 
 def destroy_unit_group() -> None:

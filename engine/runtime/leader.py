@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
-from engine.model import Tokenizer, Transformer
+from engine.model import Tokenizer
 from engine.runtime.choices import Abort, Choice, Tracked, draw, final_event, token_event
 from engine.runtime.constraints import Constraints
 from engine.runtime.forks import apply_forks
@@ -34,6 +34,7 @@ from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Send, StepMessage, send
 from engine.runtime.outbox import Outbox
+from engine.runtime.stepper import StepModel
 from engine.sampling import Sampled, make_generator
 from engine.scheduler import (
     DEFAULT_PREFILL_CHUNK,
@@ -54,7 +55,7 @@ class LeaderEngine:
 
     def __init__(
         self,
-        model: Transformer,
+        model: StepModel,
         tokenizer: Tokenizer,
         *,
         model_name: str,
@@ -185,6 +186,7 @@ class LeaderEngine:
                     start = time.monotonic_ns()
                     self._step()
                     self._on_step(start, time.monotonic_ns())
+            self._settle()
             with self._gate:
                 self._refusal = "engine shut down"
                 self._close(self._refusal)
@@ -192,6 +194,9 @@ class LeaderEngine:
                 self._send(StepMessage(Command.STOP), self._model.tp.group)
         except Exception as exc:
             self._fail(first_line(exc))
+
+    def _settle(self) -> None:
+        """Before the engine closes: finish what is in flight (see `PipelinedLeader`)."""
 
     @property
     def _distributed(self) -> bool:

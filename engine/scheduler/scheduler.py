@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from collections.abc import Sequence as Seq
 
 from engine.scheduler.awaiting import Awaiting
@@ -158,25 +158,33 @@ class Scheduler:
 
     # -- one step --
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(
+        self, skip: Container[int] = frozenset(), singles_limit: int | None = None
+    ) -> ScheduledBatch:
         """Every running sequence's next token, then prompt chunks within the token budget.
 
         Chunked prefill: a step feeds at most `max_num_batched_tokens` prompt tokens, so a
         longer prompt takes several steps and the running sequences decode in each of them.
         A sequence with one token left to feed (a decode, or a prompt's last token) rides
         along outside the budget; these single-token entries come first in `seqs`.
+
+        A pipelined engine has several steps in flight: `skip` holds the sequences fed in
+        one not yet updated (neither fed again nor preempted), and `singles_limit` caps the
+        single-token entries of this one (the rest go in the next step, so the running
+        sequences make two or more batches).
         """
         budget = self.config.max_num_batched_tokens
-        fresh, new = self._admit_share(budget)
+        fresh, new = self._admit_share(budget, skip)
         shares = {True: new, False: budget - new}  # admitted now, or before
         singles: list[ScheduledSeq] = []
         chunks: list[ScheduledSeq] = []
         for seq in self._running.values():
             left = seq.num_tokens - seq.num_computed
-            if seq.seq_id in self._awaiting:
-                continue  # a choice waiting for its parent's prompt KV
+            if seq.seq_id in self._awaiting or seq.seq_id in skip:
+                continue  # a choice waiting for its parent's prompt KV, or in flight
             if left <= 1:
-                singles.append(self._feed(seq, 1))
+                if singles_limit is None or len(singles) < singles_limit:
+                    singles.append(self._feed(seq, 1))
                 continue
             pool = seq.seq_id in fresh
             take = min(left, shares[pool])
@@ -188,7 +196,7 @@ class Scheduler:
             return ScheduledBatch(rows, self.num_waiting)
         return ScheduledBatch(rows, self.num_waiting, *self._awaiting.forks(rows, self._running))
 
-    def _admit_share(self, budget: int) -> tuple[set[int], int]:
+    def _admit_share(self, budget: int, skip: Container[int]) -> tuple[set[int], int]:
         """Admit what the budget allows: (the prompts admitted now, the tokens they get).
 
         The running prompts go first, in admission order, but while requests wait they keep
@@ -199,7 +207,7 @@ class Scheduler:
         demand = self._prompt_demand(budget)
         keep = budget - budget // 2 if self._waiting else budget
         offered = budget - min(demand, keep)
-        admitted, left = self._admit(offered)
+        admitted, left = self._admit(offered, skip)
         if not admitted:
             return set(), 0
         # taken in queue order: the last is the worst
@@ -254,7 +262,7 @@ class Scheduler:
                     return budget
         return demand
 
-    def _admit(self, budget: int) -> tuple[list[Members], int]:
+    def _admit(self, budget: int, skip: Container[int]) -> tuple[list[Members], int]:
         """Queue order without skipping: a big prompt at the head is never starved by small
         ones, nor a group by single sequences.
 
@@ -273,7 +281,8 @@ class Scheduler:
             if full and members[0].params.priority >= self._worst_started:
                 break  # nothing worse is running: the usual full batch, no scan
             if full:
-                victims = self._make_room(members, min(len(free), max_seqs - len(running)))
+                room = min(len(free), max_seqs - len(running))
+                victims = self._make_room(members, room, skip)
                 if victims is None:
                     break
                 evicted += victims
@@ -290,11 +299,18 @@ class Scheduler:
             budget -= cost if cost > 1 else 0  # a single token rides along, as a decode
         return admitted, budget
 
-    def _make_room(self, members: Members, room: int) -> tuple[Sequence, ...] | None:
+    def _make_room(
+        self, members: Members, room: int, skip: Container[int]
+    ) -> tuple[Sequence, ...] | None:
         """Preempt running sequences of strictly worse priority, the worst and latest-arrived
-        first, until `members` fit; preempt none (None) unless that is enough."""
+        first, until `members` fit; preempt none (None) unless that is enough. A sequence in
+        flight (`skip`) is not preempted: its token is still to come."""
         priority = members[0].params.priority
-        worse = [s for s in self._running.values() if s.params.priority > priority]
+        worse = [
+            s
+            for s in self._running.values()
+            if s.params.priority > priority and s.seq_id not in skip
+        ]
         need = len(members) - room
         if len(worse) < need:
             return None

@@ -231,6 +231,7 @@ NEW_UNIT = {
         "backend": of("string", enum=list(BACKENDS)),
         "model": of("string"),
         "max_seq_len": of("integer", minimum=1),
+        "pp": of("integer", minimum=1),
         "weight_dtype": of("string", enum=list(WEIGHT_DTYPES)),
         "prefill_chunk": of("integer", minimum=1),
         "engine_args": of("object"),

@@ -46,6 +46,7 @@ _UP_DEFAULTS: dict[str, Any] = {
     "max_seq_len": None,
     "weight_dtype": None,
     "prefill_chunk": None,
+    "pp": 1,
     "engine_args": {},
 }
 
@@ -104,6 +105,11 @@ class UnitConfig:
     # a chunk per step, the unit's running streams decoding between chunks (and its step count
     # moving, which the stall rule watches). None = the engine's default (docs/engine.md).
     prefill_chunk: int | None = None
+    # Pipeline stages of the builtin engine: the nodes form tp x pp (tp = nodes / pp), each
+    # stage a contiguous range of layers; 1 = tensor parallelism over every node. Between
+    # nodes pipeline stages pay one hand-over per stage per step where tensor parallelism
+    # pays two all-reduces per layer (docs/engine.md: choosing tp and pp).
+    pp: int = 1
     # vLLM engine arguments by name, e.g. {dtype = "float32"}; only with backend = "vllm".
     engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
     # With [priority] set: send each request's class to the unit as the body's `priority`
@@ -281,6 +287,7 @@ class UnitConfig:
                 self.prefill_chunk,
                 'only applies to backend = "builtin" (vLLM: engine_args.max_num_batched_tokens)',
             )
+        self._check_pp()
         if self.weight_dtype is not None:
             _check(
                 self.weight_dtype in WEIGHT_DTYPES,
@@ -303,6 +310,27 @@ class UnitConfig:
                 f"needs a GGUF model ({', '.join(PACKAGED_MODELS)} or a .gguf path), not "
                 f"{repr(self.model) if self.model else 'the seeded tiny model'}",
             )
+
+    def _check_pp(self) -> None:
+        _check(
+            isinstance(self.pp, int) and not isinstance(self.pp, bool) and self.pp >= 1,
+            "pp",
+            self.pp,
+            "must be an integer >= 1",
+        )
+        _check(
+            len(self.nodes) % self.pp == 0,
+            "pp",
+            self.pp,
+            f"must divide the number of nodes, {len(self.nodes)} (the nodes form tp x pp)",
+        )
+        _check(
+            self.pp == 1 or self.backend == "builtin",
+            "pp",
+            self.pp,
+            'only applies to backend = "builtin" (the vllm backend runs no pipeline stages '
+            "across nodes here)",
+        )
 
 
 def _zmq_address(value: str) -> bool:

@@ -115,6 +115,25 @@ def test_prefill_chunk_is_checked_by_flag(flags: list[str], message: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pp", "0"], "--pp: must be >= 1, got 0"),
+        (
+            ["--world-size", "3", "--pp", "2"],
+            "--pp: 2 pipeline stages do not divide --world-size 3",
+        ),
+        (
+            ["--world-size", "2", "--pp", "2", "--backend", "vllm", "--model", "/m"],
+            "--pp: only applies to --backend builtin .*got 2 with --backend vllm",
+        ),
+    ],
+)
+def test_pp_is_checked_by_flag(flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(["--role", "leader", *flags])
+
+
+@pytest.mark.parametrize(
     ("flags", "budget"), [([], DEFAULT_PREFILL_CHUNK), (["--prefill-chunk", "48"], 48)]
 )
 def test_prefill_chunk_is_the_leaders_step_budget(flags: list[str], budget: int) -> None:

@@ -24,14 +24,18 @@ from tests.engine.test_runtime_support import (
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 3.0
+# Tensor parallelism (the step broadcast), and two pipeline stages (step messages and
+# activations sent point to point): the same failures must show the same way.
+SHAPES = pytest.mark.parametrize("shape", [(), ("--pp", "2")], ids=["tp", "pp"])
 
 
+@SHAPES
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 async def test_follower_lost_fails_the_leader_within_the_timeout(
-    tmp_path: Path, sig: signal.Signals
+    tmp_path: Path, sig: signal.Signals, shape: tuple[str, ...]
 ) -> None:
     """Killed: the connection closes at once. Hung (SIGSTOP): only Gloo's timeout can tell."""
-    engine, follower = start_unit(tmp_path, timeout=TIMEOUT)
+    engine, follower = start_unit(tmp_path, TIMEOUT, shape=shape)
     try:
         request = GenerationRequest("k1", PROMPT, SamplingParams(max_tokens=450, ignore_eos=True))
         events: list[TokenEvent] = []
@@ -54,14 +58,15 @@ async def test_follower_lost_fails_the_leader_within_the_timeout(
         engine.shutdown(timeout=TIMEOUT)
 
 
-def test_leader_stop_and_leader_loss(tmp_path: Path) -> None:
+@SHAPES
+def test_leader_stop_and_leader_loss(tmp_path: Path, shape: tuple[str, ...]) -> None:
     """Two units side by side: one leader is stopped (SIGTERM -> STOP), one is SIGKILLed."""
     nodes = []
     try:
         for name in ("stop", "kill"):
             (tmp_path / name).mkdir()
             master = f"127.0.0.1:{free_port()}"
-            flags = ("--collective-timeout", str(TIMEOUT))
+            flags = ("--collective-timeout", str(TIMEOUT), *shape)
             nodes.append(spawn_node(tmp_path / name, "leader", 0, 2, master, *flags))
             nodes.append(spawn_node(tmp_path / name, "follower", 1, 2, master, *flags))
         stop_leader, stop_follower, kill_leader, kill_follower = nodes

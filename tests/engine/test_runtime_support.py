@@ -26,16 +26,19 @@ MAX_SEQ_LEN = 1200  # room for a prompt that overflows the one-broadcast step fr
 PROMPT = tuple(ByteTokenizer().apply_chat_template([{"role": "user", "content": "hi, unit!"}]))
 
 
-def start_unit(tmp: Path, timeout: float, *leader_flags: str) -> tuple[LeaderEngine, Node]:
-    """The leader in this process (rank 0), one follower subprocess (rank 1)."""
+def start_unit(
+    tmp: Path, timeout: float, *leader_flags: str, shape: tuple[str, ...] = ()
+) -> tuple[LeaderEngine, Node]:
+    """The leader in this process (rank 0), one follower subprocess (rank 1); `shape`: flags
+    both nodes get (`--pp 2`: the two are pipeline stages)."""
     master = f"127.0.0.1:{free_port()}"
-    flags = ("--collective-timeout", str(timeout), "--max-seq-len", str(MAX_SEQ_LEN))
+    flags = ("--collective-timeout", str(timeout), "--max-seq-len", str(MAX_SEQ_LEN), *shape)
     follower = spawn_node(tmp, "follower", 1, 2, master, *flags)
     try:
         flags = ["--role", "leader", "--world-size", "2", "--master", master, "--num-slots", "4"]
         flags += ["--max-seq-len", str(MAX_SEQ_LEN)]
         flags += ["--collective-timeout", str(timeout), "--connect-timeout", "30"]
-        return start_leader(parse([*flags, *leader_flags])), follower
+        return start_leader(parse([*flags, *shape, *leader_flags])), follower
     except BaseException:
         kill_all(follower)
         raise

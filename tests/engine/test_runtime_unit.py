@@ -1,5 +1,6 @@
 """A real unit: the leader in this process, followers as
-`python -m engine.backends.builtin.bare` subprocesses, one Gloo group over 127.0.0.1."""
+`python -m engine.backends.builtin.bare` subprocesses, one Gloo group over 127.0.0.1, as
+tensor parallelism and as pipeline stages."""
 
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ LONG_PROMPT = tuple(range(1, 257)) * 4 + PROMPT  # > FRAME_SIZE tokens: two broa
 CHUNK = 100  # the unit's prefill chunk: a long prompt takes 11 steps, its last chunk short
 
 
-@pytest.fixture(scope="module")
-def unit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LeaderEngine, Node]]:
+@pytest.fixture(scope="module", params=[(), ("--pp", "2")], ids=["tp2", "pp2"])
+def unit(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[LeaderEngine, Node]]:
+    """Two nodes as tensor parallelism, then as two pipeline stages (the leader keeping
+    micro-batches of the running sequences in flight): every test runs on both."""
     flags = ("--prefill-chunk", str(CHUNK))
-    engine, follower = start_unit(tmp_path_factory.mktemp("unit"), 10.0, *flags)
+    shape: tuple[str, ...] = request.param
+    engine, follower = start_unit(tmp_path_factory.mktemp("unit"), 10.0, *flags, shape=shape)
     try:
         yield engine, follower
         engine.shutdown(timeout=10)
@@ -60,7 +66,7 @@ def unchunked() -> LeaderEngine:
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "overflows-frame"])
-async def test_tp2_greedy_matches_world_size_1(
+async def test_two_nodes_greedy_match_world_size_1(
     unit: tuple[LeaderEngine, Node], prompt: tuple[int, ...]
 ) -> None:
     """The long prompt is also prefilled in chunks by the unit and in one step by the
@@ -78,7 +84,7 @@ async def test_tp2_greedy_matches_world_size_1(
     assert last.prompt_tokens == len(prompt)
 
 
-async def test_tp2_a_stream_decodes_between_a_long_prompts_chunks(
+async def test_two_nodes_a_stream_decodes_between_a_long_prompts_chunks(
     unit: tuple[LeaderEngine, Node],
 ) -> None:
     """Mixed steps (a decode beside a prompt chunk, 11 of them) at TP=2 give each request
@@ -114,6 +120,22 @@ async def test_concurrent_requests_all_complete(unit: tuple[LeaderEngine, Node])
     for events in results:
         assert events[-1].finished and events[-1].error is None
         assert events[-1].completion_tokens == len(token_ids(events))
+
+
+async def test_n_choices_share_one_prefill_and_each_decodes(
+    unit: tuple[LeaderEngine, Node],
+) -> None:
+    """Greedy choices copy the prompt's KV on every node (on a pipeline, each stage after
+    its own layers) and then decode as one request alone does."""
+    engine, _ = unit
+    alone = token_ids(await collect(engine, "n0", temperature=0, max_tokens=12, ignore_eos=True))
+    request = GenerationRequest(
+        "n3", PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), n=3
+    )
+    events = [event async for event in engine.generate(request)]
+    for index in range(3):
+        got = [e.token_id for e in events if e.index == index and e.token_id is not None]
+        assert got == alone, index
 
 
 async def test_abort_frees_the_slot(unit: tuple[LeaderEngine, Node]) -> None:

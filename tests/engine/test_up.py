@@ -1,7 +1,8 @@
 """`unitgate up` end to end: one real unit of two nodes behind the in-process gateway.
 
 The tests share one `unitgate up` process and run in file order: ready and serving, a follower
-killed and the whole unit restarted, then SIGINT stopping everything with no orphans.
+killed and the whole unit restarted, then SIGINT stopping everything with no orphans. They run
+twice: the two nodes as tensor parallelism, then as two pipeline stages (`pp = 2`).
 """
 
 from __future__ import annotations
@@ -34,23 +35,26 @@ class Up:
         return pids
 
 
-def write_config(path: Path, leader: str, nodes: list[str], ports: tuple[int, int]) -> None:
+def write_config(
+    path: Path, leader: str, nodes: list[str], ports: tuple[int, int], pp: int = 1
+) -> None:
     """`ports`: the gateway's and the operator listener's, planned with the units' so that no
     port 0 bind is handed a unit's port before its node binds it."""
     units = ", ".join(f'"{n}"' for n in nodes)
     path.write_text(
         f"[gateway]\nport = {ports[0]}\nshutdown_timeout = 5.0\n[metrics]\nport = {ports[1]}\n"
         '[admin]\nstate_file = ""\n[priority]\n'
-        f'[[units]]\nid = "u0"\nleader = "{leader}"\nnodes = [{units}]\n'
+        f'[[units]]\nid = "u0"\nleader = "{leader}"\nnodes = [{units}]\npp = {pp}\n'
     )
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp2", "pp2"])
+def up(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Up]:
     tmp = tmp_path_factory.mktemp("up")
     *listeners, leader, leader_health, follower = free_ports(5)
     leader_url, *nodes = [f"http://127.0.0.1:{p}" for p in (leader, leader_health, follower)]
-    write_config(tmp / "config.toml", leader_url, nodes, (listeners[0], listeners[1]))
+    ports = (listeners[0], listeners[1])
+    write_config(tmp / "config.toml", leader_url, nodes, ports, pp=request.param)
     env = {k: v for k, v in os.environ.items() if k != "UNITGATE_ADMIN_TOKEN"}
     args = ("up", "--config", str(tmp / "config.toml"), "--log-dir", str(tmp))
     proc = unitgate(tmp, "up", *args, env=env)

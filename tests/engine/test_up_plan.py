@@ -186,9 +186,27 @@ def test_a_units_prefill_chunk_reaches_every_node() -> None:
     assert "--prefill-chunk" not in plain.argv("127.0.0.1:5000", EngineOptions())
 
 
+def test_a_units_pp_reaches_every_node_and_forms_tp_x_pp() -> None:
+    plan = plan_units(config(unit("u0", 8101, 8102, 8103, 8104, pp=2)))
+    for node in plan.units[0].nodes:
+        argv = node.argv("127.0.0.1:5000", EngineOptions())
+        settings = NodeSettings.from_flags(build_parser().parse_args(argv))
+        assert (settings.pp, settings.world_size) == (2, 4)
+    plain = plan_units(config(unit("u0", 8101, 8102))).units[0].leader
+    assert "--pp" not in plain.argv("127.0.0.1:5000", EngineOptions())
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        ({"pp": 0}, r"pp must be an integer >= 1, got 0"),
+        ({"pp": "two"}, r"pp must be of type int, got 'two'"),
+        ({"pp": 2}, r"pp must divide the number of nodes, 1 \(the nodes form tp x pp\), got 2"),
+        (
+            {"backend": "vllm", "model": "/m", "pp": 2},
+            r'pp only applies to backend = "builtin".*got 2',
+        ),
+        ({"kind": "vllm", "pp": 2}, 'pp only applies to kind = "unitgate".*got 2'),
         ({"prefill_chunk": 0}, r"prefill_chunk must be >= 1, got 0"),
         ({"prefill_chunk": "big"}, "prefill_chunk"),
         (

@@ -3,15 +3,21 @@ follower (the step loop plus /health), both on this rank's shard of the model.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Any
 
 from engine.api import Engine
 from engine.backends.builtin.served import ServedAs
 from engine.backends.builtin.shard import build_then_join
+from engine.model.pipeline import PipelineStage
 from engine.runtime.follower import run_follower
 from engine.runtime.group import destroy_unit_group
 from engine.runtime.health import NodeStats, serve_health, stop_health
 from engine.runtime.leader import LeaderEngine
+from engine.runtime.messages import receive
+from engine.runtime.pipelined import PipelinedLeader
+from engine.runtime.unicast import Unicast, receive_unicast
 from engine.scheduler import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
 
@@ -47,15 +53,18 @@ def start_leader(settings: NodeSettings) -> LeaderEngine:
     """Build rank 0's shard, join, start the engine thread; `shutdown()` tears the group down."""
     model, tokenizer, name = build_then_join(settings)
     chunk = settings.prefill_chunk
-    engine = LeaderEngine(
-        model,
-        tokenizer,
-        model_name=name,
-        unit=settings.unit,
-        prefill_chunk=DEFAULT_PREFILL_CHUNK if chunk is None else chunk,
-        heartbeat_s=settings.collective_timeout / 4,
-        teardown=destroy_unit_group,
-    )
+    options: dict[str, Any] = {
+        "model_name": name,
+        "unit": settings.unit,
+        "prefill_chunk": DEFAULT_PREFILL_CHUNK if chunk is None else chunk,
+        "heartbeat_s": settings.collective_timeout / 4,
+        "teardown": destroy_unit_group,
+    }
+    if isinstance(model, PipelineStage):
+        unicast = Unicast(settings.world_size, model.sender)
+        options["teardown"] = lambda: _leave(model)
+        return PipelinedLeader(model, tokenizer, send_step=unicast, **options).start()
+    engine = LeaderEngine(model, tokenizer, **options)
     return engine.start()
 
 
@@ -66,9 +75,18 @@ def run_follower_node(settings: NodeSettings) -> int:
     server = serve_health(stats.snapshot, settings.health_host, settings.listener_port)
     print(f"health_port={server.server_port}", flush=True)
     try:
-        code = run_follower(model, stats)
+        code = run_follower(model, stats, receive_unicast if settings.pp > 1 else receive)
     finally:
         stop_health(server)
     if code == 0:  # after a lost leader, tearing down could block on the dead peer
-        destroy_unit_group()
+        _leave(model)
     return code
+
+
+def _leave(model: object) -> None:
+    """Leave the group; a pipeline stage first lets its last sends (STOP, results) land,
+    so a peer is not cut off mid-message (a failed one is the peer's to report)."""
+    if isinstance(model, PipelineStage):
+        with contextlib.suppress(Exception):
+            model.sender.drain()
+    destroy_unit_group()

@@ -48,6 +48,7 @@ class NodeSpec:
     max_seq_len: int | None = None  # builtin: KV positions per sequence; None: the model's
     weight_dtype: str | None = None  # builtin: how the matrices are stored; None: float32
     prefill_chunk: int | None = None  # builtin: prompt tokens per step; None: the engine's
+    pp: int = 1  # builtin: pipeline stages (the nodes form tp x pp)
 
     @property
     def role(self) -> str:
@@ -87,6 +88,8 @@ class NodeSpec:
             args += ["--weight-dtype", self.weight_dtype]
         if self.prefill_chunk is not None:
             args += ["--prefill-chunk", str(self.prefill_chunk)]
+        if self.pp != 1:
+            args += ["--pp", str(self.pp)]
         if self.backend != "builtin":
             args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
@@ -206,6 +209,7 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             unit.max_seq_len,
             unit.weight_dtype,
             unit.prefill_chunk,
+            unit.pp,
         )
         for rank, url in enumerate(unit.nodes)
     )

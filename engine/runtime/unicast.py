@@ -1,0 +1,66 @@
+"""The step message of a pipelined unit: sent by the leader to each follower, not broadcast.
+
+The wire format is `messages`' (one frame, and a body after it only when it overflows the
+frame). What differs is the transport: a Gloo broadcast returns only once every rank has
+joined it, so a leader broadcasting step n+1 would wait for the last stage to finish step n
+and no two stages could ever work at once. Here the leader `isend`s the frame to every
+follower and goes on; each follower receives its frames in order from rank 0. A failed send
+(a follower died) raises on one of the leader's next sends, and a follower waiting for a
+frame that does not come raises when Gloo's timeout passes, as with the broadcast; the
+leader's HEARTBEAT keeps an idle unit's followers from timing out. An idle leader first
+waits for everything it sent before (Gloo's timeout bounds it), so a follower that hangs
+while the unit is idle is found within a timeout, as a broadcast finds it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from engine.model.pipeline import Sender
+from engine.runtime.messages import (
+    FRAME_SIZE,
+    HEADER_SIZE,
+    Command,
+    StepMessage,
+    _body_size,
+    _decode,
+    _values,
+)
+
+STEP_TAG = 10
+
+
+class Unicast:
+    """The leader's end, a `messages.Send`: one frame per follower, sent without waiting."""
+
+    def __init__(self, world_size: int, sender: Sender | None = None) -> None:
+        self._followers = range(1, world_size)
+        self._sender = sender or Sender()
+
+    def __call__(self, msg: StepMessage, group: dist.ProcessGroup | None = None) -> None:
+        if msg.command is Command.HEARTBEAT:
+            self._sender.drain()
+        values = _values(msg)
+        inline = len(values) <= FRAME_SIZE
+        head = values if inline else values[:HEADER_SIZE]
+        frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
+        frame[: len(head)] = torch.tensor(head, dtype=torch.int64)
+        body = None if inline else torch.tensor(values[HEADER_SIZE:], dtype=torch.int64)
+        for rank in self._followers:
+            self._sender.send(frame, rank, STEP_TAG)
+            if body is not None:
+                self._sender.send(body, rank, STEP_TAG)
+
+
+def receive_unicast(group: dist.ProcessGroup | None = None) -> StepMessage:
+    """A follower's end, a `messages.Receive`: the next frame from rank 0, in order."""
+    frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
+    dist.recv(frame, 0, tag=STEP_TAG)
+    header = frame[:HEADER_SIZE].tolist()
+    size = _body_size(header)
+    if HEADER_SIZE + size <= FRAME_SIZE:
+        return _decode(header, frame[HEADER_SIZE : HEADER_SIZE + size].tolist())
+    body = torch.empty(size, dtype=torch.int64)
+    dist.recv(body, 0, tag=STEP_TAG)
+    return _decode(header, body.tolist())
