@@ -25,6 +25,7 @@ from gateway.admin.shared_rollouts import SharedRollouts
 from gateway.admin.store import Store, StoreError
 from gateway.admin.view import BreakerView, Settle, WorkersView
 from gateway.auth.ring import KeyRing
+from gateway.base.tasks import end
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.observability.metrics import Metrics
@@ -151,7 +152,7 @@ class Admin:
                 await rollouts.stop()
             store.stop()
             await asyncio.wait({follower}, timeout=STOP_WITHIN_S)  # it returns by itself
-            await _end(beats, forwarding, follower)
+            await end(beats, forwarding, follower, within=STOP_WITHIN_S, log=log)
             # By now the gateway has drained: nothing of this replica's is in flight.
             await forwarder.flush(STOP_WITHIN_S)
             with contextlib.suppress(TimeoutError):
@@ -170,13 +171,3 @@ class Admin:
         if self._auth is None:
             raise RuntimeError("the admin API served a request before it started")
         return self._auth
-
-
-async def _end(*tasks: asyncio.Task[None]) -> None:
-    """Cancel and wait, but never forever: a redis-py call may swallow a cancellation (its
-    pub/sub reads do), and a shutdown must not hang on one."""
-    for task in tasks:
-        task.cancel()
-    _, stuck = await asyncio.wait(tasks, timeout=STOP_WITHIN_S)
-    for task in stuck:
-        log.warning("%s did not stop within %g s: left behind", task.get_name(), STOP_WITHIN_S)

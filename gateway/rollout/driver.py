@@ -26,7 +26,6 @@ successor carries on (rollouts.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.base.tasks import end
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.revisions import Canary, Revisions
@@ -52,6 +52,7 @@ log = logging.getLogger("unitgate.rollout")
 
 TICK = 0.25  # seconds between looks at the guards and the step's clock
 WAIT_STEPS = 3.0  # step lengths a step's gates wait past its end for samples, then pause
+STOP_WITHIN_S = 0.5  # for the driving task to end when stopped
 
 
 class Failed(Exception):
@@ -90,6 +91,7 @@ class Driver:
         self._others: dict[str, Any] = {}  # the other processes' windows, by process
         self._renewed = asyncio.get_running_loop().time()  # the lease, last renewed
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def start(self) -> None:
         apply(self.units, self.record, self.spec)
@@ -100,12 +102,12 @@ class Driver:
         return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
-        """Stop where it is (the record says so); from its own task, only forget the task."""
+        """Stop where it is (the record says so); from its own task, only forget the task.
+        A driver that swallowed its cancellation (in a store's call) ends at its next tick."""
+        self._stopped = True
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await end(task, within=STOP_WITHIN_S, log=log)
 
     # -- what an operator asks of the driving process ------------------------------------
 
@@ -162,7 +164,7 @@ class Driver:
         record = self.record
         try:
             async with aiohttp.ClientSession() as session:
-                while record.live:
+                while record.live and not self._stopped:
                     if self.parts.link is not None:
                         await self._exchange()
                     if record.live:

@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+from gateway.base.tasks import end
 from gateway.config import Config
 from gateway.observability.events import EventLog
 from gateway.revisions import Revisions
@@ -40,6 +41,7 @@ log = logging.getLogger("unitgate.rollout")
 LOOK_EVERY = 0.5  # seconds between a following replica's looks at the shared rollout
 STEER_SLACK = 2.0  # seconds past the lease's TTL an operator's ask waits for the driver
 KEPT = 50  # finished rollouts kept in the list (the store keeps every one)
+STOP_WITHIN_S = 0.5  # for the watcher and the driver to end at shutdown
 
 
 class Rollouts:
@@ -66,6 +68,7 @@ class Rollouts:
         self._watcher: asyncio.Task[None] | None = None
         self._poked = asyncio.Event()  # the shared state changed: look again
         self._warned: set[tuple[str, str]] = set()
+        self._stopping = False
 
     @property
     def _link(self) -> Link | None:
@@ -138,17 +141,17 @@ class Rollouts:
         """At shutdown: the driver stops where it is; the record says `running`, so a
         restarted gateway with a state file carries on (with replicas, the lease is given
         up, and another replica carries on at once)."""
+        self._stopping = True  # a watcher that swallowed its cancellation ends at its next look
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await end(watcher, within=STOP_WITHIN_S, log=log)
         was_driving = self.driving
         if self._driver is not None:
             await self._driver.stop()
         if self._link is not None and was_driving:
             with contextlib.suppress(Exception):
-                await self._link.release()
+                async with asyncio.timeout(STOP_WITHIN_S):
+                    await self._link.release()
 
     # -- the operator's side -------------------------------------------------------------
 
@@ -252,7 +255,7 @@ class Rollouts:
     async def _watch(self) -> None:
         """Until cancelled: look at the shared rollout on every change and every
         LOOK_EVERY, unless this process drives it (its driver looks every tick)."""
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poked.wait(), LOOK_EVERY)
             self._poked.clear()

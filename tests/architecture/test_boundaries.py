@@ -114,6 +114,7 @@ BASE = {
     "gateway.base.oslimits",
     "gateway.base.ports",
     "gateway.base.readyfile",
+    "gateway.base.tasks",
 }
 
 
