@@ -58,6 +58,9 @@ class TokenEvent:
     index: int = 0
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    # Leading prompt tokens the engine's prefix cache held (usage's
+    # prompt_tokens_details.cached_tokens); 0 where the engine keeps no prefix cache.
+    cached_tokens: int = 0
 
 
 class Engine(Protocol):

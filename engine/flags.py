@@ -92,6 +92,24 @@ def build_parser(
         help="builtin: prompt tokens one step feeds at most; a longer prompt takes several "
         f"steps, running streams decoding between them (default {DEFAULT_PREFILL_CHUNK})",
     )
+    add(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        help="builtin: reuse the cached KV blocks of a prompt's longest cached prefix "
+        "(default on; the cache holds --num-slots whole sequences, the room running ones "
+        "leave keeps prefixes)",
+    )
+    add(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="builtin leader: publish the prefix cache's events as vLLM's ZMQ publisher does "
+        "(topic 'kv'), bound on tcp://HOST:PORT or ipc://PATH",
+    )
+    add(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        help="builtin leader: the replay socket for a subscriber that missed some batches",
+    )
     add("--collective-timeout", type=float, help="seconds")
     add("--connect-timeout", type=float, help="seconds")
     add("--threads", type=int, help="torch intra-op threads (0: default)")

@@ -46,6 +46,12 @@ class NodeSettings:
     # builtin: prompt tokens one step feeds at most (chunked prefill); None: the engine's
     # default, engine.scheduler.DEFAULT_PREFILL_CHUNK
     prefill_chunk: int | None = None
+    # builtin: reuse cached prompt prefixes (the KV cache is paged either way)
+    prefix_caching: bool = True
+    # builtin leader: publish the prefix cache's events as vLLM's ZMQ publisher does, on this
+    # endpoint (tcp://HOST:PORT, ipc://PATH), with a replay socket on the other if given
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
     collective_timeout: float = 10.0
     connect_timeout: float = 300.0
     # the vllm backend (checked by it, once it knows vLLM is installed)
@@ -144,6 +150,7 @@ def _check_engine(s: NodeSettings) -> None:
     if s.weight_dtype == "gguf":
         _check_blocks(s)
     _check_prefill_chunk(s)
+    _check_prefix_cache(s)
     if s.num_slots < 1:
         raise ValueError(f"--num-slots: must be >= 1, got {s.num_slots}")
     for flag, seconds in (
@@ -164,6 +171,28 @@ def _check_prefill_chunk(s: NodeSettings) -> None:
             f"--prefill-chunk: only applies to --backend builtin (vLLM: --vllm-args "
             f"max_num_batched_tokens), got {s.prefill_chunk} with --backend {s.backend}"
         )
+
+
+def _check_prefix_cache(s: NodeSettings) -> None:
+    vllm = "vLLM: --vllm-args enable_prefix_caching and kv_events_config"
+    if not s.prefix_caching and s.backend != "builtin":
+        raise ValueError(f"--no-prefix-caching: only applies to --backend builtin ({vllm})")
+    for flag, endpoint in (
+        ("--kv-events", s.kv_events),
+        ("--kv-events-replay", s.kv_events_replay),
+    ):
+        if endpoint is None:
+            continue
+        if s.backend != "builtin":
+            raise ValueError(f"{flag}: only applies to --backend builtin ({vllm})")
+        if not s.is_leader:
+            raise ValueError(f"{flag}: only the leader publishes KV events, got --role {s.role}")
+        if not endpoint.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"{flag}: expected tcp://HOST:PORT or ipc://PATH, got {endpoint!r}")
+    if s.kv_events_replay is not None and s.kv_events is None:
+        raise ValueError("--kv-events-replay: needs --kv-events (the stream it replays)")
+    if s.kv_events is not None and not s.prefix_caching:
+        raise ValueError("--kv-events: with --no-prefix-caching the cache stores no blocks")
 
 
 def _check_blocks(s: NodeSettings) -> None:

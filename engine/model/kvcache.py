@@ -1,17 +1,46 @@
-"""Per-rank KV cache addressed by slot: one fixed row of `max_seq_len` positions per sequence.
+"""Per-rank paged KV cache: blocks of `block_size` positions, a block table per slot.
 
-Layout per layer: k and v of shape (num_slots, max_seq_len, local_kv_heads, head_dim). A slot
-is a sequence's whole lifetime; the scheduler owns which slot is free. Slots waste the unused
-tail of each row (no paging) but make reads a plain slice and need no block table.
+Layout per layer: k and v of shape (num_blocks * block_size, local_kv_heads, head_dim), one
+row per cached position; block b holds rows b * block_size .. (b + 1) * block_size. Position
+p of the sequence in slot s lives in block `tables[s][p // block_size]`, at offset
+`p % block_size`, so sequences can share the blocks of a common prefix (the prefix cache,
+`engine.prefixcache`, decides which; this module only stores and reads).
+
+Until the runtime gives a slot its table (`set_tables`), slot s owns the blocks
+s * max_blocks .. (s + 1) * max_blocks: a plain row per slot, as a cache without paging, so
+a model driven directly by (slot, ids, start) entries needs no block bookkeeping.
+
+Reads of a slot whose blocks follow each other are views (no copy); others gather.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
 import torch
+
+from engine.prefixcache.pool import DEFAULT_BLOCK_SIZE, BlockCopy, TableEdit
+
+Rows = slice | torch.Tensor  # flat row indices: a range (a view), or gathered
+
+
+class Span(NamedTuple):
+    """One multi-position entry of a step: its first position, its length, and the rows it
+    writes and reads (0..start + length), planned once for every layer."""
+
+    start: int
+    length: int
+    write: Rows
+    read: Rows
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
 
 
 class KVCache:
-    """Keys and values of the rank's own kv heads, for every layer and slot."""
+    """Keys and values of the rank's own kv heads, for every layer and block."""
 
     def __init__(
         self,
@@ -22,14 +51,80 @@ class KVCache:
         head_dim: int,
         device: torch.device,
         dtype: torch.dtype,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_blocks: int | None = None,
     ) -> None:
+        """`num_blocks`: at least `num_slots` full sequences' worth (the default), so a slot
+        that runs can always grow; more is room for cached prefixes."""
         if num_slots <= 0:
             raise ValueError(f"num_slots: must be a positive integer, got {num_slots}")
-        shape = (num_layers, num_slots, max_seq_len, local_kv_heads, head_dim)
+        if block_size <= 0:
+            raise ValueError(f"block_size: must be a positive integer, got {block_size}")
+        self.max_blocks = blocks_for(max_seq_len, block_size)
+        least = num_slots * self.max_blocks
+        num_blocks = least if num_blocks is None else num_blocks
+        if num_blocks < least:
+            raise ValueError(
+                f"num_blocks: {num_blocks} is fewer than {num_slots} slots of "
+                f"{self.max_blocks} blocks ({least}) need"
+            )
+        shape = (num_layers, num_blocks * block_size, local_kv_heads, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
+        self.num_slots, self.max_seq_len = num_slots, max_seq_len
+        self.block_size, self.num_blocks = block_size, num_blocks
+        # The same tables twice: Python lists to plan with, a tensor to gather decodes with.
+        self._tables = [
+            list(range(s * self.max_blocks, (s + 1) * self.max_blocks)) for s in range(num_slots)
+        ]
+        self.tables = torch.tensor(self._tables, dtype=torch.int64, device=device)
+
+    # --- tables and copies (every rank applies a step's, in the leader's order) -----------
+
+    def set_tables(self, edits: Iterable[tuple[int, int, Sequence[int]]]) -> None:
+        """Apply table edits, all checked first: a bad one raises before any table changes."""
+        checked = [self._check_edit(*edit) for edit in edits]
+        for slot, first, blocks in checked:
+            end = first + len(blocks)
+            self._tables[slot][first:end] = blocks
+            self.tables[slot, first:end] = torch.tensor(blocks, dtype=torch.int64)
+
+    def _check_edit(self, slot: int, first: int, blocks: Sequence[int]) -> TableEdit:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot: {slot} is outside [0, {self.num_slots})")
+        if first < 0 or first + len(blocks) > self.max_blocks:
+            raise ValueError(
+                f"table: entries {first}..{first + len(blocks)} exceed {self.max_blocks} blocks"
+            )
+        if blocks and not (min(blocks) >= 0 and max(blocks) < self.num_blocks):
+            raise ValueError(f"block: ids must be in [0, {self.num_blocks}), got {list(blocks)}")
+        return TableEdit(slot, first, tuple(blocks))
+
+    def table(self, slot: int) -> tuple[int, ...]:
+        return tuple(self._tables[slot])
+
+    def copy_blocks(self, copies: Iterable[Sequence[int]]) -> None:
+        """Copy (src, dst, length) block prefixes in order; all are checked first."""
+        checked = [BlockCopy(*copy) for copy in copies]
+        for src, dst, length in checked:
+            for name, block in (("src", src), ("dst", dst)):
+                if not 0 <= block < self.num_blocks:
+                    raise ValueError(f"{name}: block {block} is outside [0, {self.num_blocks})")
+            if src == dst:
+                raise ValueError(f"dst: block {dst} is the source block itself")
+            if not 0 < length <= self.block_size:
+                raise ValueError(f"length: {length} is outside [1, {self.block_size}]")
+        size = self.block_size
+        for src, dst, length in checked:
+            self.k[:, dst * size : dst * size + length] = self.k[
+                :, src * size : src * size + length
+            ]
+            self.v[:, dst * size : dst * size + length] = self.v[
+                :, src * size : src * size + length
+            ]
+
+    # --- a step's plan ---------------------------------------------------------------------
 
     def check(self, slot: int, start_pos: int, length: int) -> None:
         """Reject an entry before any layer writes, so a bad request cannot half-update a slot."""
@@ -41,47 +136,62 @@ class KVCache:
                 f"max_seq_len={self.max_seq_len}"
             )
 
-    def check_copy(self, src_slot: int, dst_slot: int, length: int) -> None:
-        """Reject a prefix copy before any slot changes (see `copy_prefix`)."""
-        for name, slot in (("src_slot", src_slot), ("dst_slot", dst_slot)):
-            if not 0 <= slot < self.num_slots:
-                raise ValueError(f"{name}: {slot} is outside [0, {self.num_slots})")
-        if src_slot == dst_slot:
-            raise ValueError(f"dst_slot: {dst_slot} is the source slot itself")
-        if not 0 < length <= self.max_seq_len:
-            raise ValueError(f"length: {length} is outside [1, {self.max_seq_len}]")
+    def span(self, slot: int, start: int, length: int) -> Span:
+        """The rows an entry writes (start..start+length) and reads (0..start+length)."""
+        end, size = start + length, self.block_size
+        blocks = self._tables[slot][: blocks_for(end, size)]
+        first = blocks[0]
+        if blocks[-1] - first == len(blocks) - 1 and blocks == list(
+            range(first, first + len(blocks))
+        ):
+            base = first * size
+            return Span(start, length, slice(base + start, base + end), slice(base, base + end))
+        table = torch.tensor(blocks, dtype=torch.int64, device=self.k.device)
+        rows = (table[:, None] * size + torch.arange(size, device=self.k.device)).flatten()[:end]
+        return Span(start, length, rows[start:], rows)
 
-    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
-        """Copy positions 0..length of `src_slot` into `dst_slot`, every layer, keys and values:
-        a request's other choices start from their parent's prompt instead of a prefill."""
-        self.check_copy(src_slot, dst_slot, length)
-        self.k[:, dst_slot, :length] = self.k[:, src_slot, :length]
-        self.v[:, dst_slot, :length] = self.v[:, src_slot, :length]
+    def decode_rows(
+        self, slots: Sequence[int], positions: Sequence[int], seen: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For single-token entries: the row each writes (B,), and the blocks each reads up
+        to `seen` positions (B, blocks); a shorter sequence's extra blocks are the caller's
+        to mask."""
+        size, tables = self.block_size, self._tables
+        write = [
+            tables[s][p // size] * size + p % size for s, p in zip(slots, positions, strict=True)
+        ]
+        index = torch.tensor(slots, dtype=torch.int64, device=self.k.device)
+        return (
+            torch.tensor(write, dtype=torch.int64, device=self.k.device),
+            self.tables[index, : blocks_for(seen, size)],
+        )
 
-    def write(
-        self, layer: int, slot: int, start_pos: int, k: torch.Tensor, v: torch.Tensor
-    ) -> None:
-        """Store (T, kv_heads, head_dim) keys/values at positions start_pos..start_pos+T."""
-        end = start_pos + k.shape[0]
-        self.k[layer, slot, start_pos:end] = k
-        self.v[layer, slot, start_pos:end] = v
+    # --- one layer -------------------------------------------------------------------------
+
+    def write(self, layer: int, rows: Rows, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store (T, kv_heads, head_dim) keys/values at `rows`."""
+        self.k[layer, rows] = k
+        self.v[layer, rows] = v
+
+    def read(self, layer: int, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values at `rows` (a view for a range, a gathered copy otherwise)."""
+        return self.k[layer, rows], self.v[layer, rows]
 
     def write_read(
         self,
         layer: int,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        end: int,
+        rows: torch.Tensor,
+        blocks: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode batch: one new (kv_heads, head_dim) key/value per slot at its position,
-        then every slot's keys/values at 0..end (the longest's), (B, end, kv_heads, head_dim)
-        (a gathered copy; positions past a slot's own are the caller's to mask)."""
-        self.k[layer, slots, positions] = k
-        self.v[layer, slots, positions] = v
-        return self.k[layer, slots, :end], self.v[layer, slots, :end]
-
-    def read(self, layer: int, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values at positions 0..end (views, no copy)."""
-        return self.k[layer, slot, :end], self.v[layer, slot, :end]
+        """A decode batch: one new (kv_heads, head_dim) key/value per entry at its row, then
+        every entry's blocks (B, blocks * block_size, kv_heads, head_dim), gathered."""
+        self.k[layer, rows] = k
+        self.v[layer, rows] = v
+        b, n = blocks.shape
+        shape = (b, n * self.block_size, *self.k.shape[2:])
+        paged = (-1, self.block_size, *self.k.shape[2:])
+        keys = self.k[layer].view(paged)[blocks].view(shape)
+        values = self.v[layer].view(paged)[blocks].view(shape)
+        return keys, values

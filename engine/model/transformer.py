@@ -1,8 +1,9 @@
-"""A Llama-style decoder split across tensor-parallel ranks, with a slot-based KV cache.
+"""A Llama-style decoder split across tensor-parallel ranks, with a paged KV cache.
 
 The engine calls `Transformer.forward(batch)`: each entry is (slot, new token ids, start
-position). Prefill entries (many tokens) and decode entries (one token) share one call. The
-linear layers run once over all tokens of the batch packed together; attention runs per entry,
+position; the slot's block table in the cache says where its positions live). Prefill entries
+(many tokens) and decode entries (one token) share one call. The linear layers run once over
+all tokens of the batch packed together; attention runs per entry (the decodes batched),
 which keeps causal masking and per-slot cache reads obviously correct.
 """
 
@@ -16,7 +17,7 @@ from torch import nn
 
 from engine.model import blocks, narrow
 from engine.model.config import ModelConfig
-from engine.model.kvcache import KVCache
+from engine.model.kvcache import KVCache, Span
 from engine.model.parallel import (
     ColumnParallelLinear,
     ReplicatedEmbedding,
@@ -75,21 +76,20 @@ class Rotary(nn.Module):
 
 class Decode(NamedTuple):
     """The batch's leading single-token entries (decodes; a step with prompt chunks puts them
-    first), two or more, attended in one call: each one's slot and position, how many cached
-    positions the longest sees (`seen`), and which of those each may see (B, 1, 1, seen).
+    first), two or more, attended in one call: the cache row each one writes, the blocks each
+    reads (B, blocks), and which of those positions each may see (B, 1, 1, positions).
     Planned once per step, for every layer; the entries after them are attended one by one."""
 
-    slots: torch.Tensor
-    positions: torch.Tensor
-    seen: int
+    rows: torch.Tensor
+    blocks: torch.Tensor
     mask: torch.Tensor
 
     @property
     def num_entries(self) -> int:
-        return len(self.positions)
+        return len(self.rows)
 
     @classmethod
-    def plan(cls, batch: Sequence[Entry], positions: torch.Tensor) -> Decode | None:
+    def plan(cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache) -> Decode | None:
         """`positions`: the packed batch's, which for single-token entries are their starts."""
         n = 0
         while n < len(batch) and len(batch[n][1]) == 1:
@@ -97,11 +97,25 @@ class Decode(NamedTuple):
         if n < 2:
             return None
         singles, positions = batch[:n], positions[:n]
-        slots = torch.tensor([slot for slot, _, _ in singles], device=positions.device)
-        seen = max(start for _, _, start in singles) + 1
-        visible = torch.arange(seen, device=positions.device)
+        starts = [start for _, _, start in singles]
+        rows, blocks = cache.decode_rows([slot for slot, _, _ in singles], starts, max(starts) + 1)
+        visible = torch.arange(blocks.shape[1] * cache.block_size, device=positions.device)
         mask = (visible[None, :] <= positions[:, None])[:, None, None, :]
-        return cls(slots, positions, seen, mask)
+        return cls(rows, blocks, mask)
+
+
+class Plan(NamedTuple):
+    """Where a step's entries write and read in the cache, for every layer: the batched
+    decodes, then one span per entry attended alone."""
+
+    decode: Decode | None
+    spans: list[Span]
+
+    @classmethod
+    def of(cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache) -> Plan:
+        decode = Decode.plan(batch, positions, cache)
+        rest = batch[decode.num_entries if decode is not None else 0 :]
+        return cls(decode, [cache.span(slot, start, len(ids)) for slot, ids, start in rest])
 
 
 class Angles(NamedTuple):
@@ -141,21 +155,14 @@ class Attention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(hidden, parts)
         self.o_proj = RowParallelLinear(heads, hidden, tp, hd)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        entries: Sequence[Entry],
-        angles: Angles,
-        cache: KVCache,
-        decode: Decode | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: Angles, cache: KVCache, plan: Plan) -> torch.Tensor:
         """x: (all tokens of the batch, hidden), packed in entry order."""
         # One (tokens, q + k + v heads, head_dim) output; q and k rotated together.
         heads = self.qkv_proj.stacked(x).view(x.shape[0], -1, self.head_dim)
         rotated = self.num_heads + self.num_kv_heads
         qk = angles.rotate(heads[:, :rotated])
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], heads[:, rotated:]
-        outputs, offset = [], 0
+        outputs, offset, decode = [], 0, plan.decode
         if decode is not None:
             offset = decode.num_entries
             batched = self._decode(q[:offset], k[:offset], v[:offset], cache, decode)
@@ -163,11 +170,11 @@ class Attention(nn.Module):
                 out: torch.Tensor = self.o_proj(batched.reshape(offset, -1))
                 return out
             outputs.append(batched[:, :, 0])
-        for slot, ids, start in entries[decode.num_entries if decode is not None else 0 :]:
-            n = len(ids)
-            cache.write(self.layer, slot, start, k[offset : offset + n], v[offset : offset + n])
-            keys, values = cache.read(self.layer, slot, start + n)
-            outputs.append(self._attend(q[offset : offset + n], keys, values, start))
+        for span in plan.spans:
+            n = span.length
+            cache.write(self.layer, span.write, k[offset : offset + n], v[offset : offset + n])
+            keys, values = cache.read(self.layer, span.read)
+            outputs.append(self._attend(q[offset : offset + n], keys, values, span.start))
             offset += n
         out = self.o_proj(torch.cat(outputs).reshape(x.shape[0], -1))
         return out
@@ -176,10 +183,8 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, decode: Decode
     ) -> torch.Tensor:
         """Every entry one new token: write them all, then one masked SDPA over the batch's
-        slots (gathered up to the longest), instead of a call per entry. (B, heads, 1, dim)."""
-        keys, values = cache.write_read(
-            self.layer, decode.slots, decode.positions, decode.seen, k, v
-        )
+        blocks (gathered up to the longest's), instead of a call per entry. (B, heads, 1, dim)."""
+        keys, values = cache.write_read(self.layer, decode.rows, decode.blocks, k, v)
         out = nn.functional.scaled_dot_product_attention(
             q[:, :, None],
             keys.transpose(1, 2),
@@ -241,15 +246,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, tp)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        entries: Sequence[Entry],
-        angles: Angles,
-        cache: KVCache,
-        decode: Decode | None = None,
-    ) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), entries, angles, cache, decode)
+    def forward(self, x: torch.Tensor, angles: Angles, cache: KVCache, plan: Plan) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), angles, cache, plan)
         h: torch.Tensor = x + attended
         out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
@@ -282,8 +280,10 @@ class Transformer(nn.Module):
         dtype: torch.dtype = torch.float32,
         weight_dtype: torch.dtype | None = None,
         part: Part | None = None,
+        num_blocks: int | None = None,
     ) -> None:
-        """`dtype` is the arithmetic's (activations, norms, KV cache); `weight_dtype` the
+        """`num_blocks`: the KV cache's (`KVCache`; None: `num_slots` whole sequences').
+        `dtype` is the arithmetic's (activations, norms, KV cache); `weight_dtype` the
         stored matrices' and embedding's (None: the same), see `narrow`; `blocks.BLOCKS` keeps
         the file's quantized blocks (float32 arithmetic only)."""
         super().__init__()
@@ -318,6 +318,7 @@ class Transformer(nn.Module):
             config.head_dim,
             device,
             dtype,
+            num_blocks=num_blocks,
         )
 
     @property
@@ -398,9 +399,9 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """The part's layers over the packed batch's hidden states, (tokens, hidden)."""
         angles = self.rotary.at(positions, x.dtype)
-        decode = Decode.plan(batch, positions)
+        plan = Plan.of(batch, positions, self.cache)
         for block in self.layers:
-            x = block(x, batch, angles, self.cache, decode)
+            x = block(x, angles, self.cache, plan)
         return x
 
     def last_tokens(self, x: torch.Tensor, batch: Sequence[Entry]) -> torch.Tensor:

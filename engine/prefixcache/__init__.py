@@ -17,7 +17,13 @@ from engine.prefixcache.events import (
     EventSink,
 )
 from engine.prefixcache.hashing import NONE_HASH, BlockHash, block_hashes, external, hash_block
-from engine.prefixcache.pool import DEFAULT_BLOCK_SIZE, Allocation, BlockCopy, KVBlockPool
+from engine.prefixcache.pool import (
+    DEFAULT_BLOCK_SIZE,
+    Allocation,
+    BlockCopy,
+    KVBlockPool,
+    TableEdit,
+)
 from engine.prefixcache.stats import PrefixCacheStats
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "OutOfBlocks",
     "PoolError",
     "PrefixCacheStats",
+    "TableEdit",
     "UnknownSequence",
     "block_hashes",
     "external",

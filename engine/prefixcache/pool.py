@@ -60,6 +60,16 @@ class Allocation:
     table: tuple[int, ...]
 
 
+class TableEdit(NamedTuple):
+    """Slot `slot`'s block table from index `first` on is `blocks`: how a scheduler tells the
+    model runners (every rank) where a sequence's positions live. Ints only, for the step
+    message."""
+
+    slot: int
+    first: int
+    blocks: tuple[int, ...]
+
+
 class BlockCopy(NamedTuple):
     """After the forward, copy positions 0..length of block `src` into block `dst`, every
     layer, keys and values. A tuple of ints, so it travels in a step message as it is."""
@@ -85,13 +95,16 @@ class KVBlockPool:
         block_size: int = DEFAULT_BLOCK_SIZE,
         *,
         on_event: EventSink | None = None,
+        caching: bool = True,
     ) -> None:
         """`on_event` hears every cache event, in order, on the caller's thread (the engine
-        collects a step's and publishes them as one batch)."""
+        collects a step's and publishes them as one batch). `caching=False` pages without
+        reuse (vLLM's `--no-enable-prefix-caching`): no hits, no hashes, no events."""
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.caching = caching
         self._on_event = on_event
         self._refs = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
@@ -123,8 +136,12 @@ class KVBlockPool:
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._seqs
 
-    def table(self, seq_id: int) -> tuple[int, ...]:
-        return tuple(self._seq(seq_id).table)
+    def table(self, seq_id: int, start: int = 0) -> tuple[int, ...]:
+        """The sequence's block table, from entry `start` on."""
+        return tuple(self._seq(seq_id).table[start:])
+
+    def table_len(self, seq_id: int) -> int:
+        return len(self._seq(seq_id).table)
 
     def num_tokens(self, seq_id: int) -> int:
         return len(self._seq(seq_id).tokens)
@@ -153,7 +170,7 @@ class KVBlockPool:
         if not token_ids:
             raise ValueError(f"sequence {seq_id}: token_ids is empty")
         tokens = [int(t) for t in token_ids]
-        hashes = block_hashes(tokens, self.block_size)
+        hashes = block_hashes(tokens, self.block_size) if self.caching else []
         hits = self._hits(hashes, len(tokens))
         cost = self._cost(tokens, hits)
         if cost > len(self._free):
@@ -170,6 +187,8 @@ class KVBlockPool:
     def _hits(self, hashes: list[BlockHash], num_tokens: int) -> list[int]:
         """The cached blocks of the longest cached prefix, leaving the last token to compute."""
         hits: list[int] = []
+        if not self.caching:
+            return hits
         for h in hashes[: (num_tokens - 1) // self.block_size]:
             holders = self._holders.get(h)
             if not holders:
@@ -208,7 +227,7 @@ class KVBlockPool:
         if block is not None:
             seq.table.append(block)
         seq.tokens.append(int(token_id))
-        if len(seq.tokens) % self.block_size == 0:
+        if self.caching and len(seq.tokens) % self.block_size == 0:
             parent = seq.hashes[-1] if seq.hashes else None
             seq.hashes.append(hash_block(parent, seq.tokens[-self.block_size :]))
         return block
@@ -268,6 +287,8 @@ class KVBlockPool:
         """Cache the sequence's computed full blocks not cached yet, announcing each run of
         hashes the cache did not hold (a block whose hash another block holds is a second
         copy: cached, not announced again)."""
+        if not self.caching:
+            return
         full = seq.computed // self.block_size
         run: list[int] = []
         for i in range(seq.registered, full):

@@ -93,6 +93,7 @@ def token_event(member: Choice, drawn: Sampled) -> TokenEvent:
         index=member.index,
         logprob=drawn.logprob,
         top_logprobs=drawn.top,
+        cached_tokens=seq.num_cached_tokens or 0,
     )
 
 

@@ -2,14 +2,13 @@
 
 A follower holds a shard of every layer, so it must take part in every forward pass or the
 leader's all-reduces stall. It needs no scheduler and no sampler: the batch arrives complete,
-with the slot copies (forks) to make after the forward.
+with the block table edits to make before the forward and the block copies (forks) after.
 """
 
 from __future__ import annotations
 
 import logging
 
-from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Receive, StepMessage, receive
@@ -47,9 +46,11 @@ def run_follower(model: StepModel, stats: NodeStats, receive_step: Receive = rec
 
 def _run_step(model: StepModel, msg: StepMessage, stats: NodeStats, rank: int) -> bool:
     try:
+        if msg.tables:
+            model.cache.set_tables(msg.tables)
         model(msg.entries)
         if msg.forks:
-            apply_forks(model.cache, msg.forks)
+            model.cache.copy_blocks(msg.forks)
     except Exception as exc:
         reason = f"forward failed: {first_line(exc)}"
         stats.mark_unhealthy(reason)

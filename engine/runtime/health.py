@@ -1,4 +1,5 @@
-"""Node health: counters the compute thread writes, and an HTTP endpoint that reads them.
+"""Node health: counters the compute thread writes, and an HTTP endpoint that reads them
+(/health as JSON, /metrics as Prometheus text).
 
 The endpoint runs on its own daemon thread (stdlib ThreadingHTTPServer) so it answers while the
 node is inside a long forward pass or blocked in a collective: a prober can then tell "busy"
@@ -17,6 +18,9 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from engine.prefixcache import PrefixCacheStats
+from engine.runtime import node_metrics
+
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], Mapping[str, Any]]
@@ -34,6 +38,8 @@ class NodeStats:
         self._slots_used = 0
         self._last_step: float | None = None
         self._failure: str | None = None
+        self._cache: PrefixCacheStats | None = None  # the leader's; followers have none
+        self._kv_usage = 0.0
 
     def record_step(self, pending: int, slots_used: int) -> None:
         with self._lock:
@@ -44,6 +50,11 @@ class NodeStats:
     def set_load(self, pending: int, slots_used: int) -> None:
         with self._lock:
             self._pending, self._slots_used = pending, slots_used
+
+    def set_cache(self, stats: PrefixCacheStats, usage: float) -> None:
+        """The prefix cache's counters and the share of KV blocks in use (the leader's)."""
+        with self._lock:
+            self._cache, self._kv_usage = stats, usage
 
     def mark_unhealthy(self, reason: str) -> bool:
         """True the first time only, so the caller logs the change once."""
@@ -70,6 +81,11 @@ class NodeStats:
                 "kv_slots_used": self._slots_used,
                 "kv_slots_total": self._kv_total,
             }
+            cache = self._cache
+            if cache is not None:
+                body["kv_cache_usage"] = round(self._kv_usage, 4)
+                body["prefix_cache_queries"] = cache.queries
+                body["prefix_cache_hits"] = cache.hits
             if self._failure is not None:
                 body["reason"] = self._failure
             return body
@@ -78,13 +94,23 @@ class NodeStats:
 def _handler(snapshot: Snapshot) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] != "/health":
+            path = self.path.split("?", 1)[0]
+            if path not in ("/health", "/metrics"):
                 self.send_error(404)
                 return
             body = _read(snapshot)
-            data = json.dumps(body).encode()
-            self.send_response(200 if body.get("status") == "ok" else 503)
-            self.send_header("Content-Type", "application/json")
+            if path == "/metrics":
+                self._send(200, node_metrics.CONTENT_TYPE, node_metrics.render(body).encode())
+                return
+            self._send(
+                200 if body.get("status") == "ok" else 503,
+                "application/json",
+                json.dumps(body).encode(),
+            )
+
+        def _send(self, status: int, content_type: str, data: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

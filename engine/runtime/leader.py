@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -27,9 +27,9 @@ import torch
 
 from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
 from engine.model import Tokenizer
+from engine.prefixcache import CacheEvent
 from engine.runtime.choices import Abort, Choice, Tracked, draw, final_event, token_event
 from engine.runtime.constraints import Constraints
-from engine.runtime.forks import apply_forks
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
 from engine.runtime.messages import Command, Send, StepMessage, send
@@ -65,6 +65,8 @@ class LeaderEngine:
         teardown: Callable[[], None] | None = None,
         send_step: Send = send,
         on_step: Callable[[int, int], None] | None = None,
+        prefix_caching: bool = True,
+        publish_events: Callable[[Sequence[CacheEvent]], object] | None = None,
     ) -> None:
         """`prefill_chunk`: prompt tokens one step feeds at most (chunked prefill: a longer
         prompt takes several steps, with the running sequences decoding in each).
@@ -72,15 +74,24 @@ class LeaderEngine:
         HEARTBEAT that often so followers blocked in a broadcast do not time out.
         `send_step` is the broadcast every step message goes through, and `on_step` hears
         each step's (start, end) in monotonic ns on the engine thread: a benchmark times the
-        engine through these two, without reaching into it."""
-        slots = model.cache.num_slots
+        engine through these two, without reaching into it.
+        `prefix_caching`: reuse cached prompt prefixes (the KV blocks stay paged either way);
+        `publish_events` gets the prefix cache's events of each step, as one batch, on the
+        engine thread (a `KVEventPublisher.publish`: it only queues)."""
+        slots, cache = model.cache.num_slots, model.cache
         self._config = SchedulerConfig(
             max_num_seqs=slots,
             max_num_batched_tokens=prefill_chunk,
             num_slots=slots,
             max_seq_len=model.config.max_seq_len,
+            block_size=cache.block_size,
+            num_blocks=cache.num_blocks,
+            prefix_caching=prefix_caching,
         )
-        self.scheduler = Scheduler(self._config, tokenizer.stop_ids, tokenizer.decode)
+        self._events: list[CacheEvent] = []  # engine thread only: since the last publish
+        self._publish_events = publish_events
+        on_event = None if publish_events is None else self._events.append
+        self.scheduler = Scheduler(self._config, tokenizer.stop_ids, tokenizer.decode, on_event)
         self.stats = NodeStats("leader", unit, model.tp.rank, slots)
         self._model, self._tokenizer, self._name = model, tokenizer, model_name
         self._heartbeat_s, self._teardown, self._send = heartbeat_s, teardown, send_step
@@ -273,16 +284,19 @@ class LeaderEngine:
         entries = [(s.slot, s.token_ids, s.start_pos) for s in batch.seqs]
         if self._distributed:
             pending, used = self.scheduler.pending, self._slots_used
-            msg = StepMessage.step(entries, pending, used, batch.forks)
+            msg = StepMessage.step(entries, pending, used, batch.forks, batch.tables)
             self._send(msg, self._model.tp.group)
         members = [self._live[seq_id] for seq_id in batch.sampled_ids]
         masks = self._constraints.start_masks([m.matcher for m in members])
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()
+        cache = self._model.cache
+        if batch.tables:  # as every follower does before its forward
+            cache.set_tables(batch.tables)
         logits = self._model(entries)
         if batch.forks:  # the children's prompt KV, as every follower does after its forward
-            apply_forks(self._model.cache, batch.forks)
+            cache.copy_blocks(batch.forks)
         sampled = self._sample(batch, logits, members, masks)
         self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
         self._unpublished = sampled  # counted in /health once published, even if empty
@@ -312,6 +326,10 @@ class LeaderEngine:
     def _publish(self) -> None:
         self._collect_tokens()
         self._outbox.flush()
+        if self._events:
+            assert self._publish_events is not None
+            self._publish_events(tuple(self._events))
+            self._events.clear()  # the scheduler's sink appends to this very list
 
     def _collect_tokens(self) -> None:
         """Queue the last step's token events. Runs before the next scheduler update (the
@@ -322,6 +340,7 @@ class LeaderEngine:
         sampled = self._unpublished
         self._unpublished = None
         self.stats.record_step(self.scheduler.pending, self._slots_used)
+        self.stats.set_cache(self.scheduler.prefix_stats, self.scheduler.kv_usage)
         for seq_id, drawn in sampled.items():
             member = self._live.get(seq_id)
             if member is None:

@@ -28,7 +28,6 @@ import torch
 
 from engine.model.pipeline import PipelineStage
 from engine.runtime.choices import Choice
-from engine.runtime.forks import apply_forks
 from engine.runtime.leader import LeaderEngine
 from engine.runtime.messages import StepMessage
 from engine.scheduler import ScheduledBatch
@@ -74,13 +73,16 @@ class PipelinedLeader(LeaderEngine):
     def _start(self, batch: ScheduledBatch) -> None:
         entries = [(s.slot, s.token_ids, s.start_pos) for s in batch.seqs]
         pending, used = self.scheduler.pending, self._slots_used
-        self._send(StepMessage.step(entries, pending, used, batch.forks), self._stage.tp.group)
+        msg = StepMessage.step(entries, pending, used, batch.forks, batch.tables)
+        self._send(msg, self._stage.tp.group)
         members = [self._live[seq_id] for seq_id in batch.sampled_ids]
         masks = self._constraints.start_masks([m.matcher for m in members])
         self._publish()
+        if batch.tables:
+            self._stage.cache.set_tables(batch.tables)
         self._stage.start(entries)
         if batch.forks:  # this stage's part of the children's prompt KV
-            apply_forks(self._stage.cache, batch.forks)
+            self._stage.cache.copy_blocks(batch.forks)
         self._flight.append(InFlight(batch, members, masks))
 
     def _finish(self, step: InFlight) -> None:

@@ -3,7 +3,8 @@
 Pure bookkeeping (no torch, no I/O), so it is tested in milliseconds and reused by any runner.
 """
 
-from engine.scheduler.batch import Fork, ScheduledBatch, ScheduledSeq
+from engine.prefixcache import BlockCopy, TableEdit
+from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.config import DEFAULT_PREFILL_CHUNK, SchedulerConfig
 from engine.scheduler.errors import (
     DuplicateSequence,
@@ -23,11 +24,11 @@ from engine.scheduler.stops import find_stop, partial_stop_len
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
+    "BlockCopy",
     "DuplicateSequence",
     "EmptyPrompt",
     "FieldError",
     "FinishReason",
-    "Fork",
     "GroupTooLarge",
     "InvalidConfig",
     "InvalidParams",
@@ -41,6 +42,7 @@ __all__ = [
     "SchedulerError",
     "Sequence",
     "SequenceStatus",
+    "TableEdit",
     "UnknownSequence",
     "find_stop",
     "partial_stop_len",

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from engine.prefixcache import BlockCopy, TableEdit
 from engine.scheduler.sequence import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
-    """Feed `token_ids` at positions `start_pos, start_pos + 1, ...` into KV slot `slot`.
+    """Feed `token_ids` at positions `start_pos, start_pos + 1, ...` of the sequence in KV slot
+    `slot` (its block table says where they live).
 
     `sampled`: the entry feeds the sequence's last token, so its row's logits give the next
     one. A prompt chunk that is not the prompt's last is fed for its KV alone.
@@ -24,17 +25,6 @@ class ScheduledSeq:
     sampled: bool = True
 
 
-class Fork(NamedTuple):
-    """After the forward, copy KV positions 0..length of `src_slot` into `dst_slot`.
-
-    A tuple of three ints, so it travels in the step message as it is.
-    """
-
-    src_slot: int
-    dst_slot: int
-    length: int
-
-
 @dataclass(frozen=True, slots=True)
 class ScheduledBatch:
     """One step, decodes and prompt chunks mixed (chunked prefill, as vLLM's V1 engine).
@@ -46,17 +36,22 @@ class ScheduledBatch:
     `num_waiting` is the queue depth left after this step: requests held back by full slots,
     `max_num_seqs` or the token budget.
 
+    `tables`: every rank applies these edits to its slots' block tables before the forward
+    (a sequence just admitted, a new block for a decode, a child's shared prompt blocks).
+
     A request's n choices share one prefill: only the first (the parent) has a row in `seqs`.
-    Every rank applies `forks` after the forward, giving each other choice (a child) a copy of
-    the prompt's KV, and the leader samples each child's first token from its parent's logits:
-    `shared` holds (child seq_id, the parent's row in `seqs`). Both are empty unless the step
-    feeds a parent's last prompt chunk.
+    Each other choice (a child) shares the parent's full prompt blocks (a table edit); every
+    rank applies `forks` after the forward, giving it its own copy of the prompt's partial last
+    block, and the leader samples each child's first token from its parent's logits: `shared`
+    holds (child seq_id, the parent's row in `seqs`). Both are empty unless the step feeds a
+    parent's last prompt chunk.
     """
 
     seqs: tuple[ScheduledSeq, ...]
     num_waiting: int
-    forks: tuple[Fork, ...] = ()
+    forks: tuple[BlockCopy, ...] = ()
     shared: tuple[tuple[int, int], ...] = ()
+    tables: tuple[TableEdit, ...] = ()
 
     @property
     def is_empty(self) -> bool:

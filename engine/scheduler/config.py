@@ -28,11 +28,30 @@ class SchedulerConfig:
     max_num_batched_tokens: int = DEFAULT_PREFILL_CHUNK
     num_slots: int = 8  # KV cache slots; one per running sequence
     max_seq_len: int = 2048  # tokens one slot holds: prompt + output
+    # The paged KV cache (engine.prefixcache): positions per block, and blocks in all (None:
+    # enough for every slot's whole sequence, the least there may be, so a running sequence
+    # always has room to grow; the rest holds cached prefixes).
+    block_size: int = 16
+    num_blocks: int | None = None
+    prefix_caching: bool = True  # reuse the cached blocks of a prompt's longest prefix
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_slots"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_slots", "block_size"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
         ok_len = isinstance(self.max_seq_len, int) and self.max_seq_len >= 2
         # One prompt token plus one generated token is the smallest useful sequence.
         _check(ok_len, "max_seq_len", self.max_seq_len, "must be an integer >= 2")
+        if self.num_blocks is not None:
+            least = self.least_blocks
+            ok = isinstance(self.num_blocks, int) and self.num_blocks >= least
+            problem = f"must be at least {least} ({self.num_slots} slots of whole sequences)"
+            _check(ok, "num_blocks", self.num_blocks, problem)
+
+    @property
+    def least_blocks(self) -> int:
+        return self.num_slots * -(-self.max_seq_len // self.block_size)
+
+    @property
+    def total_blocks(self) -> int:
+        return self.least_blocks if self.num_blocks is None else self.num_blocks

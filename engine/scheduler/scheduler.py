@@ -1,4 +1,4 @@
-"""Continuous batching over slot-based KV: pure bookkeeping, no torch, no I/O.
+"""Continuous batching over a paged KV cache: pure bookkeeping, no torch, no I/O.
 
 The engine loop calls `schedule()`, runs the model on the batch, samples one token per sampled
 entry (a decode, or a prompt's last chunk; and per child sharing an entry's row, see
@@ -6,6 +6,12 @@ entry (a decode, or a prompt's last chunk; and per child sharing an entry's row,
 token budget, beside the running sequences' decodes (chunked prefill).
 `add()`, `add_group()`, `abort()` and `preempt()` may be called between steps; a token
 sampled for a sequence aborted or preempted meanwhile (also by `schedule()`) is dropped.
+
+A running sequence holds a slot (a row of the runners' block tables) and blocks of the
+prefix cache's pool (engine.prefixcache): admission takes the blocks of the prompt's longest
+cached prefix and prefills only after them; each step's `ScheduledBatch.tables` tells the
+runners the table entries that changed. The pool holds at least every slot's whole sequence,
+so a running sequence never runs out of blocks; what is left over keeps cached prefixes.
 
 Requests wait in (priority, arrival) order (lower priority values first) and are admitted in
 that order without skipping. At full batch, a head of strictly better priority than the worst
@@ -21,7 +27,8 @@ import sys
 from collections.abc import Callable, Container, Mapping
 from collections.abc import Sequence as Seq
 
-from engine.scheduler.awaiting import Awaiting
+from engine.prefixcache import BlockCopy, EventSink, KVBlockPool, PrefixCacheStats, TableEdit
+from engine.scheduler.awaiting import Awaiting, Pairs
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.errors import (
@@ -43,11 +50,13 @@ class Scheduler:
         config: SchedulerConfig,
         eos_token_ids: frozenset[int],
         decode: Callable[[Seq[int]], str],
+        on_event: EventSink | None = None,
     ) -> None:
         """`decode` is injected so stop strings work without a tokenizer dependency.
 
         It must be prefix-stable (decoding more tokens only appends text). Byte-level BPE is,
         except for a character split across tokens; text deltas hold that back.
+        `on_event` hears the prefix cache's events (blocks stored and removed), in order.
         """
         self.config = config
         self._eos = eos_token_ids
@@ -64,6 +73,13 @@ class Scheduler:
         self._worst_started = -sys.maxsize
         # A request's other choices, fed nothing until their parent's last prompt chunk.
         self._awaiting = Awaiting()
+        self._pool = KVBlockPool(
+            config.total_blocks,
+            config.block_size,
+            on_event=on_event,
+            caching=config.prefix_caching,
+        )
+        self._synced: dict[int, int] = {}  # running seq_id -> table entries the runners have
 
     # -- introspection for health and metrics --
 
@@ -86,6 +102,19 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return self.pending > 0
+
+    @property
+    def prefix_stats(self) -> PrefixCacheStats:
+        return self._pool.stats
+
+    @property
+    def kv_usage(self) -> float:
+        """The share of KV blocks running sequences hold (vLLM's kv_cache_usage_perc)."""
+        return self._pool.usage
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (AllBlocksCleared); False while sequences run."""
+        return self._pool.reset()
 
     def get(self, seq_id: int) -> Sequence | None:
         """The live (waiting or running) sequence with this id."""
@@ -193,8 +222,34 @@ class Scheduler:
                 shares[pool] -= take
         rows = tuple(singles + chunks)
         if not self._awaiting:
-            return ScheduledBatch(rows, self.num_waiting)
-        return ScheduledBatch(rows, self.num_waiting, *self._awaiting.forks(rows, self._running))
+            return ScheduledBatch(rows, self.num_waiting, tables=self._edits(rows))
+        pairs, shared = self._awaiting.forks(rows, self._running)
+        copies = self._fork(pairs)
+        children = tuple(child for _, child in pairs)
+        return ScheduledBatch(rows, self.num_waiting, copies, shared, self._edits(rows, children))
+
+    def _edits(self, rows: Seq[ScheduledSeq], more: Seq[Sequence] = ()) -> tuple[TableEdit, ...]:
+        """The table entries the runners lack for the sequences this step touches."""
+        edits: list[TableEdit] = []
+        pool, synced = self._pool, self._synced
+        for seq_id, slot in [(r.seq_id, r.slot) for r in rows] + [(s.seq_id, s.slot) for s in more]:
+            have, now = synced[seq_id], pool.table_len(seq_id)
+            if now > have:
+                assert slot is not None
+                edits.append(TableEdit(slot, have, pool.table(seq_id, have)))
+                synced[seq_id] = now
+        return tuple(edits)
+
+    def _fork(self, pairs: Pairs) -> tuple[BlockCopy, ...]:
+        """Children share their parent's full prompt blocks and copy its partial last one."""
+        copies: list[BlockCopy] = []
+        for parent, child in pairs:
+            copy = self._pool.fork(parent.seq_id, child.seq_id)
+            self._synced[child.seq_id] = 0
+            child.num_cached_tokens = parent.num_cached_tokens
+            if copy is not None:
+                copies.append(copy)
+        return tuple(copies)
 
     def _admit_share(self, budget: int, skip: Container[int]) -> tuple[set[int], int]:
         """Admit what the budget allows: (the prompts admitted now, the tokens they get).
@@ -221,6 +276,7 @@ class Scheduler:
             seq = self._running.get(seq_id)
             if seq is None or seq.num_computed < seq.num_tokens:
                 continue  # aborted or preempted while the step ran, or still mid-prompt
+            self._pool.append(seq_id, token)  # caches the blocks its tokens before it filled
             reason = self._append(seq, token)
             if reason is not None:
                 self._stop_running(seq)
@@ -295,7 +351,8 @@ class Scheduler:
                 running[seq.seq_id] = seq
             self._awaiting.add(members)
             admitted.append(members)
-            cost = members[0].num_tokens
+            self._allocate(members[0])
+            cost = members[0].num_tokens - members[0].num_computed
             budget -= cost if cost > 1 else 0  # a single token rides along, as a decode
         return admitted, budget
 
@@ -318,15 +375,31 @@ class Scheduler:
         worse.sort(key=lambda s: (s.params.priority, arrival[s.seq_id]), reverse=True)
         return tuple(self.preempt(seq.seq_id) for seq in worse[:need])
 
+    def _allocate(self, seq: Sequence) -> None:
+        """Blocks for a sequence that starts running (or prefills again): its prompt's cached
+        prefix is taken, not computed. The pool always has room (see SchedulerConfig)."""
+        allocation = self._pool.allocate(
+            seq.seq_id, seq.token_ids, preempted=seq.num_preemptions > 0
+        )
+        seq.num_computed = allocation.cached_tokens
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = allocation.cached_tokens
+        self._synced[seq.seq_id] = 0
+
     def _stop_running(self, seq: Sequence) -> None:
-        """Out of the running set, its slot back on the free heap."""
+        """Out of the running set, its slot back on the free heap and its blocks to the
+        pool (cached, for the next prompt that shares them)."""
         del self._running[seq.seq_id]
         assert seq.slot is not None, "a running sequence always owns a slot"
         heapq.heappush(self._free, seq.slot)
         seq.slot = None
         seq.num_computed = 0
+        if self._synced.pop(seq.seq_id, None) is not None:
+            self._pool.free(seq.seq_id)  # a child still awaiting its parent holds none
         if self._awaiting:
-            self._awaiting.drop(seq, self._running)
+            heir = self._awaiting.drop(seq, self._running)
+            if heir is not None:
+                self._allocate(heir)
         if not self._running:
             self._worst_started = -sys.maxsize
 
@@ -337,6 +410,8 @@ class Scheduler:
         start = min(seq.num_computed, seq.num_tokens - 1)
         ids = seq.tokens_from(start)
         seq.num_computed = start + n
+        if n > 1:  # a prompt chunk: its full blocks are cached from now on (as vLLM does)
+            self._pool.computed(seq.seq_id, seq.num_computed)
         last = seq.num_computed == seq.num_tokens
         return ScheduledSeq(seq.seq_id, seq.slot, ids if last else ids[:n], start, seq.params, last)
 

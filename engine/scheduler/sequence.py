@@ -115,6 +115,9 @@ class Sequence:
     # Leading tokens whose KV the slot holds once the step last scheduled has run: a prompt
     # longer than a step's budget is fed a chunk at a time. 0 while waiting.
     num_computed: int = 0
+    # Leading prompt tokens the prefix cache held when the sequence was first admitted (the
+    # answer's usage.prompt_tokens_details.cached_tokens, as vLLM reports); None until then.
+    num_cached_tokens: int | None = None
     detok: IncrementalText = field(default_factory=IncrementalText, init=False, repr=False)
     _text: str = field(default="", init=False, repr=False)
     _shown: int = field(default=0, init=False, repr=False)  # output ids that make the text

@@ -25,6 +25,7 @@ def build_app(engine: Engine) -> web.Application:
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/health", handlers.health)
+    app.router.add_get("/metrics", handlers.metrics)
     return app
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from engine.api import Engine, GenerationRequest, TokenEvent
+from engine.runtime import node_metrics
 from engine.server.errors import ApiError, engine_failed, json_response, refused
 from engine.server.parse import Kind, parse_request
 from engine.server.tokens import TokenBytes
@@ -91,6 +92,15 @@ class Handlers:
         except Exception as exc:
             fields = {"status": "error", "error": repr(exc)}
         return json_response(fields, 200 if fields.get("status") == "ok" else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The health report as Prometheus text, under vLLM's names (node_metrics)."""
+        try:
+            fields = dict(self.engine.health())
+        except Exception as exc:
+            fields = {"status": "error", "error": repr(exc)}
+        text = node_metrics.render(fields)
+        return web.Response(body=text.encode(), content_type="text/plain", charset="utf-8")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         try:

@@ -58,6 +58,7 @@ class Bodies:
     token_bytes: TokenBytes
     choices: list[ChoiceState] = field(init=False)
     prompt_tokens: int = field(default=0, init=False)
+    cached_tokens: int = field(default=0, init=False)
     _prompt_sent: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +140,7 @@ class Bodies:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
     # -- internals --
@@ -148,6 +150,7 @@ class Bodies:
         logprobs (a stream has sent them already)."""
         choice = self.choices[event.index]
         choice.text_len += len(event.text)
+        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
         if whole:
             choice.texts.append(event.text)
             if event.token_id is not None:

@@ -19,7 +19,7 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 import orjson
 
@@ -178,11 +178,13 @@ def completion_length(req: GenRequest, default_tokens: int, cap: int) -> tuple[i
     return count, "length" if count == req.max_tokens else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """As the builtin engine counts it; a simulated unit caches nothing."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 

@@ -18,7 +18,7 @@ def tok(text: str) -> list[int]:
     return [ord(c) - ord("a") for c in text]
 
 
-def make(**config: int) -> Scheduler:
+def make(**config: int | bool) -> Scheduler:
     return Scheduler(SchedulerConfig(**config), frozenset({EOS}), letters)
 
 

@@ -72,7 +72,7 @@ def test_kv_groups_split_unevenly(world: int, kv_heads: list[int]) -> None:
     attention = [m.layers[0].self_attn for m in ranks]
     assert [a.num_kv_heads for a in attention] == kv_heads
     assert [a.num_heads for a in attention] == [3 * k for k in kv_heads]
-    assert [m.cache.k.shape[3] for m in ranks] == kv_heads
+    assert [m.cache.k.shape[2] for m in ranks] == kv_heads
     q_rows = [(a.qkv_proj.rows["q_proj"].start, a.qkv_proj.rows["q_proj"].stop) for a in attention]
     assert q_rows[0][0] == 0 and q_rows[-1][1] == 576
     assert all(a[1] == b[0] for a, b in itertools.pairwise(q_rows))

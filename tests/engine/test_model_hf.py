@@ -67,7 +67,7 @@ def test_rank_reads_only_its_shard(hf_model: tuple[Path, torch.Tensor]) -> None:
     o = full.layers[0].self_attn.o_proj.weight
     assert torch.equal(half.layers[0].self_attn.qkv_proj.weight[:32], q[32:])
     assert torch.equal(half.layers[0].self_attn.o_proj.weight, o[:, 32:])
-    assert half.cache.k.shape[3] == 1
+    assert half.cache.k.shape[2] == 1
 
 
 def test_tied_embeddings_when_lm_head_absent(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The slot KV cache: incremental decoding equals recomputation, and slots are isolated."""
+"""The paged KV cache: incremental decoding equals recomputation, slots are isolated, and a
+slot reads its positions wherever its block table puts them (shared, scattered, copied)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def test_decodes_then_a_prompt_chunk_in_one_call_as_each_alone(config: ModelConf
         for slot, ids in ((0, PROMPT), (2, MORE), (3, PROMPT[:7])):
             m([(slot, ids, 0)])
     batch = [(0, [40], len(PROMPT)), (2, [41], len(MORE)), (3, PROMPT[7:12], 7)]
-    plan = Decode.plan(batch, torch.tensor([len(PROMPT), len(MORE), *range(7, 12)]))
+    positions = torch.tensor([len(PROMPT), len(MORE), *range(7, 12)])
+    plan = Decode.plan(batch, positions, model.cache)
     assert plan is not None and plan.num_entries == 2
     together = model(batch)
     torch.testing.assert_close(together, torch.cat([ref([e]) for e in batch]), atol=1e-5, rtol=0)
@@ -121,31 +123,77 @@ def test_bad_entries_are_rejected(
         fresh(config)(batch)
 
 
-def test_a_copied_prefix_decodes_as_its_source(config: ModelConfig) -> None:
-    """A child slot given its parent's prompt KV decodes as if it had prefilled the prompt,
-    whatever the slot held before (positions past the copy are never attended)."""
+def test_a_child_sharing_full_blocks_and_a_copied_partial_block_decodes_as_its_source(
+    config: ModelConfig,
+) -> None:
+    """A request's other choice: its table names the parent's full blocks and a copy of the
+    parent's partial last block; it decodes as if it had prefilled the prompt, whatever its
+    own blocks held before (positions past the copy are never attended)."""
     model = fresh(config)
-    model([(2, MORE * 3, 0)])  # stale keys and values in the child's slot
+    model([(2, MORE * 3, 0)])  # stale keys and values in the child's own blocks
     model([(0, PROMPT, 0)])
-    model.cache.copy_prefix(0, 2, len(PROMPT))
+    parent = model.cache.table(0)
+    child = model.cache.table(2)
+    full, partial = divmod(len(PROMPT), model.cache.block_size)
+    assert (full, partial) == (1, 7)
+    model.cache.set_tables([(2, 0, parent[:full])])
+    model.cache.copy_blocks([(parent[full], child[full], partial)])
     decode = model([(2, [42], len(PROMPT)), (0, [43], len(PROMPT))])
     ref = fresh(config)
     torch.testing.assert_close(decode[0], ref([(0, [*PROMPT, 42], 0)])[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(decode[1], ref([(1, [*PROMPT, 43], 0)])[0], atol=1e-5, rtol=0)
 
 
+def test_scattered_blocks_read_as_contiguous_ones(config: ModelConfig) -> None:
+    """Blocks out of order (gathered reads, prefill and decode) give the contiguous answer."""
+    model, ref = fresh(config), fresh(config)
+    model.cache.set_tables([(1, 0, (13, 2, 7, 9)), (3, 0, (5, 0, 11, 4))])
+    assert model.cache.table(1) == (13, 2, 7, 9)
+    long = PROMPT + MORE * 2  # 35 positions: three blocks
+    torch.testing.assert_close(model([(1, long, 0)]), ref([(1, long, 0)]), atol=1e-5, rtol=0)
+    model([(3, PROMPT[:20], 0)])
+    ref([(3, PROMPT[:20], 0)])
+    chunk = [(3, PROMPT[20:], 20)]  # continues across a block boundary, gathered
+    torch.testing.assert_close(model(chunk), ref(chunk), atol=1e-5, rtol=0)
+    step = [(1, [5], len(long)), (3, [6], len(PROMPT))]
+    torch.testing.assert_close(model(step), ref(step), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(
-    ("src", "dst", "length", "field"),
-    [(4, 1, 3, "src_slot"), (0, -1, 3, "dst_slot"), (1, 1, 3, "dst_slot"), (0, 1, 0, "length")],
+    ("copy", "field"),
+    [
+        ((16, 1, 3), "src"),
+        ((0, -1, 3), "dst"),
+        ((1, 1, 3), "dst"),
+        ((0, 1, 0), "length"),
+        ((0, 1, 17), "length"),
+    ],
 )
-def test_bad_prefix_copies_are_rejected(
-    config: ModelConfig, src: int, dst: int, length: int, field: str
+def test_bad_block_copies_are_rejected(
+    config: ModelConfig, copy: tuple[int, int, int], field: str
 ) -> None:
     model = fresh(config)
     model([(0, PROMPT, 0)])
     before = model.cache.k.clone()
     with pytest.raises(ValueError, match=field):
-        model.cache.copy_prefix(src, dst, length)
-    with pytest.raises(ValueError, match="length"):
-        model.cache.copy_prefix(0, 1, config.max_seq_len + 1)
+        model.cache.copy_blocks([(0, 2, 3), copy])  # the good first copy is not made either
     assert torch.equal(model.cache.k, before)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [((4, 0, (1,)), "slot"), ((0, 3, (1, 2)), "table"), ((0, 0, (16,)), "block")],
+)
+def test_bad_table_edits_are_rejected(
+    config: ModelConfig, edit: tuple[int, int, tuple[int, ...]], field: str
+) -> None:
+    model = fresh(config)
+    with pytest.raises(ValueError, match=field):
+        model.cache.set_tables([(1, 0, (9,)), edit])
+    assert model.cache.table(1) == (4, 5, 6, 7)  # the good first edit was not applied
+
+
+def test_fewer_blocks_than_the_slots_need_are_refused(config: ModelConfig) -> None:
+    with pytest.raises(ValueError, match="num_blocks: 15"):
+        Transformer(config, num_slots=4, num_blocks=15)
+    assert Transformer(config, num_slots=4, num_blocks=40).cache.num_blocks == 40

@@ -30,18 +30,26 @@ def test_step_message_round_trip() -> None:
     msg = StepMessage.step([(3, [1, 2, 3], 0), (0, [7], 41), (5, [9, 9], 2)], 4, 3)
     header, body = encode(msg)
     assert header.dtype == body.dtype == torch.int64
-    assert header.tolist() == [int(Command.STEP), 3, 6, 0, 4, 3]
+    assert header.tolist() == [int(Command.STEP), 3, 6, 0, 4, 3, 0]
     assert body.numel() == 3 * 3 + 6
     assert decode(header, body) == msg
 
 
-def test_forks_travel_between_the_entries_and_the_tokens() -> None:
-    msg = StepMessage.step([(3, [1, 2, 3], 0), (0, [7], 41)], 5, 5, forks=[(3, 1, 3), (3, 2, 3)])
+def test_forks_and_tables_travel_between_the_entries_and_the_tokens() -> None:
+    msg = StepMessage.step(
+        [(3, [1, 2, 3], 0), (0, [7], 41)],
+        5,
+        5,
+        forks=[(3, 1, 3), (3, 2, 3)],
+        tables=[(3, 0, (4, 9)), (0, 2, (7,))],
+    )
     header, body = encode(msg)
-    assert header.tolist() == [int(Command.STEP), 2, 4, 2, 5, 5]
-    assert body.tolist() == [3, 0, 3, 0, 41, 1, 3, 1, 3, 3, 2, 3, 1, 2, 3, 7]
+    assert header.tolist() == [int(Command.STEP), 2, 4, 2, 5, 5, 9]
+    entries, forks, tables = [3, 0, 3, 0, 41, 1], [3, 1, 3, 3, 2, 3], [3, 0, 2, 4, 9, 0, 2, 1, 7]
+    assert body.tolist() == [*entries, *forks, *tables, 1, 2, 3, 7]
     assert decode(header, body) == msg
     assert msg.forks == ((3, 1, 3), (3, 2, 3))
+    assert msg.tables == ((3, 0, (4, 9)), (0, 2, (7,)))
 
 
 ENTRIES = st.lists(
@@ -55,17 +63,26 @@ ENTRIES = st.lists(
 FORKS = st.lists(
     st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(1, 9999)), max_size=8
 )
+TABLES = st.lists(
+    st.tuples(
+        st.integers(0, 255),
+        st.integers(0, 127),
+        st.lists(st.integers(0, 2**20), max_size=130).map(tuple),
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(ENTRIES, FORKS, st.integers(0, 10**6), st.integers(0, 255))
+@given(ENTRIES, FORKS, TABLES, st.integers(0, 10**6), st.integers(0, 255))
 def test_any_step_message_survives_the_codec(
     entries: list[tuple[int, list[int], int]],
     forks: list[tuple[int, int, int]],
+    tables: list[tuple[int, int, tuple[int, ...]]],
     pending: int,
     slots_used: int,
 ) -> None:
-    msg = StepMessage.step(entries, pending, slots_used, forks)
+    msg = StepMessage.step(entries, pending, slots_used, forks, tables)
     assert decode(*encode(msg)) == msg
 
 

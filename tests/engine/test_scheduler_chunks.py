@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from engine.scheduler import Fork, SamplingParams, SequenceStatus
+from engine.scheduler import BlockCopy, SamplingParams, SequenceStatus, TableEdit
 from tests.engine.scheduler_support import make, rows, step
 
 PROMPT = list(range(10))
@@ -46,7 +46,7 @@ def test_a_group_forks_only_after_its_parents_last_chunk() -> None:
         assert (batch.forks, batch.shared, batch.sampled_ids) == ((), (), ())
     last = step(sched, 7)
     assert rows(last) == [(1, 8, 2, True)]
-    assert last.forks == (Fork(0, 1, 10), Fork(0, 2, 10))
+    assert last.forks == (BlockCopy(0, 1, 10), BlockCopy(0, 2, 10))
     assert (last.shared, last.sampled_ids, last.sample_rows) == (
         ((2, 0), (3, 0)),
         (1, 2, 3),
@@ -61,7 +61,7 @@ def test_a_last_chunk_of_one_token_still_forks() -> None:
     assert rows(step(sched, 7)) == [(1, 0, 9, False)]
     last = step(sched, 7)
     assert rows(last) == [(1, 9, 1, True)]
-    assert (last.forks, last.shared) == ((Fork(0, 1, 10),), ((2, 0),))
+    assert (last.forks, last.shared) == ((BlockCopy(0, 1, 10),), ((2, 0),))
 
 
 def test_a_parent_gone_mid_prompt_hands_the_prompt_to_its_first_choice() -> None:
@@ -75,7 +75,8 @@ def test_a_parent_gone_mid_prompt_hands_the_prompt_to_its_first_choice() -> None
         [(2, 4, 4, False)],
         [(2, 8, 2, True)],
     ]
-    assert (fed[-1].forks, fed[-1].shared) == ((Fork(1, 2, 10),), ((3, 0),))
+    assert fed[0].tables == (TableEdit(1, 0, (0,)),)  # the block the parent let go
+    assert (fed[-1].forks, fed[-1].shared) == ((BlockCopy(0, 1, 10),), ((3, 0),))
     assert [c.output_ids for c in choices] == [[], [7], [7]]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.scheduler import (
+    BlockCopy,
     DuplicateSequence,
     EmptyPrompt,
-    Fork,
     GroupTooLarge,
     InvalidParams,
     SamplingParams,
@@ -26,7 +26,7 @@ def test_one_prefill_row_forks_for_the_children_and_shares_its_logits() -> None:
     batch = sched.schedule()
     assert batch.is_prefill and batch.seq_ids == (0, 10)
     assert (batch.seqs[1].slot, batch.seqs[1].token_ids) == (1, (5, 6, 7))
-    assert batch.forks == (Fork(1, 2, 3), Fork(1, 3, 3))
+    assert batch.forks == (BlockCopy(1, 2, 3), BlockCopy(1, 3, 3))
     assert batch.shared == ((11, 1), (12, 1))
     assert batch.sampled_ids == (0, 10, 11, 12)
     assert batch.sample_rows == (0, 1, 1, 1)
@@ -165,7 +165,7 @@ def test_aborting_a_waiting_parent_lets_the_next_member_prefill() -> None:
     assert sched.num_waiting == 2
     batch = sched.schedule()  # two slots free: the rest of the group fits
     assert started(batch) == (2,) and batch.shared == ((3, 1),)
-    assert batch.forks == (Fork(batch.seqs[1].slot, 2, 3),)
+    assert batch.forks == (BlockCopy(batch.seqs[1].slot, 2, 3),)
 
 
 def test_a_finished_child_frees_only_its_own_slot() -> None:

@@ -46,7 +46,9 @@ async def test_chat_non_streaming_body() -> None:
     assert choice["finish_reason"] == "stop" and choice["index"] == 0
     completion = len(SCRIPT) + 1  # EOS counts
     usage = {"prompt_tokens": len(CHAT_PROMPT), "completion_tokens": completion}
-    assert body["usage"] == {**usage, "total_tokens": len(CHAT_PROMPT) + completion}
+    details = {"prompt_tokens_details": {"cached_tokens": 0}}  # this engine caches nothing
+    total = len(CHAT_PROMPT) + completion
+    assert body["usage"] == {**usage, "total_tokens": total, **details}
     assert "prompt_token_ids" not in body and "token_ids" not in choice
     assert engine.requests[0].request_id == "req-1"
     assert engine.requests[0].prompt_ids == tuple(CHAT_PROMPT)
@@ -87,6 +89,7 @@ async def test_stream_include_usage() -> None:
         "prompt_tokens": len(CHAT_PROMPT),
         "completion_tokens": 2,
         "total_tokens": total,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert events[-1] == "[DONE]"
 

@@ -118,6 +118,7 @@ async def test_n_choices_share_the_prompt_and_count_it_once(unit: Served) -> Non
         "prompt_tokens": prompt,
         "completion_tokens": 16,
         "total_tokens": prompt + 16,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     _, events = await sse_events(url + CHAT, {**body, "stream": True})
     texts = ["", ""]

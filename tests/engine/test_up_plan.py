@@ -290,7 +290,7 @@ def mode(path: Path) -> int:
 def test_up_turns_a_vllm_units_kv_events_on_and_tells_the_gateway(tmp_path: Path) -> None:
     cfg = vllm_config(tmp_path, unit("b0", 8401))
     plan = plan_units(cfg)
-    assert [u.id for u in publishing_here(cfg, plan)] == ["v0"]
+    assert [u.id for u in publishing_here(cfg, plan)] == ["v0", "b0"]
     kv = with_kv_events(cfg, plan, tmp_path / "kv")
     v0, b0 = kv.units
     events, replay = f"ipc://{tmp_path}/kv/v0.sock", f"ipc://{tmp_path}/kv/v0.replay.sock"
@@ -304,7 +304,15 @@ def test_up_turns_a_vllm_units_kv_events_on_and_tells_the_gateway(tmp_path: Path
     }
     # its answers' usage says how many prompt tokens its cache held
     assert v0.engine_args["enable_prompt_tokens_details"] is True
-    assert b0 == cfg.units[1] and not b0.kv_events
+    # the builtin unit's leader binds its own sockets (--kv-events); nothing else changes
+    b0_events = (f"ipc://{tmp_path}/kv/b0.sock", f"ipc://{tmp_path}/kv/b0.replay.sock")
+    assert (b0.kv_events, b0.kv_events_replay) == b0_events
+    assert replace(b0, kv_events="", kv_events_replay="") == cfg.units[1]
+    (leader,) = plan_units(kv).units[1].nodes
+    settings = NodeSettings.from_flags(
+        build_parser().parse_args(leader.argv("h:1", EngineOptions()))
+    )
+    assert (settings.kv_events, settings.kv_events_replay) == b0_events
     assert kv.routing.tokenizers == {"m": str(tmp_path.resolve())}
     assert untokenized(kv, plan) == []
     for node in plan_units(kv).units[0].nodes:  # leader and follower alike
@@ -445,8 +453,8 @@ def test_up_leaves_kv_events_off_where_nothing_would_read_them(
     assert main._kv_folder(cfg, plan, run) == SocketFolder(run / "kv", owned=False)
     approximate = replace(cfg, routing=replace(cfg.routing, prefix_scorer="approximate"))
     assert main._kv_folder(approximate, plan, run) is None
-    builtin = config(unit("b0", 8401))
-    assert main._kv_folder(builtin, plan_units(builtin), run) is None
+    builtin = config(unit("b0", 8401))  # a builtin unit publishes too
+    assert main._kv_folder(builtin, plan_units(builtin), run) == SocketFolder(run / "kv", False)
     monkeypatch.setattr(main, "kv_missing", lambda: ["zmq", "msgspec"])
     with caplog.at_level(logging.INFO, "unitgate.up"):
         assert main._kv_folder(cfg, plan, run) is None

@@ -36,7 +36,12 @@ async def test_chat_stream_format(cluster: SimCluster, session: aiohttp.ClientSe
     assert chunks[6]["choices"][0]["delta"] == {}
     assert chunks[6]["choices"][0]["finish_reason"] == "length"
     assert chunks[7]["choices"] == []
-    assert chunks[7]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert chunks[7]["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert len(chunks) == 8
 
 
@@ -72,7 +77,12 @@ async def test_non_streaming_chat(cluster: SimCluster, session: aiohttp.ClientSe
     choice = result["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": "".join(TOKENS[:8])}
     assert choice["finish_reason"] == "stop"
-    assert result["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    assert result["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 8,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 async def test_non_streaming_completion_is_capped() -> None:

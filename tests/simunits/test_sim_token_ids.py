@@ -249,6 +249,7 @@ async def test_continuation_yields_exactly_the_rest(
             "prompt_tokens": len(prompt) + done,
             "completion_tokens": total - done,
             "total_tokens": len(prompt) + total,
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
 
 
@@ -275,7 +276,12 @@ async def test_non_streaming_continuation(
     assert choice["token_ids"] == [GEN_BASE + 2, GEN_BASE + 3, GEN_BASE + 4]
     assert choice["prompt_token_ids"] == body["prompt"]
     assert choice["finish_reason"] == "length"
-    assert result["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert result["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     plain = await whole(session, url(cluster, "completion"), {**body, "max_tokens": 100})
     assert plain["choices"][0]["text"] == "".join(token_text(i) for i in range(2, 102))
     assert "token_ids" not in plain["choices"][0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from engine.api import Engine
 from engine.backends.builtin.served import ServedAs
@@ -21,7 +22,11 @@ from engine.runtime.unicast import Unicast, receive_unicast
 from engine.scheduler import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
 
+if TYPE_CHECKING:
+    from engine.prefixcache.publisher import KVEventPublisher
+
 log = logging.getLogger(__name__)
+KV_EVENTS_TOPIC = "kv"  # as vLLM's examples name it; subscribers take every topic
 
 
 def run_node(settings: NodeSettings) -> int:
@@ -58,14 +63,38 @@ def start_leader(settings: NodeSettings) -> LeaderEngine:
         "unit": settings.unit,
         "prefill_chunk": DEFAULT_PREFILL_CHUNK if chunk is None else chunk,
         "heartbeat_s": settings.collective_timeout / 4,
-        "teardown": destroy_unit_group,
+        "prefix_caching": settings.prefix_caching,
     }
+    leave: Callable[[], None] = lambda: _leave(model)  # noqa: E731
+    if settings.kv_events is not None:
+        publisher = publish_kv_events(settings.kv_events, settings.kv_events_replay)
+        options["publish_events"] = publisher.publish
+
+        def leave_and_close() -> None:
+            try:
+                _leave(model)
+            finally:
+                publisher.close()
+
+        leave = leave_and_close
+    options["teardown"] = leave
     if isinstance(model, PipelineStage):
         unicast = Unicast(settings.world_size, model.sender)
-        options["teardown"] = lambda: _leave(model)
         return PipelinedLeader(model, tokenizer, send_step=unicast, **options).start()
     engine = LeaderEngine(model, tokenizer, **options)
     return engine.start()
+
+
+def publish_kv_events(endpoint: str, replay: str | None) -> KVEventPublisher:
+    """The leader's KV event publisher (pyzmq and msgspec: the engine extra), bound now."""
+    from engine.prefixcache.publisher import KVEventPublisher
+
+    publisher = KVEventPublisher(endpoint, replay_endpoint=replay, topic=KV_EVENTS_TOPIC)
+    log.info(
+        "KV events on %s (replay: %s)", publisher.endpoint, publisher.replay_endpoint or "none"
+    )
+    print(f"kv_events={publisher.endpoint}", flush=True)
+    return publisher
 
 
 def run_follower_node(settings: NodeSettings) -> int:

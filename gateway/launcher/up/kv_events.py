@@ -1,12 +1,13 @@
-"""KV cache events for the vLLM units `unitgate up` starts, so that the gateway routes each
+"""KV cache events for the units `unitgate up` starts, so that the gateway routes each
 prompt to the unit caching most of it (docs/routing.md) without a line of config.
 
-Each local unit of the vLLM backend publishes its events, and answers replays, on two Unix
-sockets (`ipc://`, engine/backends/vllm/kv_events.py) in a folder of the run only its user may
-enter: the events carry the token ids of users' cached prompts, and vLLM binds TCP only on
-every interface. The unit's `kv_events` and `kv_events_replay` tell the gateway where to read
-them. The gateway also gets the unit's tokenizer (`[routing] tokenizers`) from the unit's model
-folder, to compute a prompt's ids as vLLM does. What the config sets is kept: a unit with
+Each local unit publishes its events, and answers replays, on two Unix sockets (`ipc://`) in a
+folder of the run only its user may enter: the events carry the token ids of users' cached
+prompts, and vLLM binds TCP only on every interface. A vLLM unit is told through its
+engine_args (engine/backends/vllm/kv_events.py), a builtin unit's leader by `--kv-events`. The
+unit's `kv_events` and `kv_events_replay` tell the gateway where to read them. The gateway also
+gets a vLLM unit's tokenizer (`[routing] tokenizers`) from the unit's model folder, to compute a
+prompt's ids as vLLM does. What the config sets is kept: a unit with
 `kv_events` of its own is left as it is, one whose engine_args carry `kv_events_config` is
 read where that publishes, and a model named in `tokenizers` keeps its folder.
 
@@ -62,12 +63,24 @@ def vllm_units(config: Config, plan: Plan) -> list[UnitConfig]:
     return [u for u in config.units if u.id in local]
 
 
+def builtin_units(config: Config, plan: Plan) -> list[UnitConfig]:
+    """The config's units that `up` starts with the builtin engine, in config order."""
+    local = {u.unit for u in plan.units if u.leader.backend == "builtin"}
+    return [u for u in config.units if u.id in local]
+
+
+def event_units(config: Config, plan: Plan) -> list[UnitConfig]:
+    """The local units that can publish KV events, builtin and vLLM, in config order."""
+    local = {u.id for u in [*vllm_units(config, plan), *builtin_units(config, plan)]}
+    return [u for u in config.units if u.id in local]
+
+
 def publishing_here(config: Config, plan: Plan) -> list[UnitConfig]:
-    """The local vLLM units whose config sets neither side of their events: `up` gives each
-    its sockets."""
+    """The local units whose config sets neither side of their events: `up` gives each its
+    sockets."""
     return [
         unit
-        for unit in vllm_units(config, plan)
+        for unit in event_units(config, plan)
         if not unit.kv_events and ENGINE_ARG not in unit.engine_args
     ]
 
@@ -130,7 +143,11 @@ def with_kv_events(config: Config, plan: Plan, folder: Path) -> Config:
     unit publishing its events where the gateway reads them (its sockets in `folder`, unless
     its config says where), and its model's tokenizer known."""
     local = {u.id for u in vllm_units(config, plan)}
-    units = tuple(_unit(u, folder) if u.id in local else u for u in config.units)
+    builtin = {u.id for u in builtin_units(config, plan)}
+    units = tuple(
+        _unit(u, folder) if u.id in local else _builtin(u, folder) if u.id in builtin else u
+        for u in config.units
+    )
     served = {u.unit: u.leader.served_model for u in plan.units}
     tokenizers = dict(config.routing.tokenizers)
     for unit in units:
@@ -154,6 +171,15 @@ def _unit(unit: UnitConfig, folder: Path) -> UnitConfig:
     # checks its own predictions against (docs/routing.md).
     engine_args = {DETAILS: True, **unit.engine_args, ENGINE_ARG: events_config(events, replay)}
     return replace(unit, engine_args=engine_args, kv_events=events, kv_events_replay=replay)
+
+
+def _builtin(unit: UnitConfig, folder: Path) -> UnitConfig:
+    """A builtin unit's leader binds where the gateway reads (`--kv-events`, plan.py); its
+    answers always report their cached tokens."""
+    if unit.kv_events:
+        return unit
+    events, replay = (f"ipc://{path}" for path in socket_paths(folder, unit.id))
+    return replace(unit, kv_events=events, kv_events_replay=replay)
 
 
 def tokenizer_folder(unit: UnitConfig) -> str | None:

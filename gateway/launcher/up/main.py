@@ -44,11 +44,11 @@ from gateway.launcher.up.fleet import ReplicaPorts, replica_config, replica_port
 from gateway.launcher.up.kv_events import (
     SUN_PATH_MAX,
     SocketFolder,
+    event_units,
     kv_missing,
     publishing_here,
     socket_folder,
     untokenized,
-    vllm_units,
     with_kv_events,
 )
 from gateway.launcher.up.plan import EngineOptions, Plan, PlanError, plan_simulated, plan_units
@@ -200,15 +200,15 @@ def _simulated_plan(config: Config) -> Plan:
 
 
 def _kv_folder(config: Config, plan: Plan, run: Path) -> SocketFolder | None:
-    """The folder of the local vLLM units' KV event sockets, in the run's folder `run` (or a
+    """The folder of the local units' KV event sockets, in the run's folder `run` (or a
     temp folder); None when `up` leaves the events off: no such unit, routing that does not
     read them (`prefix_scorer`), a gateway that cannot, or no folder short enough."""
-    if not vllm_units(config, plan) or config.routing.prefix_scorer != "auto":
+    if not event_units(config, plan) or config.routing.prefix_scorer != "auto":
         return None
     missing = kv_missing()
     if missing:
         log.info(
-            "vLLM units: KV cache events not turned on, so prefix routing is approximate: the "
+            "units: KV cache events not turned on, so prefix routing is approximate: the "
             "gateway needs the kv extra (%s missing): pip install 'unitgate[kv]'",
             ", ".join(missing),
         )
@@ -216,7 +216,7 @@ def _kv_folder(config: Config, plan: Plan, run: Path) -> SocketFolder | None:
     folder = socket_folder(run, [unit.id for unit in publishing_here(config, plan)])
     if folder is None:
         log.info(
-            "vLLM units: KV cache events not turned on, so prefix routing is approximate: "
+            "units: KV cache events not turned on, so prefix routing is approximate: "
             "no folder only this user may enter, %s or a new temp folder, gives their Unix "
             "sockets a path of at most %d bytes (set TMPDIR to a short folder of yours)",
             run / "kv",

@@ -49,6 +49,8 @@ class NodeSpec:
     weight_dtype: str | None = None  # builtin: how the matrices are stored; None: float32
     prefill_chunk: int | None = None  # builtin: prompt tokens per step; None: the engine's
     pp: int = 1  # builtin: pipeline stages (the nodes form tp x pp)
+    kv_events: str = ""  # builtin leader: where it publishes its KV events ("" none)
+    kv_events_replay: str = ""
 
     @property
     def role(self) -> str:
@@ -90,6 +92,10 @@ class NodeSpec:
             args += ["--prefill-chunk", str(self.prefill_chunk)]
         if self.pp != 1:
             args += ["--pp", str(self.pp)]
+        if self.kv_events:
+            args += ["--kv-events", self.kv_events]
+        if self.kv_events_replay:
+            args += ["--kv-events-replay", self.kv_events_replay]
         if self.backend != "builtin":
             args += ["--backend", self.backend, "--vllm-args", self.engine_args]
         return args
@@ -210,10 +216,19 @@ def plan_unit(unit: UnitConfig, served_model: str) -> UnitPlan:
             unit.weight_dtype,
             unit.prefill_chunk,
             unit.pp,
+            *_publishes(unit, rank),
         )
         for rank, url in enumerate(unit.nodes)
     )
     return UnitPlan(unit.id, specs)
+
+
+def _publishes(unit: UnitConfig, rank: int) -> tuple[str, str]:
+    """A builtin unit's leader binds the publisher the gateway reads (`kv_events`); a vLLM
+    unit's engine_args say where vLLM publishes (kv_events.py)."""
+    if rank != 0 or unit.backend != "builtin":
+        return "", ""
+    return unit.kv_events, unit.kv_events_replay
 
 
 def _leader_health_port(unit: UnitConfig) -> int | None:
