@@ -107,6 +107,10 @@ def _check_shape(s: NodeSettings) -> None:
     _check_pp(s)
 
 
+# engine.backends.vllm.args.NO_PIPELINE says what was tried (this module imports no backend).
+NO_PIPELINE_HERE = "vLLM's CPU build fails its first step with pipeline stages across nodes"
+
+
 def _check_pp(s: NodeSettings) -> None:
     if s.pp < 1:
         raise ValueError(f"--pp: must be >= 1, got {s.pp}")
@@ -117,8 +121,8 @@ def _check_pp(s: NodeSettings) -> None:
         )
     if s.pp > 1 and s.backend != "builtin":
         raise ValueError(
-            f"--pp: only applies to --backend builtin (the vllm backend runs no pipeline "
-            f"stages across nodes here), got {s.pp} with --backend {s.backend}"
+            f"--pp: only applies to --backend builtin ({NO_PIPELINE_HERE}), got {s.pp} with "
+            f"--backend {s.backend}"
         )
 
 

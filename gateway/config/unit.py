@@ -328,8 +328,8 @@ class UnitConfig:
             self.pp == 1 or self.backend == "builtin",
             "pp",
             self.pp,
-            'only applies to backend = "builtin" (the vllm backend runs no pipeline stages '
-            "across nodes here)",
+            'only applies to backend = "builtin" (vLLM\'s CPU build fails its first step with '
+            "pipeline stages across nodes)",
         )
 
 

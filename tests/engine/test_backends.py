@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from engine.backends.registry import BACKENDS, lookup
+from engine.backends.vllm.args import check_keys
 from engine.flags import parse
 from engine.scheduler import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
@@ -131,6 +132,14 @@ def test_prefill_chunk_is_checked_by_flag(flags: list[str], message: str) -> Non
 def test_pp_is_checked_by_flag(flags: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(["--role", "leader", *flags])
+
+
+def test_vllm_units_refuse_pipeline_stages_by_name() -> None:
+    """vLLM's CPU build cannot run them across nodes (engine/backends/vllm/args.py says what
+    was tried), so neither `--pp` nor vLLM's own argument gets through."""
+    with pytest.raises(ValueError, match="'pipeline_parallel_size' = 2: vLLM's CPU build"):
+        check_keys({"pipeline_parallel_size": 2}, "engine_args")
+    check_keys({"pipeline_parallel_size": 1}, "engine_args")
 
 
 @pytest.mark.parametrize(

@@ -82,11 +82,24 @@ def parse_vllm_args(text: str) -> dict[str, Any]:
     return value
 
 
+# Why pipeline stages across nodes are refused for vLLM units: tried with vLLM 0.32's CPU build
+# (2026-12-07: 2 nodes, pipeline_parallel_size 2, tensor_parallel_size 1, the mp executor),
+# the second stage's worker failed the first step (an AssertionError in
+# sync_and_gather_intermediate_tensors) and the unit never served.
+NO_PIPELINE = (
+    "vLLM's CPU build (0.32) fails its first step with pipeline stages across nodes; "
+    "the builtin backend runs them (a unit's pp)"
+)
+
+
 def check_keys(engine_args: dict[str, Any], where: str) -> None:
-    """Refuse keys unitgate owns; callers without vLLM installed can still run this."""
-    for key in engine_args:
+    """Refuse keys unitgate owns, and settings vLLM's CPU build cannot run; callers without
+    vLLM installed can still run this."""
+    for key, value in engine_args.items():
         if key in RESERVED:
             raise ValueError(f"{where}: {key!r} is set by unitgate (from {RESERVED[key]})")
+        if key == "pipeline_parallel_size" and value != 1:
+            raise ValueError(f"{where}: {key!r} = {value!r}: {NO_PIPELINE}")
 
 
 def check_known(engine_args: dict[str, Any], known: set[str], where: str) -> None:
