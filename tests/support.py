@@ -126,6 +126,13 @@ async def until_routable(gw: Gateway, *unit_ids: str, within: float = 5.0) -> No
         await asyncio.sleep(0.01)
 
 
+def usage_counts(usage: dict[str, Any]) -> dict[str, Any]:
+    """A usage's token counts: what a resumed stream's usage (the gateway's own) says. It has
+    no `prompt_tokens_details`: how much of the client's prompt the first unit had cached is
+    not known once its answer broke off."""
+    return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+
+
 def chat_body(stream: bool = True, **extra: Any) -> dict[str, Any]:
     return {
         "model": MODEL,

@@ -20,7 +20,7 @@ import pytest
 from gateway.base.ports import free_port
 from gateway.server import Gateway, running
 from tests.engine.test_up_support import MODEL, Proc, unitgate
-from tests.support import gateway_config, sse_events
+from tests.support import gateway_config, sse_events, usage_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_relays]
 
@@ -101,13 +101,6 @@ async def reference(gw: Gateway, path: str, body: dict[str, Any]) -> list[Any]:
         return await sse_events(resp)
 
 
-def counts(usage: dict[str, Any]) -> dict[str, Any]:
-    """A usage's token counts. A resumed stream's usage is the gateway's own, without
-    `prompt_tokens_details`: how much of the client's prompt the first unit had cached is
-    not known once its answer broke off."""
-    return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-
-
 async def test_a_chat_stream_survives_its_leader_being_killed(
     units: dict[str, tuple[Proc, str]],
 ) -> None:
@@ -132,7 +125,7 @@ async def test_a_chat_stream_survives_its_leader_being_killed(
     finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
     assert finishes == ["length"]
     usage = chunks[-1]["usage"]
-    assert usage == counts(expected[-2]["usage"])  # the whole answer, counted once
+    assert usage == usage_counts(expected[-2]["usage"])  # the whole answer, counted once
     assert usage["completion_tokens"] == MAX_TOKENS
     assert all("token_ids" not in ch for c in chunks for ch in c["choices"])
     assert all("prompt_token_ids" not in c for c in chunks)
@@ -194,5 +187,5 @@ async def test_a_real_models_answer_survives_its_leader_being_killed_word_for_wo
         for ch in c["choices"]
         if ch["finish_reason"]
     ]
-    assert chunks[-1]["usage"] == counts(expected[-2]["usage"])
+    assert chunks[-1]["usage"] == usage_counts(expected[-2]["usage"])
     assert f'unitgate_resumptions_total{{outcome="ok",unit="{victim}"}} 1.0' in metrics
