@@ -64,6 +64,20 @@ class Account:
                 missing.append((dim, limit, units - spent))
         return reserved, missing
 
+    def return_stale(self, missing: list[Need], bucket: int) -> Changes | None:
+        """The unspent rest of each lease of an earlier bucket that a take asks for again:
+        handed back before the take (None: nothing to hand back). Left to the next flush,
+        the store would count it against the take, and a burst crossing a second would be
+        refused under its limit."""
+        changes: Changes | None = None
+        for dim, _, _ in missing:
+            lease = self.leases.get(dim)
+            if lease is not None and lease.bucket != bucket and lease.unspent > 0:
+                changes = changes or Changes()
+                changes.add(self.key_id, dim, lease.bucket, -lease.unspent)
+                lease.unspent = 0
+        return changes
+
     def undo(self, reserved: list[Need], bucket: int, pending: Changes) -> None:
         for dim, _, units in reserved:
             if dim == "inflight":

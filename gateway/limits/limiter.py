@@ -16,7 +16,9 @@ Policy, in one place:
   process holds slots under its name with an expiry, so a dead one's slots are let go.
 - Round trips: `admit` awaits the store only when the key's leases do not cover the request
   (lease.py), and a burst waits for the one take in progress; a refusal is remembered until
-  the bucket ends; returns, settles and held slots go in one `push` per flush interval.
+  the bucket ends; returns, settles and held slots go in one `push` per flush interval. A take
+  in a new second first hands back what the last second's lease left unspent (one push more),
+  or the store would count it against the take and refuse a burst under its limit.
 - Store away (`StoreDown` from a take or a push): from then on each replica admits against its
   share, limit // live replicas (at least 1), counting what it admitted itself in the last
   minute; logged once, `degraded` is True. Every flush probes the store; the first push that
@@ -170,10 +172,17 @@ class Limiter:
         account.taking += 1
         landing = asyncio.get_running_loop().create_future()
         self._landing.setdefault(account.key_id, landing)
+        stale = account.return_stale(missing, bucket)
         try:
+            if stale is not None:  # first, or the store counts them against this take
+                self.pushes += 1
+                await self.store.push(stale, now)
+                stale = None
             self.takes += 1
             answers = await self.store.take(account.key_id, asks, now)
         except StoreDown as exc:
+            if stale is not None:  # not handed back: the next push (or replay) carries it
+                self._keep(stale)
             account.undo(reserved, bucket, self.pending)
             self._degrade(exc)
             return account.fallback(limits, tokens, now, self._replicas(), self.pending)

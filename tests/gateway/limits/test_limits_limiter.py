@@ -57,6 +57,21 @@ async def test_the_window_frees_after_61_s_and_retry_after_says_when() -> None:
     assert await fleet.admit(0, "k", limits, 0) is not None
 
 
+async def test_a_lease_left_in_the_last_bucket_does_not_refuse_the_next_ones_requests() -> None:
+    """A request takes a lease just before a second ends; the next two, just after it, must
+    not be refused because of the unspent rest of that lease, which the store would count
+    until the next flush pushed it back: it goes back before the take."""
+    fleet = fleet_of(1, flush_interval=10.0, slots_ttl=40.0)  # no flush in between
+    limits = KeyLimits(rpm=3)
+    await fleet.advance(T0 + 0.9)
+    assert await fleet.admit(0, "k", limits, 0) is not None
+    await fleet.advance(T0 + 1.05)
+    assert await fleet.admit(0, "k", limits, 0) is not None
+    assert await fleet.admit(0, "k", limits, 0) is not None
+    assert await fleet.admit(0, "k", limits, 0) is None  # and the limit still holds
+    assert fleet.refusals[-1][1].dim == "requests"
+
+
 async def test_a_grant_carries_the_six_headers_and_remaining_goes_down() -> None:
     fleet = fleet_of(1)
     limits = KeyLimits(rpm=10, tpm=1000)
