@@ -74,6 +74,10 @@ class Observer(Generic[C_contra]):
         """An attempt at `unit` was cancelled before its first byte: the client left, or a
         hedge's other copy answered first."""
 
+    def prefill_counted(self, call: C_contra, tokens: int) -> None:
+        """The request's first attempt goes out with `tokens` uncached prompt tokens, which
+        the hedge budget's base counts (with hedging on)."""
+
     def hedged(self, call: C_contra, first: UnitState, second: UnitState, tokens: int) -> None:
         """`first` had not answered in time: a second copy of the request goes to `second`
         (`tokens`: its uncached prompt tokens, the budget's cost)."""
@@ -126,6 +130,7 @@ _HOOKS = (
     "attempt_opened",
     "attempt_failed",
     "attempt_cancelled",
+    "prefill_counted",
     "hedged",
     "hedge_refused",
     "hedge_ended",
@@ -141,7 +146,7 @@ _HOOKS = (
 class Signals(Observer[T]):
     """Fans every hook out to the subscribers that implement it, in subscription order (a
     hook an observer leaves as Observer's no-op is not called: most observers need two or
-    three of the seventeen, and each runs for every request)."""
+    three of the eighteen, and each runs for every request)."""
 
     def __init__(self) -> None:
         self._observers: list[Observer[T]] = []
@@ -153,6 +158,7 @@ class Signals(Observer[T]):
         self._attempt_opened: tuple[Callable[[T, UnitState, int], None], ...] = ()
         self._attempt_failed: tuple[Callable[[T, UnitState, UpstreamError, float], None], ...] = ()
         self._attempt_cancelled: tuple[Callable[[T, UnitState], None], ...] = ()
+        self._prefill_counted: tuple[Callable[[T, int], None], ...] = ()
         self._hedged: tuple[Callable[[T, UnitState, UnitState, int], None], ...] = ()
         self._hedge_refused: tuple[Callable[[T, str], None], ...] = ()
         self._hedge_ended: tuple[Callable[[T, UnitState, UnitState, bool, int], None], ...] = ()
@@ -203,6 +209,10 @@ class Signals(Observer[T]):
     def attempt_cancelled(self, call: T, unit: UnitState) -> None:
         for hook in self._attempt_cancelled:
             hook(call, unit)
+
+    def prefill_counted(self, call: T, tokens: int) -> None:
+        for hook in self._prefill_counted:
+            hook(call, tokens)
 
     def hedged(self, call: T, first: UnitState, second: UnitState, tokens: int) -> None:
         for hook in self._hedged:

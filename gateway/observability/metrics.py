@@ -86,8 +86,10 @@ class Metrics:
         )
         self.hedge_tokens = Counter(
             "unitgate_hedge_prefill_tokens",
-            "Uncached prompt tokens of hedges, by priority class and kind: sent (the second"
-            " copies', what the budget counts) and wasted (the cancelled copies').",
+            "Uncached prompt tokens, by priority class and kind: base (every request's first"
+            " copy, with hedging on: the budget's base), sent (the second copies', what the"
+            " budget counts) and wasted (the cancelled copies'). sent over base, over the"
+            " budget's window, is the budget's use against [hedge].budget_share.",
             ["class", "kind"],
             registry=r,
         )

@@ -82,6 +82,9 @@ class MetricsObserver(Observer[Call]):
     def budget_exhausted(self) -> None:
         self.m.budget_exhausted.inc()
 
+    def prefill_counted(self, call: Call, tokens: int) -> None:
+        self.m.hedge_tokens.labels(call.lease.ask.klass, "base").inc(tokens)
+
     def hedged(self, call: Call, first: UnitState, second: UnitState, tokens: int) -> None:
         klass = call.lease.ask.klass
         self.m.hedges.labels(klass, "fired").inc()

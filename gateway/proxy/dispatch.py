@@ -244,7 +244,9 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         if lease is call.lease and call.attempts == 0 and self.hedger is not None:
             held = 0 if placed is None else placed.cached
-            self.hedger.hedging.prefill(self._prompt_tokens(call) - held, loop.time())
+            tokens = max(self._prompt_tokens(call) - held, 0)
+            self.hedger.hedging.prefill(tokens, loop.time())
+            self.signals.prefill_counted(call, tokens)
         call.attempts += 1
         call.placed, call.routed = placed, routed
         self.signals.attempt_started(call, unit)

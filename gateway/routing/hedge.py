@@ -83,8 +83,3 @@ class Hedging:
     def spend(self, tokens: int, now: float) -> None:
         """A second copy was sent: its uncached prompt tokens count against the budget."""
         self._sums.add(now, _HEDGED, max(tokens, 1))
-
-    def budget(self, now: float) -> tuple[int, float]:
-        """(hedged prefill tokens, the most allowed) over the window, for the metrics."""
-        spent = self._sums.total(now, _HEDGED)
-        return spent, self.config.budget_share * self._sums.total(now, _PREFILL)

@@ -46,8 +46,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--requests", type=int, default=10_000, help="per gateway at 60% load")
-    p.add_argument("--overload-requests", type=int, default=3_000, help="per gateway at 120%")
+    p.add_argument("--requests", type=int, default=10_000, help="per gateway at 60%% load")
+    p.add_argument("--overload-requests", type=int, default=3_000, help="per gateway at 120%%")
     p.add_argument("--stall-units", type=int, default=1, help="stragglers, of the four units")
     p.add_argument("--stall-rate", type=float, default=0.08, help="of a straggler's requests")
     p.add_argument("--stall-ms", type=float, default=2000.0)

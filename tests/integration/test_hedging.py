@@ -50,6 +50,10 @@ async def test_a_stalled_first_token_is_hedged_and_the_client_gets_one_answer(
     assert counted(metrics, "unitgate_hedges_total", outcome="fired") == 3
     assert counted(metrics, "unitgate_hedges_total", outcome="second") == 3
     assert counted(metrics, "unitgate_retries_total") == 0  # a hedge is not a retry
+    # The budget's state: each second copy's prefill against every first copy's
+    base = counted(metrics, "unitgate_hedge_prefill_tokens_total", kind="base")
+    sent = counted(metrics, "unitgate_hedge_prefill_tokens_total", kind="sent")
+    assert base > 0 and sent == base  # every request was hedged: as much again
     completion = counted(metrics, "unitgate_tokens_total", unit="u1", type="completion")
     assert completion == 3 * 8  # counted once, from the answer the client got
     assert counted(metrics, "unitgate_tokens_total", unit="u0", type="completion") == 0

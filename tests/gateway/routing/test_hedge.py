@@ -30,10 +30,11 @@ def test_the_budget_is_a_share_of_prefill_tokens_over_the_window() -> None:
     why = h.refusal(200, CALM, now=9.6)
     assert why is not None and why.startswith("budget:")
     assert h.refusal(100, CALM, now=9.6) is None  # what is left still fits
-    assert h.budget(now=9.6) == (400, 500.0)
+    assert h.refusal(101, CALM, now=9.6) is not None  # and no more: 400 + 101 > 500
     # The window moves on: the old traffic and the old hedges leave it together.
-    assert h.budget(now=30.0) == (0, 0.0)
     assert h.refusal(1, CALM, now=30.0) is not None  # no traffic: nothing to hedge on
+    h.prefill(1_000, now=30.0)
+    assert h.refusal(50, CALM, now=30.0) is None  # the old hedges are gone too
 
 
 def test_one_long_prompt_costs_what_many_short_ones_do() -> None:
