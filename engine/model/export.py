@@ -119,9 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.model.export", description=__doc__)
     p.add_argument("out", type=Path, help="the folder to write")
     p.add_argument("--model", default="smollm2", help="'smollm2' or a Llama .gguf file")
+    p.add_argument(
+        "--tokenizer-only",
+        action="store_true",
+        help="only the tokenizer's files: what a gateway reading prompts needs",
+    )
     args = p.parse_args(argv)
     try:
-        config = export(GGUFFile(gguf_path(args.model)), args.out)
+        file = GGUFFile(gguf_path(args.model))
+        if args.tokenizer_only:
+            export_tokenizer(file, args.out)
+            print(f"wrote {args.out}: the tokenizer")
+            return 0
+        config = export(file, args.out)
     except (ValueError, OSError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2

@@ -33,6 +33,9 @@ from engine.backends.vllm.kv_events import ENGINE_ARG, events_config, readers
 from gateway.api import Config, UnitConfig
 from gateway.launcher.up.plan import Plan
 
+# The packaged GGUF models' names (engine.model.gguf.packaged.PACKAGED, whose package imports
+# torch: `up` does not, checked by tests/engine/test_up_plan.py).
+GGUF_PACKAGED = ("smollm2",)
 # The `kv` extra (pyproject.toml): pyzmq and msgspec read the events, tokenizers and jinja2
 # compute prompt ids. The gateway's config refuses kv_events and tokenizers without them.
 KV_MODULES = ("zmq", "msgspec", "tokenizers", "jinja2")
@@ -85,12 +88,34 @@ def publishing_here(config: Config, plan: Plan) -> list[UnitConfig]:
     ]
 
 
-def socket_paths(folder: Path, unit_id: str) -> tuple[Path, Path]:
-    """The unit's events and replay sockets in `folder`: named by its id where that is plain
-    and short, else by the id's hash (which has a dot no plain id has, so names never clash)."""
+def _name(unit_id: str) -> str:
+    """The unit's name in the folder: its id where that is plain and short, else the id's hash
+    (which has a dot no plain id has, so names never clash)."""
     plain = _PLAIN_ID.fullmatch(unit_id) is not None
-    name = unit_id if plain else "unit." + hashlib.sha256(unit_id.encode()).hexdigest()[:12]
+    return unit_id if plain else "unit." + hashlib.sha256(unit_id.encode()).hexdigest()[:12]
+
+
+def socket_paths(folder: Path, unit_id: str) -> tuple[Path, Path]:
+    """The unit's events and replay sockets in `folder`."""
+    name = _name(unit_id)
     return folder / f"{name}.sock", folder / f"{name}.replay.sock"
+
+
+def tokenizer_path(folder: Path, unit_id: str) -> Path:
+    """Where `up` writes a builtin unit's tokenizer files in `folder` (GGUF models:
+    `export_tokenizers`)."""
+    return folder / f"{_name(unit_id)}.tokenizer"
+
+
+def gguf_units(config: Config, plan: Plan) -> list[UnitConfig]:
+    """The local builtin units whose model is a GGUF file (the packaged SmolLM2 or a .gguf
+    path) that publish KV events: `up` writes their tokenizer's files for the gateway (their
+    prompt ids are the engine's: tests/engine/test_up_plan.py checks it)."""
+    return [
+        u
+        for u in builtin_units(config, plan)
+        if u.kv_events and (u.model in GGUF_PACKAGED or u.model.endswith(".gguf"))
+    ]
 
 
 def fits(folder: Path, unit_ids: Sequence[str]) -> bool:
@@ -154,6 +179,10 @@ def with_kv_events(config: Config, plan: Plan, folder: Path) -> Config:
         held = tokenizer_folder(unit) if unit.id in local and unit.kv_events else None
         if held is not None:
             tokenizers.setdefault(served[unit.id], held)
+    for unit in gguf_units(replace(config, units=units), plan):
+        path = tokenizer_path(folder, unit.id)
+        if (path / "tokenizer.json").is_file():  # written (export_tokenizers) before the gateway
+            tokenizers.setdefault(served[unit.id], str(path))
     routing = replace(config.routing, tokenizers=tokenizers)
     return replace(config, units=units, routing=routing)
 

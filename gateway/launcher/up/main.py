@@ -63,6 +63,7 @@ from gateway.launcher.up.redis_server import (
 )
 from gateway.launcher.up.replicas import ReplicaLauncher, ReplicaSupervisor, Where
 from gateway.launcher.up.simulated import SimulatedUnits
+from gateway.launcher.up.tokenizers import export_tokenizers
 from gateway.launcher.up.units import BuiltinUnits, LocalUnits, UnitsFailed
 
 log = logging.getLogger("unitgate.up")
@@ -325,6 +326,9 @@ async def _up(config: Config, plan: Plan, run: _Run) -> int:
         units = run.units(config, plan)
         stack.push_async_callback(_stopped, units.stop, "every unit stopped")
         await units.start()
+        if run.fleet.kv_dir is not None and not run.options.simulated:  # while units load
+            env = node_env(os.environ, [config.admin.token_env])
+            config = await export_tokenizers(config, plan, run.fleet.kv_dir, env)
         store_url = None if local is None else local.url
         children = run.replicas(config, store_url)
         tasks = [asyncio.create_task(c.run(), name=f"replica-{c.ports.index}") for c in children]
