@@ -197,14 +197,16 @@ async def test_a_unit_silent_for_the_idle_time_is_an_idle_timeout(
 async def test_the_idle_time_counts_from_the_last_data_not_the_start(
     upstream: UpstreamClient,
 ) -> None:
-    """Tokens 30 ms apart for longer than the idle time (0.2 s) are not idle."""
-    tokens = [b'data: {"t": %d}\n\n' % i for i in range(12)]
+    """Tokens 50 ms apart for longer than the idle time (1 s) are not idle. The margin is wide
+    (0.95 s a gap): with 0.2 s and 30 ms, a loop late by 170 ms under a loaded CI machine
+    failed it."""
+    tokens = [b'data: {"t": %d}\n\n' % i for i in range(30)]
     async with RawServer(starts_with(FIRST)) as unit:
-        relayed = Relayed(upstream, unit.url, idle=0.2)
+        relayed = Relayed(upstream, unit.url, idle=1.0)
         async with stream_of(relayed) as resp:
             assert await next_chunk(resp) == FIRST
-            for token in tokens:
-                await asyncio.sleep(0.03)  # the unit's pace
+            for token in tokens:  # 1.5 s in all
+                await asyncio.sleep(0.05)  # the unit's pace
                 unit.peers[0].write(chunk(token))
                 assert await next_chunk(resp) == token
             unit.peers[0].write(LAST_CHUNK)
