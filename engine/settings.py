@@ -107,7 +107,11 @@ def _check_shape(s: NodeSettings) -> None:
     _check_pp(s)
 
 
-# engine.backends.vllm.args.NO_PIPELINE says what was tried (this module imports no backend).
+# Why pipeline stages across nodes are refused for vLLM units (here, and in engine_args by
+# engine.backends.vllm.args): tried with vLLM 0.32's CPU build (2026-12-07: 2 nodes,
+# pipeline_parallel_size 2, tensor_parallel_size 1, the mp executor), the second stage's worker
+# failed the first step (an AssertionError in sync_and_gather_intermediate_tensors) and the
+# unit never served.
 NO_PIPELINE_HERE = "vLLM's CPU build fails its first step with pipeline stages across nodes"
 
 

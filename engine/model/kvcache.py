@@ -15,12 +15,13 @@ Reads of a slot whose blocks follow each other are views (no copy); others gathe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
 
-from engine.prefixcache.pool import DEFAULT_BLOCK_SIZE, BlockCopy, TableEdit
+from engine.prefixcache.pool import DEFAULT_BLOCK_SIZE, BlockCopy, TableEdit, blocks_for
 
 Rows = slice | torch.Tensor  # flat row indices: a range (a view), or gathered
 
@@ -33,10 +34,6 @@ class Span(NamedTuple):
     length: int
     write: Rows
     read: Rows
-
-
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 class KVCache:
@@ -81,6 +78,21 @@ class KVCache:
         self.tables = torch.tensor(self._tables, dtype=torch.int64, device=device)
 
     # --- tables and copies (every rank applies a step's, in the leader's order) -----------
+
+    @contextlib.contextmanager
+    def stepping(
+        self,
+        tables: Sequence[tuple[int, int, Sequence[int]]],
+        copies: Sequence[Sequence[int]],
+    ) -> Iterator[None]:
+        """Around a step's forward, as every rank runs it: the table edits before it (where
+        its entries' positions live), the block copies after it (from the blocks it wrote).
+        A forward that raises makes no copy."""
+        if tables:
+            self.set_tables(tables)
+        yield
+        if copies:
+            self.copy_blocks(copies)
 
     def set_tables(self, edits: Iterable[tuple[int, int, Sequence[int]]]) -> None:
         """Apply table edits, all checked first: a bad one raises before any table changes."""

@@ -23,6 +23,7 @@ from engine.prefixcache.pool import (
     BlockCopy,
     KVBlockPool,
     TableEdit,
+    blocks_for,
 )
 from engine.prefixcache.stats import PrefixCacheStats
 
@@ -45,6 +46,7 @@ __all__ = [
     "TableEdit",
     "UnknownSequence",
     "block_hashes",
+    "blocks_for",
     "external",
     "hash_block",
 ]

@@ -54,6 +54,11 @@ from engine.prefixcache.stats import PrefixCacheStats
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` positions (the last one perhaps partly)."""
+    return -(-num_tokens // block_size)
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     cached_tokens: int  # leading prompt tokens already in the cache: prefill starts here
@@ -177,7 +182,7 @@ class KVBlockPool:
             raise OutOfBlocks(seq_id, cost, len(self._free))
         for block in hits:
             self._claim(block)
-        fresh = -(-len(tokens) // self.block_size) - len(hits)
+        fresh = blocks_for(len(tokens), self.block_size) - len(hits)
         table = hits + [self._take() for _ in range(fresh)]
         cached = len(hits) * self.block_size
         self._seqs[seq_id] = _Seq(tokens, table, hashes, cached, len(hits))
@@ -198,7 +203,7 @@ class KVBlockPool:
 
     def _cost(self, tokens: Sequence[int], hits: list[int]) -> int:
         """Free blocks an allocation takes: its new ones, and the evictable ones it hits."""
-        fresh = -(-len(tokens) // self.block_size) - len(hits)
+        fresh = blocks_for(len(tokens), self.block_size) - len(hits)
         return fresh + sum(1 for b in hits if self._refs[b] == 0)
 
     # --- growth --------------------------------------------------------------------------

@@ -46,11 +46,8 @@ def run_follower(model: StepModel, stats: NodeStats, receive_step: Receive = rec
 
 def _run_step(model: StepModel, msg: StepMessage, stats: NodeStats, rank: int) -> bool:
     try:
-        if msg.tables:
-            model.cache.set_tables(msg.tables)
-        model(msg.entries)
-        if msg.forks:
-            model.cache.copy_blocks(msg.forks)
+        with model.cache.stepping(msg.tables, msg.forks):
+            model(msg.entries)
     except Exception as exc:
         reason = f"forward failed: {first_line(exc)}"
         stats.mark_unhealthy(reason)

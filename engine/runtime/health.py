@@ -98,7 +98,7 @@ def _handler(snapshot: Snapshot) -> type[BaseHTTPRequestHandler]:
             if path not in ("/health", "/metrics"):
                 self.send_error(404)
                 return
-            body = _read(snapshot)
+            body = read_report(snapshot)
             if path == "/metrics":
                 self._send(200, node_metrics.CONTENT_TYPE, node_metrics.render(body).encode())
                 return
@@ -121,7 +121,7 @@ def _handler(snapshot: Snapshot) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _read(snapshot: Snapshot) -> dict[str, Any]:
+def read_report(snapshot: Snapshot) -> dict[str, Any]:
     """A snapshot that raises is an unhealthy node, not a dropped connection (which a prober
     would count as a dead node and report with a less useful reason)."""
     try:

@@ -291,12 +291,8 @@ class LeaderEngine:
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()
-        cache = self._model.cache
-        if batch.tables:  # as every follower does before its forward
-            cache.set_tables(batch.tables)
-        logits = self._model(entries)
-        if batch.forks:  # the children's prompt KV, as every follower does after its forward
-            cache.copy_blocks(batch.forks)
+        with self._model.cache.stepping(batch.tables, batch.forks):  # as every follower
+            logits = self._model(entries)
         sampled = self._sample(batch, logits, members, masks)
         self.scheduler.update({seq_id: s.token for seq_id, s in sampled.items()})
         self._unpublished = sampled  # counted in /health once published, even if empty

@@ -78,11 +78,8 @@ class PipelinedLeader(LeaderEngine):
         members = [self._live[seq_id] for seq_id in batch.sampled_ids]
         masks = self._constraints.start_masks([m.matcher for m in members])
         self._publish()
-        if batch.tables:
-            self._stage.cache.set_tables(batch.tables)
-        self._stage.start(entries)
-        if batch.forks:  # this stage's part of the children's prompt KV
-            self._stage.cache.copy_blocks(batch.forks)
+        with self._stage.cache.stepping(batch.tables, batch.forks):  # this stage's part
+            self._stage.start(entries)
         self._flight.append(InFlight(batch, members, masks))
 
     def _finish(self, step: InFlight) -> None:

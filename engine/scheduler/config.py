@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.prefixcache import blocks_for
 from engine.scheduler.errors import InvalidConfig
 
 
@@ -50,7 +51,7 @@ class SchedulerConfig:
 
     @property
     def least_blocks(self) -> int:
-        return self.num_slots * -(-self.max_seq_len // self.block_size)
+        return self.num_slots * blocks_for(self.max_seq_len, self.block_size)
 
     @property
     def total_blocks(self) -> int:

@@ -112,10 +112,6 @@ class Scheduler:
         """The share of KV blocks running sequences hold (vLLM's kv_cache_usage_perc)."""
         return self._pool.usage
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached block (AllBlocksCleared); False while sequences run."""
-        return self._pool.reset()
-
     def get(self, seq_id: int) -> Sequence | None:
         """The live (waiting or running) sequence with this id."""
         return self._live.get(seq_id)

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from engine.api import Engine, GenerationRequest, TokenEvent
 from engine.runtime import node_metrics
+from engine.runtime.health import read_report
 from engine.server.errors import ApiError, engine_failed, json_response, refused
 from engine.server.parse import Kind, parse_request
 from engine.server.tokens import TokenBytes
@@ -87,19 +88,12 @@ class Handlers:
 
     async def health(self, request: web.Request) -> web.Response:
         """200 only when the engine says ok, so a load balancer drains a degraded unit."""
-        try:
-            fields = dict(self.engine.health())
-        except Exception as exc:
-            fields = {"status": "error", "error": repr(exc)}
+        fields = read_report(self.engine.health)
         return json_response(fields, 200 if fields.get("status") == "ok" else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The health report as Prometheus text, under vLLM's names (node_metrics)."""
-        try:
-            fields = dict(self.engine.health())
-        except Exception as exc:
-            fields = {"status": "error", "error": repr(exc)}
-        text = node_metrics.render(fields)
+        text = node_metrics.render(read_report(self.engine.health))
         return web.Response(body=text.encode(), content_type="text/plain", charset="utf-8")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:

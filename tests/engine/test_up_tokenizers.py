@@ -19,6 +19,7 @@ from gateway.kvevents.prompts import PromptTokens
 from gateway.launcher.up.kv_events import tokenizer_path, with_kv_events
 from gateway.launcher.up.plan import plan_units
 from gateway.launcher.up.tokenizers import export_tokenizers
+from tests.gateway.kvevents.test_prompts import MESSAGE  # conversations as vLLM gets them
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
@@ -63,14 +64,6 @@ def both(exported: tuple[Config, Path]) -> tuple[PromptTokens, Any]:
     return PromptTokens(Path(cfg.routing.tokenizers["m"])), gguf_tokenizer(
         GGUFFile(gguf_path("smollm2"))
     )
-
-
-TEXT = st.text(
-    st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=60
-) | st.sampled_from(["", " 12 345", "\n\n", "<|im_start|>", "héllo wörld", "🙂 ok"])
-MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant"]), "content": TEXT}
-)
 
 
 @settings(

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.settings import NodeSettings
+from engine.settings import NO_PIPELINE_HERE, NodeSettings
 
 # Keys unitgate sets from its own flags: taking them from --vllm-args as well would let the two
 # disagree about the unit's shape, which only shows up as a hang at rendezvous.
@@ -82,14 +82,7 @@ def parse_vllm_args(text: str) -> dict[str, Any]:
     return value
 
 
-# Why pipeline stages across nodes are refused for vLLM units: tried with vLLM 0.32's CPU build
-# (2026-12-07: 2 nodes, pipeline_parallel_size 2, tensor_parallel_size 1, the mp executor),
-# the second stage's worker failed the first step (an AssertionError in
-# sync_and_gather_intermediate_tensors) and the unit never served.
-NO_PIPELINE = (
-    "vLLM's CPU build (0.32) fails its first step with pipeline stages across nodes; "
-    "the builtin backend runs them (a unit's pp)"
-)
+NO_PIPELINE = f"{NO_PIPELINE_HERE} (0.32); the builtin backend runs them (a unit's pp)"
 
 
 def check_keys(engine_args: dict[str, Any], where: str) -> None:
