@@ -34,7 +34,7 @@ from gateway.api import Config, UnitConfig
 from gateway.launcher.up.plan import Plan
 
 # The packaged GGUF models' names (engine.model.gguf.packaged.PACKAGED, whose package imports
-# torch: `up` does not, checked by tests/engine/test_up_plan.py).
+# torch: `up` does not, checked by tests/engine/test_up_tokenizers.py).
 GGUF_PACKAGED = ("smollm2",)
 # The `kv` extra (pyproject.toml): pyzmq and msgspec read the events, tokenizers and jinja2
 # compute prompt ids. The gateway's config refuses kv_events and tokenizers without them.
@@ -60,22 +60,25 @@ def kv_missing() -> list[str]:
     return [m for m in KV_MODULES if importlib.util.find_spec(m) is None]
 
 
-def vllm_units(config: Config, plan: Plan) -> list[UnitConfig]:
-    """The config's units that `up` starts with the vLLM backend, in config order."""
-    local = {u.unit for u in plan.units if u.leader.backend == "vllm"}
+def _local(config: Config, plan: Plan, *backends: str) -> list[UnitConfig]:
+    """The config's units that `up` starts with one of `backends`, in config order."""
+    local = {u.unit for u in plan.units if u.leader.backend in backends}
     return [u for u in config.units if u.id in local]
+
+
+def vllm_units(config: Config, plan: Plan) -> list[UnitConfig]:
+    """The config's units that `up` starts with the vLLM backend."""
+    return _local(config, plan, "vllm")
 
 
 def builtin_units(config: Config, plan: Plan) -> list[UnitConfig]:
-    """The config's units that `up` starts with the builtin engine, in config order."""
-    local = {u.unit for u in plan.units if u.leader.backend == "builtin"}
-    return [u for u in config.units if u.id in local]
+    """The config's units that `up` starts with the builtin engine."""
+    return _local(config, plan, "builtin")
 
 
 def event_units(config: Config, plan: Plan) -> list[UnitConfig]:
-    """The local units that can publish KV events, builtin and vLLM, in config order."""
-    local = {u.id for u in [*vllm_units(config, plan), *builtin_units(config, plan)]}
-    return [u for u in config.units if u.id in local]
+    """The local units that can publish KV events: builtin and vLLM."""
+    return _local(config, plan, "builtin", "vllm")
 
 
 def publishing_here(config: Config, plan: Plan) -> list[UnitConfig]:
@@ -110,7 +113,7 @@ def tokenizer_path(folder: Path, unit_id: str) -> Path:
 def gguf_units(config: Config, plan: Plan) -> list[UnitConfig]:
     """The local builtin units whose model is a GGUF file (the packaged SmolLM2 or a .gguf
     path) that publish KV events: `up` writes their tokenizer's files for the gateway (their
-    prompt ids are the engine's: tests/engine/test_up_plan.py checks it)."""
+    prompt ids are the engine's: tests/engine/test_up_tokenizers.py checks it)."""
     return [
         u
         for u in builtin_units(config, plan)
