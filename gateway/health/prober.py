@@ -118,6 +118,7 @@ class UnitProber:
     async def probe_round(self) -> Round:
         h = self.config
         started = asyncio.get_running_loop().time()
+        idle = self.unit.inflight == 0  # no stream of ours that could show progress
         own_then: list[int] = []
 
         async def leader() -> NodeReport:
@@ -130,10 +131,10 @@ class UnitProber:
             return report
 
         canary_error: str | None = None
-        if h.canary_every and self.rounds % h.canary_every == 0:
-            model = self.unit.config.served_model or self.unit.models[0]
+        due = self._model() if h.canary_every and self.rounds % h.canary_every == 0 else None
+        if due is not None:
             canary_error, reports = await asyncio.gather(
-                canary(self.pool, self.leader, model, h.canary_timeout, self.extra),
+                canary(self.pool, self.leader, due, h.canary_timeout, self.extra),
                 self._all(leader()),
             )
         elif len(self.probes) == 1:  # a lone leader (a `vllm serve`): no task to gather
@@ -145,8 +146,15 @@ class UnitProber:
         # Asked only when it matters: a round whose problems are all timeouts.
         since = None if reports[0].timed_out else started  # followers only: fresh progress
         flowing = any(r.timed_out for r in reports) and self.traffic(self.unit.id, now, since)
+        # A canary sent with the probes answers for the whole gang; else one may be asked now.
+        asked = due is not None and canary_error is None
+        model = None if due is not None else self._model()
+        if model is not None and self.verdict.wants_canary(reports, flowing, idle):
+            canary_error = await canary(self.pool, self.leader, model, h.canary_timeout, self.extra)
+            asked = canary_error is None
+            now = asyncio.get_running_loop().time()
         lag = self.lagging(self.unit.id)
-        result = self.verdict.observe(reports, now, canary_error, flowing, lag)
+        result = self.verdict.observe(reports, now, canary_error, flowing, lag, asked)
         self._record_nodes(reports, result.nodes)
         if own_then:
             first = reports[0]
@@ -154,6 +162,10 @@ class UnitProber:
         if result.flip is not None:
             self._apply(result.flip)
         return result
+
+    def _model(self) -> str | None:
+        """The model a canary asks for; None while the unit's models are not known."""
+        return self.unit.config.served_model or next(iter(self.unit.models), None)
 
     def _all(self, leader: Coroutine[Any, Any, NodeReport]) -> Future[list[NodeReport]]:
         """The leader's probe and every follower's, concurrently."""

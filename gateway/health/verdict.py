@@ -182,11 +182,13 @@ class GangVerdict:
         canary: str | None = None,
         flowing: bool = False,
         lagging: str | None = None,
+        asked: bool = False,
     ) -> Round:
         """`reports[rank]` for every node; `canary` is a failed canary's error, if one ran;
         `flowing` whether the unit's live traffic is arriving at its own pace right now;
         `lagging` why its learned latency lags the fleet's, if it does (a round that finds
-        nothing else wrong is then slow, for that reason)."""
+        nothing else wrong is then slow, for that reason); `asked` whether a canary sent
+        after the probes went out answered (`wants_canary`)."""
         nodes = tuple(self._node_problem(rank, r) for rank, r in enumerate(reports))
         bad = [f"{self.labels[rank]}: {p}" for rank, p in enumerate(nodes) if p is not None]
         hard = any(p is not None and not r.timed_out for p, r in zip(nodes, reports, strict=True))
@@ -212,7 +214,12 @@ class GangVerdict:
             and now - self.flowed_at <= self.slow_grace
         )
         working = leader.timed_out and engine_working(leader, now, self.report_window)
-        why = "its traffic flows" if traffic else "its engine reports work moving"
+        if traffic:
+            why = "its traffic flows"
+        elif asked:
+            why, traffic = "a canary completion answered", True
+        else:
+            why = "its engine reports work moving"
         if problem is None:  # nothing wrong with its nodes: slow only if its latency lags
             outcome = Outcome.GOOD if lagging is None else Outcome.SLOW
             flip = self._flip(outcome, False, "", lagging or "")
@@ -224,6 +231,21 @@ class GangVerdict:
             problem = f"{problem}; no live traffic on the unit{witness} to vouch for it"
         slow = f"probes time out while {why}: {problem}"
         return Round(nodes, problem, outcome, hard, self._flip(outcome, hard, problem, slow))
+
+    def wants_canary(self, reports: Sequence[NodeReport], flowing: bool, idle: bool) -> bool:
+        """Whether to ask the unit directly before judging this round: a follower's probe
+        timed out while its leader answered, on a unit already `slow` that had no stream of
+        ours in flight when the probes went out (`idle`), and nothing else is wrong. Such a
+        unit cannot show progress since the probes went out, because its slow weight itself
+        starves it of new streams (CI saw it: a wave of streams with none on the slow unit,
+        then ejected for "no live traffic"); a 1-token completion needs every node, so its
+        answer vouches for the follower, and its failure is hard evidence. A unit with
+        streams in flight that made no progress is judged by them, at once."""
+        if self.machine.state is not Health.SLOW or flowing or not idle:
+            return False
+        if reports[0].timed_out or not any(r.timed_out for r in reports[1:]):
+            return False
+        return all(r.timed_out or self._node_problem(k, r) is None for k, r in enumerate(reports))
 
     def _flip(self, outcome: Outcome, hard: bool, problem: str, slow: str = "") -> Flip | None:
         """`slow`: the reason a move to `slow` gives."""

@@ -125,6 +125,47 @@ async def test_the_canary_runs_every_kth_round_on_the_leader(rigs: Build) -> Non
         assert failed.problem.startswith("canary completion failed: HTTP 500")
 
 
+async def test_an_idle_slow_unit_whose_follower_is_silent_is_asked_with_a_canary(
+    rigs: Build,
+) -> None:
+    """A slow unit starved of streams by its slow weight cannot show progress: with nothing of
+    ours in flight as the probes went out, a silent follower's round asks the leader for a
+    token. An answer keeps the unit slow; a failed one ejects it at once, as hard evidence.
+    With streams in flight, no canary: they are the evidence."""
+    leader, follower = Node(0), Node(1)
+
+    async def silent() -> None:
+        await asyncio.sleep(0.5)
+
+    follower.before = silent
+    async with served(leader, follower) as urls:
+        rig = rigs(urls, timeout=0.1, fall=2, canary_timeout=1.0)
+        flows = [True, True]
+        rig.prober.traffic = lambda unit, now, since=None: flows.pop(0) if flows else False
+        rig.unit.inflight = 2
+        for _ in range(2):  # traffic flows: slow, no canary
+            assert (await rig.prober.probe_round()).outcome is Outcome.SLOW
+        assert rig.unit.health is Health.SLOW and leader.completions == []
+        rig.unit.inflight = 0  # a wave with none of its streams on the slow unit
+        for n in (1, 2, 3):
+            asked = await rig.prober.probe_round()
+            assert asked.outcome is Outcome.SLOW and len(leader.completions) == n
+        assert rig.unit.health is Health.SLOW
+        assert asked.problem is not None and "no answer within 100 ms" in asked.problem
+        rig.unit.inflight = 1  # a stream in flight that shows no progress: judged by it
+        stalled = await rig.prober.probe_round()
+        assert stalled.outcome is Outcome.BAD and len(leader.completions) == 3
+        rig.unit.inflight = 0
+        leader.completion_status = 500
+        failed = await rig.prober.probe_round()
+        assert failed.outcome is Outcome.BAD and failed.hard and len(leader.completions) == 4
+        assert rig.unit.health is Health.UNHEALTHY
+        rig.unit.inflight = 0
+        follower.before = None  # not slow: no canary on an unhealthy unit either
+        await rig.prober.probe_round()
+        assert len(leader.completions) == 4
+
+
 async def test_a_flip_for_a_unit_removed_meanwhile_is_not_applied(rigs: Build) -> None:
     async with served(Node(0)) as urls:
         rig = rigs(urls)

@@ -133,6 +133,35 @@ def test_a_followers_timeouts_get_no_grace() -> None:
     assert v.health is Health.UNHEALTHY and not v.machine.hard
 
 
+def test_an_idle_slow_units_silent_follower_is_asked_and_an_answer_vouches() -> None:
+    """A slow unit with nothing of ours in flight cannot show progress: the verdict asks for a
+    canary before judging a follower's timeout, and its answer keeps the unit slow. Traffic,
+    streams in flight, a leader's timeout (the grace's case) or hard evidence ask nothing."""
+    v = verdict()
+    silent = [ok(0), TIMEOUT, ok(2)]
+    assert not v.wants_canary(silent, flowing=False, idle=True)  # healthy: judged as before
+    for now in (0.0, 0.25):
+        v.observe(silent, now, flowing=True)
+    assert v.health is Health.SLOW
+    assert v.wants_canary(silent, flowing=False, idle=True)
+    assert not v.wants_canary(silent, flowing=True, idle=True)
+    assert not v.wants_canary(silent, flowing=False, idle=False)
+    assert not v.wants_canary([TIMEOUT, ok(1), ok(2)], flowing=False, idle=True)
+    refused = [ok(0), TIMEOUT, NodeReport(None, "connection refused")]
+    assert not v.wants_canary(refused, flowing=False, idle=True)
+    for now in (0.5, 0.75, 1.0):
+        assert v.observe(silent, now, asked=True).outcome is SLOW
+    assert v.health is Health.SLOW
+    assert [v.observe(silent, now).outcome for now in (1.25, 1.5)] == [BAD, BAD]
+    assert v.health is Health.UNHEALTHY  # not asked, nothing flowing: out as before
+    # A canary sent with the probes that answered vouches the same way, and says so.
+    fresh = verdict()
+    fresh.observe(good(), 0.0)
+    flips = [fresh.observe(silent, now, asked=True).flip for now in (0.25, 0.5)]
+    assert flips[-1] is not None and flips[-1].health is Health.SLOW
+    assert flips[-1].reason.startswith("probes time out while a canary completion answered")
+
+
 def test_the_slow_grace_scales_with_the_slow_units_share_of_traffic() -> None:
     assert HealthConfig().slow_grace() == pytest.approx(3.0)  # 1 s / 0.25 = 4 s in all
     assert HealthConfig(traffic_window=2.0, slow_weight=0.5).slow_grace() == pytest.approx(2.0)
