@@ -29,13 +29,17 @@ class TokenOutOfVocab(ValueError):
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """`n` choices of one prompt (one prefill, shared); `grammar`, when set, constrains every
-    choice (llguidance grammar text the server has checked against the engine's tokenizer)."""
+    choice (llguidance grammar text the server has checked against the engine's tokenizer).
+    `announce_start`: the engine yields `STARTED` once the request leaves its queue and its
+    prompt is first fed to the model (a tied request's signal: the server sends its answer's
+    head then); an engine that cannot tell never yields it."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     n: int = 1
     grammar: str | None = None
+    announce_start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,11 @@ class TokenEvent:
     cached_tokens: int = 0
 
 
+# Yielded once by `Engine.generate` for a request with `announce_start`, before its first
+# token: the request left the queue and its prompt is being fed. Compared by identity.
+STARTED = TokenEvent("", None, "", False, None, 0, 0)
+
+
 class Engine(Protocol):
     """What the leader server needs from an engine backend (builtin or vLLM)."""
 
@@ -80,8 +89,8 @@ class Engine(Protocol):
         tokens (the server turns it into a 400 before anything is queued)."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Events until every choice's finished=True; raises ValueError for a request it
-        refuses."""
+        """Events until every choice's finished=True (and `STARTED` first, if the request
+        asked and the engine can tell); raises ValueError for a request it refuses."""
         ...
 
     def abort(self, request_id: str) -> None:

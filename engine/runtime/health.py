@@ -29,9 +29,20 @@ Snapshot = Callable[[], Mapping[str, Any]]
 class NodeStats:
     """One writer (the compute thread), many readers (health handlers), one lock."""
 
-    def __init__(self, role: str, unit: str, rank: int, kv_slots_total: int) -> None:
+    def __init__(
+        self, role: str, unit: str, rank: int, kv_slots_total: int, tied: bool = False
+    ) -> None:
+        """`tied`: the leader answers a tied request's head once it starts (the server's
+        `x-unitgate-tied`), and says so as `tied_requests` for the gateway to rely on."""
         self._lock = threading.Lock()
-        self._fixed = {"role": role, "unit": unit, "rank": rank, "pid": os.getpid()}
+        self._fixed: dict[str, Any] = {
+            "role": role,
+            "unit": unit,
+            "rank": rank,
+            "pid": os.getpid(),
+        }
+        if tied:
+            self._fixed["tied_requests"] = True
         self._kv_total = kv_slots_total
         self._step = 0
         self._pending = 0

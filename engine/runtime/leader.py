@@ -25,10 +25,17 @@ from typing import Any
 
 import torch
 
-from engine.api import GenerationRequest, TokenEvent, TokenOutOfVocab
+from engine.api import STARTED, GenerationRequest, TokenEvent, TokenOutOfVocab
 from engine.model import Tokenizer
 from engine.prefixcache import CacheEvent
-from engine.runtime.choices import Abort, Choice, Tracked, draw, final_event, token_event
+from engine.runtime.choices import (
+    Abort,
+    Choice,
+    Tracked,
+    draw,
+    final_event,
+    token_event,
+)
 from engine.runtime.constraints import Constraints
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
@@ -92,7 +99,7 @@ class LeaderEngine:
         self._publish_events = publish_events
         on_event = None if publish_events is None else self._events.append
         self.scheduler = Scheduler(self._config, tokenizer.stop_ids, tokenizer.decode, on_event)
-        self.stats = NodeStats("leader", unit, model.tp.rank, slots)
+        self.stats = NodeStats("leader", unit, model.tp.rank, slots, tied=True)
         self._model, self._tokenizer, self._name = model, tokenizer, model_name
         self._heartbeat_s, self._teardown, self._send = heartbeat_s, teardown, send_step
         self._on_step = on_step
@@ -101,6 +108,9 @@ class LeaderEngine:
         self._refusal: str | None = None  # why new requests are refused; engine thread writes
         self._ids = itertools.count()
         self._live: dict[int, Choice] = {}  # engine thread only, by seq_id
+        # The sequences of requests that asked to hear when they start (announce_start) and
+        # have not yet; engine thread only.
+        self._unstarted: dict[int, Tracked] = {}
         self._by_name: dict[str, Tracked] = {}  # engine thread only
         self._outbox: Outbox[TokenEvent] = Outbox()  # engine thread only
         self._unpublished: dict[int, Sampled] | None = None  # the last step's tokens
@@ -270,7 +280,20 @@ class LeaderEngine:
         item.open = len(item.members)
         for member in item.members:
             self._live[member.seq.seq_id] = member
+            if request.announce_start:
+                self._unstarted[member.seq.seq_id] = item
         self._by_name[request.request_id] = item
+
+    def _announce(self, batch: ScheduledBatch) -> None:
+        """Tell each request that asked and whose prompt this step first feeds that it has
+        started: the event goes out with the last step's tokens, as the forward begins."""
+        if not self._unstarted:
+            return
+        for s in batch.seqs:
+            item = self._unstarted.pop(s.seq_id, None)
+            if item is not None and not item.started:
+                item.started = True
+                self._outbox.put(item.loop, item.sink.put_nowait, STARTED)
 
     @property
     def _slots_used(self) -> int:
@@ -288,6 +311,7 @@ class LeaderEngine:
             self._send(msg, self._model.tp.group)
         members = [self._live[seq_id] for seq_id in batch.sampled_ids]
         masks = self._constraints.start_masks([m.matcher for m in members])
+        self._announce(batch)
         # The last step's tokens go out now, while the followers receive this step's message:
         # between the forward and the send they would delay the whole unit (see Outbox).
         self._publish()
@@ -355,6 +379,7 @@ class LeaderEngine:
         """A choice has had its final event; the request is forgotten with its last choice."""
         if self._live.pop(member.seq.seq_id, None) is None:
             return
+        self._unstarted.pop(member.seq.seq_id, None)
         item = member.item
         item.open -= 1
         if item.open == 0:

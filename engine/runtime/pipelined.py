@@ -77,6 +77,7 @@ class PipelinedLeader(LeaderEngine):
         self._send(msg, self._stage.tp.group)
         members = [self._live[seq_id] for seq_id in batch.sampled_ids]
         masks = self._constraints.start_masks([m.matcher for m in members])
+        self._announce(batch)
         self._publish()
         with self._stage.cache.stepping(batch.tables, batch.forks):  # this stage's part
             self._stage.start(entries)

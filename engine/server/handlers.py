@@ -2,6 +2,12 @@
 
 The first engine event is awaited before any byte is sent, so a refusal or an engine failure
 can still be an honest HTTP status (400/503) instead of a broken 200 stream.
+
+A streamed request marked `x-unitgate-tied: 1` is one of two copies a gateway sent to two
+units at once: its answer's head goes out when the engine starts it (its prompt first fed),
+before its first token, and the gateway cancels the other copy on the first head it gets,
+most often before that copy left its unit's queue. A refusal still comes as an HTTP status
+(it is known before the start); a failure after the start comes as an SSE error event.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from engine.api import Engine, GenerationRequest, TokenEvent
+from engine.api import STARTED, Engine, GenerationRequest, TokenEvent
 from engine.runtime import node_metrics
 from engine.runtime.health import read_report
 from engine.server.errors import ApiError, engine_failed, json_response, refused
@@ -26,6 +32,7 @@ from engine.server.wire import DONE, Bodies, sse
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _GOOD_ENDINGS = ("stop", "length")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+TIED = "x-unitgate-tied"  # "1": send the answer's head when the request starts
 
 
 class EngineCall:
@@ -106,13 +113,21 @@ class Handlers:
         bodies = Bodies(
             parsed, prefix + rid, int(time.time()), self.engine.model_name, self.token_bytes
         )
+        tied = parsed.stream and request.headers.get(TIED, "").strip() == "1"
         generation = GenerationRequest(
-            rid, parsed.prompt_ids, parsed.params, n=parsed.n, grammar=parsed.grammar
+            rid,
+            parsed.prompt_ids,
+            parsed.params,
+            n=parsed.n,
+            grammar=parsed.grammar,
+            announce_start=tied,
         )
         call = EngineCall(self.engine, generation, parsed.prompt_param)
         self.live.add(rid)
         try:
             first = await call.next()
+            if first is STARTED:
+                return await self._started(request, bodies, call)
             if parsed.stream:
                 return await self._stream(request, bodies, call, first)
             return await self._collect(bodies, call, first)
@@ -130,15 +145,38 @@ class Handlers:
             rid = f"{rid}-{uuid.uuid4().hex[:8]}"
         return rid
 
-    async def _stream(
-        self, request: web.Request, bodies: Bodies, call: EngineCall, event: TokenEvent
+    async def _started(
+        self, request: web.Request, bodies: Bodies, call: EngineCall
     ) -> web.StreamResponse:
-        """One SSE event per chunk; a mid-stream failure ends with an error event, no [DONE],
-        so a client (and the gateway) can tell a truncated answer from a finished one."""
+        """A tied request started: its head now, its first token when it comes."""
+        response = await self._head(request, call)
+        try:
+            first = await call.next()
+        except ApiError as exc:
+            with contextlib.suppress(ConnectionResetError):  # the client may have left
+                await response.write(sse(exc.payload()))
+            return response
+        return await self._stream(request, bodies, call, first, response)
+
+    async def _head(self, request: web.Request, call: EngineCall) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={**SSE_HEADERS, "x-request-id": call.request.request_id}
         )
-        await response.prepare(request)
+        await response.prepare(request)  # aiohttp sends a stream's head at once
+        return response
+
+    async def _stream(
+        self,
+        request: web.Request,
+        bodies: Bodies,
+        call: EngineCall,
+        event: TokenEvent,
+        response: web.StreamResponse | None = None,
+    ) -> web.StreamResponse:
+        """One SSE event per chunk; a mid-stream failure ends with an error event, no [DONE],
+        so a client (and the gateway) can tell a truncated answer from a finished one."""
+        if response is None:
+            response = await self._head(request, call)
         payloads = bodies.opening()
         try:
             while True:
