@@ -94,6 +94,7 @@ class UnitState:
         "revision",
         "scale",
         "serves",
+        "tied",
         "token_ids",
         "weight",
         "why_idle",
@@ -138,6 +139,9 @@ class UnitState:
         # Whether the unit's leader returns token ids (learned from its streams; None until
         # one has run): without them its broken streams cannot be resumed elsewhere.
         self.token_ids: bool | None = None
+        # Whether its leader answers a tied request's head when it starts it (its health
+        # report says so; set by the prober): hedging may send it both copies at once.
+        self.tied = False
         self.nodes = [
             NodeStatus(url, rank, "leader" if rank == 0 else "follower")
             for rank, url in enumerate(config.nodes)

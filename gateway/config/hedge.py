@@ -35,6 +35,12 @@ class HedgeConfig:
     max_queued: int = 0
     max_unroutable_share: float = 0.25
     max_failure_rate: float = 0.1
+    # Tied requests: where the first unit and another announce when they start a request
+    # (builtin engines do), a twin goes if the first has not started within `tie_delay`
+    # seconds, and the first to start wins; the other is closed, most often before its
+    # prefill. False: such units are hedged after the delay.
+    tie: bool = True
+    tie_delay: float = 0.05
 
     def __post_init__(self) -> None:
         check(
@@ -57,6 +63,12 @@ class HedgeConfig:
             "must be 1..3600 s",
         )
         check(self.max_queued >= 0, "max_queued", self.max_queued, "must be >= 0")
+        check(
+            0.0 <= self.tie_delay < math.inf,
+            "tie_delay",
+            self.tie_delay,
+            "must be >= 0 and finite seconds",
+        )
         for name in ("max_unroutable_share", "max_failure_rate"):
             value = getattr(self, name)
             check(0.0 <= value <= 1.0, name, value, "must be 0..1")

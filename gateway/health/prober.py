@@ -179,6 +179,9 @@ class UnitProber:
             node.latency_ms = report.latency_ms
             node.step, node.pending, node.pid = report.step, report.pending, report.pid
             node.kv_usage = report.kv_usage
+        leader = reports[0]
+        if leader.error is None:  # what a leader that answered says of itself
+            self.unit.tied = leader.tied
             if problem is not None:
                 self.signals.probe_failed(self.unit.id, node.rank)
 

@@ -37,3 +37,6 @@ class NodeReport:
     # requests running or waiting and progress changed since the report before; None when it
     # did not, or there is none. Carried as read, never restamped: its age is the verdict's.
     busy_at: float | None = None
+    # The leader answers a tied request's head when its engine starts it (a builtin engine's
+    # `tied_requests`): hedging may send such a unit both copies at once (proxy/dispatch.py).
+    tied: bool = False

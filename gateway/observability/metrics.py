@@ -77,8 +77,9 @@ class Metrics:
         )
         self.hedges = Counter(
             "unitgate_hedges",
-            "Hedged requests' second copies, by priority class and outcome: fired (sent),"
-            " first or second (whose answer began first), refused_budget, refused_overloaded,"
+            "Hedged requests' second copies, by priority class and outcome: fired (sent after"
+            " the delay), tied (sent at once, to units that announce their starts), first or"
+            " second (whose answer began first), refused_budget, refused_overloaded,"
             " refused_no_unit (not sent). A hedge is not a retry: unitgate_retries does not"
             " count them.",
             ["class", "outcome"],
@@ -88,7 +89,8 @@ class Metrics:
             "unitgate_hedge_prefill_tokens",
             "Uncached prompt tokens, by priority class and kind: base (every request's first"
             " copy, with hedging on: the budget's base), sent (the second copies', what the"
-            " budget counts) and wasted (the cancelled copies'). sent over base, over the"
+            " budget counts; a tied twin's only if it started) and wasted (the cancelled"
+            " copies'; a tied pair's loser's only if it started). sent over base, over the"
             " budget's window, is the budget's use against [hedge].budget_share.",
             ["class", "kind"],
             registry=r,

@@ -16,6 +16,7 @@ from gateway.observability.histogram import Histogram
 from gateway.observability.metrics import Metrics
 from gateway.outcomes import End, Failure, Resumption
 from gateway.proxy.call import Call
+from gateway.proxy.hedging import TIED
 from gateway.signals import Observer
 from gateway.units import UnitState
 
@@ -87,7 +88,7 @@ class MetricsObserver(Observer[Call]):
 
     def hedged(self, call: Call, first: UnitState, second: UnitState, tokens: int) -> None:
         klass = call.lease.ask.klass
-        self.m.hedges.labels(klass, "fired").inc()
+        self.m.hedges.labels(klass, TIED if call.hedge == TIED else "fired").inc()
         self.m.hedge_tokens.labels(klass, "sent").inc(tokens)
 
     def hedge_refused(self, call: Call, reason: str) -> None:
@@ -100,6 +101,8 @@ class MetricsObserver(Observer[Call]):
         klass = call.lease.ask.klass
         self.m.hedges.labels(klass, "second" if second else "first").inc()
         self.m.hedge_tokens.labels(klass, "wasted").inc(wasted)
+        if wasted and call.hedge.startswith(TIED):  # a tied twin is charged once it started
+            self.m.hedge_tokens.labels(klass, "sent").inc(wasted)
 
     def first_byte(self, call: Call, unit: UnitState, ttft: float) -> None:
         # A streamed answer's first bytes are its first event, sent once the unit made its

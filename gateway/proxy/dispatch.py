@@ -18,7 +18,17 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest, Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
-from gateway.proxy.hedging import FIRST, SECOND, Hedger, cancelled, first_of, unused
+from gateway.proxy.hedging import (
+    FIRST,
+    SECOND,
+    TIED,
+    TIED_LINE,
+    Hedger,
+    Starts,
+    cancelled,
+    first_of,
+    unused,
+)
 from gateway.proxy.lease import Lease
 from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
@@ -157,10 +167,13 @@ class Dispatcher:
 
     async def _hedged(self, call: Call, hedger: Hedger) -> tuple[UnitState, Answer]:
         """The first copy; if its answer has not begun after the delay, a second copy on
-        another unit, and the answer that begins first (hedging.py)."""
+        another unit, and the answer that begins first (hedging.py). A unit that announces
+        its starts gets a tied pair instead."""
         unit = await self._admit(call)
+        if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
+            return await self._tied(call, hedger, unit)
         placed, routed = call.placed, call.routed
-        mine = max(self._prompt_tokens(call) - (0 if placed is None else placed.cached), 0)
+        mine = self._uncached(call)
         first = asyncio.ensure_future(self._send(call, unit, call.lease, placed, routed))
         try:
             predicted = None if placed is None else placed.predicted
@@ -172,35 +185,115 @@ class Dispatcher:
                 return await first
             other, task, lease, tokens = twin
             self.signals.hedged(call, unit, other, tokens)
-            (won, answer), second = await first_of(first, task, _begun)
+            (_, answer), second = await first_of(first, task, _begun)
         finally:
             await cancelled(first)
-        late = unused(first if second else task)
+        wasted = mine if second else tokens
+        return self._settle(call, (first, task), (unit, other), lease, second, answer, wasted)
+
+    async def _tied(self, call: Call, hedger: Hedger, unit: UnitState) -> tuple[UnitState, Answer]:
+        """Both copies marked tied, to units that announce their starts: unless the first
+        starts within `tie_delay`, the twin goes and the first to start its copy wins; the
+        other copy is closed, most often while it still waits in its unit's queue. Only a
+        loser that had started too wasted its prefill (hedging.py)."""
+        starts = Starts()
+        placed, routed = call.placed, call.routed
+        mine = self._uncached(call)
+        first = asyncio.ensure_future(
+            self._send(call, unit, call.lease, placed, routed, starts.hook(0))
+        )
+        try:
+            # The first copy's own chance to start: an idle unit starts it within a step, and
+            # a twin sent meanwhile would start too and waste its prefill.
+            if await starts.first((first,), hedger.config.hedge.tie_delay) is not None:
+                return await first
+            if first.done():
+                return first.result()
+            twin = self._twin(call, unit, hedger, starts.hook(1))
+            if twin is None:
+                return await first
+            other, task, lease, tokens = twin
+            call.hedge = TIED
+            self.signals.hedged(call, unit, other, 0)
+            try:
+                copy = await starts.first((first, task))
+                if copy is None:  # one ended unstarted: the other runs on, as in a hedge's race
+                    (_, answer), second = await first_of(first, task, _begun)
+                else:
+                    second = copy == 1
+                    await cancelled(first if second else task)
+                    _, answer = await (task if second else first)
+            finally:
+                await cancelled(task)
+        finally:
+            await cancelled(first)
+        wasted = 0
+        if len(starts.order) > 1:  # the loser had started too: its prefill ran
+            wasted = mine if second else tokens
+            hedger.hedging.spend(wasted, asyncio.get_running_loop().time())
+        return self._settle(call, (first, task), (unit, other), lease, second, answer, wasted)
+
+    def _settle(
+        self,
+        call: Call,
+        copies: tuple[asyncio.Task[tuple[UnitState, Answer]], ...],
+        units: tuple[UnitState, UnitState],
+        lease: Lease,
+        second: bool,
+        answer: Answer,
+        wasted: int,
+    ) -> tuple[UnitState, Answer]:
+        """A hedged request's race is decided: the loser's answer, if it began too, closed;
+        the winner's slot made the request's; the observers told."""
+        first, twin = copies
+        late = unused(first if second else twin)
         if late is not None:  # the loser's answer began too: closed, the unit stops it
             self.upstream.finish(late[1])
             (call.lease if second else lease).drop()
-        call.hedge = SECOND if second else FIRST
+        which = SECOND if second else FIRST
+        call.hedge = f"{TIED} {which}" if call.hedge == TIED else which
         if second:  # the second copy's slot is the request's now
             call.lease.drop()
             call.lease.unit, lease.unit = lease.unit, None
-        wasted = mine if second else tokens
         call.placed, call.routed = answer.placed, answer.routed
-        self.signals.hedge_ended(call, won, unit if second else other, second, wasted)
+        won, lost = units[::-1] if second else units
+        self.signals.hedge_ended(call, won, lost, second, wasted)
         return won, answer
 
+    def _tie_partner(self, call: Call, first: UnitState) -> bool:
+        """Whether another routable unit announces its starts (else: the delayed hedge)."""
+        return any(u.tied and u is not first for u in self._routable(call))
+
+    def _uncached(self, call: Call) -> int:
+        """The request's uncached prompt tokens where it is placed now (its first copy's:
+        asked before a second copy is sent, which places the call anew)."""
+        placed = call.placed
+        return max(self._prompt_tokens(call) - (0 if placed is None else placed.cached), 0)
+
     def _twin(
-        self, call: Call, first: UnitState, hedger: Hedger
+        self,
+        call: Call,
+        first: UnitState,
+        hedger: Hedger,
+        on_head: Callable[[int], None] | None = None,
     ) -> tuple[UnitState, asyncio.Task[tuple[UnitState, Answer]], Lease, int] | None:
         """The second copy, sent now to the best unit but `first` (one in another cell if
         any: a cell's stragglers are correlated), on a slot free now; None if the budget, the
-        overload rule or a full fleet says no (told to the observers)."""
+        overload rule or a full fleet says no (told to the observers). With `on_head`, a tied
+        copy: only to a unit that announces its starts, and charged to the budget only if it
+        starts too (by the caller)."""
         now = asyncio.get_running_loop().time()
         prompt = self._prompt_tokens(call)
         cached: Mapping[str, int] = {}
+        tied = on_head is not None
 
         def pick() -> UnitState | None:
             nonlocal cached
-            others = [u for u in self._routable(call) if u is not first and u not in call.tried]
+            others = [
+                u
+                for u in self._routable(call)
+                if u is not first and u not in call.tried and (u.tied or not tied)
+            ]
             away = [u for u in others if u.cell != first.cell]
             pool = tuple(away or others)
             if not pool:
@@ -214,16 +307,17 @@ class Dispatcher:
         lease = Lease(self.admission)
         lease.ask = call.lease.ask
         tokens = prompt  # the second copy's prefill, until its unit's cache is known
-        why = hedger.refusal(call, tokens, now)
+        why = hedger.refusal(call, 0 if tied else tokens, now)
         unit = None if why is not None else self.admission.try_acquire(pick, lease.ask)
         if unit is None:
             self.signals.hedge_refused(call, why or "no_unit: no other unit has a free slot")
             return None
         lease.unit = unit
         tokens = max(prompt - cached.get(unit.id, 0), 0)
-        hedger.hedging.spend(tokens, now)
+        if not tied:
+            hedger.hedging.spend(tokens, now)
         placed = None if self.forecast is None else Placed(unit.id, prompt, prompt - tokens, None)
-        task = asyncio.ensure_future(self._send(call, unit, lease, placed, "hedge"))
+        task = asyncio.ensure_future(self._send(call, unit, lease, placed, "hedge", on_head))
         return unit, task, lease, tokens
 
     def _prompt_tokens(self, call: Call) -> int:
@@ -237,10 +331,17 @@ class Dispatcher:
         return max(len(ids), by_bytes) if call.partial else len(ids)
 
     async def _send(
-        self, call: Call, unit: UnitState, lease: Lease, placed: Placed | None, routed: str
+        self,
+        call: Call,
+        unit: UnitState,
+        lease: Lease,
+        placed: Placed | None,
+        routed: str,
+        on_head: Callable[[int], None] | None = None,
     ) -> tuple[UnitState, Answer]:
         """One attempt on `unit`, whose slot `lease` holds, placed as `placed` (the forecast's
-        view; each observer reads it from the call as the attempt's events come)."""
+        view; each observer reads it from the call as the attempt's events come). With
+        `on_head`, a tied copy: marked so, and `on_head` hears its head's status."""
         loop = asyncio.get_running_loop()
         if lease is call.lease and call.attempts == 0 and self.hedger is not None:
             held = 0 if placed is None else placed.cached
@@ -267,9 +368,10 @@ class Dispatcher:
                 call.rid,
                 first_byte_at,
                 call.traceparent,
-                unit.extra_head,
+                unit.extra_head if on_head is None else unit.extra_head + TIED_LINE,
                 unit.config,
                 call.method,
+                on_head,
             )
         except BaseException as exc:
             lease.drop()

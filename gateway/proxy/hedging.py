@@ -7,6 +7,15 @@ only once an answer's first body bytes are in, and nothing reaches the client be
 return: the loser is cancelled before it could send the client a byte, and its connection is
 closed, which is how vLLM and the builtin engine hear that a request was aborted.
 
+Tied requests ("The Tail at Scale"): a builtin engine's leader says in its health that it
+answers a request marked `x-unitgate-tied: 1` with its head as soon as its engine starts it
+(leaves the queue, its prompt fed), before its first token. Where the first unit and another
+both do, both copies are marked; unless the first starts within `tie_delay` (an idle unit
+does, and a twin would then start too and waste its prefill), the twin goes at once and the
+first head (a 200) wins: the other copy is closed then, most often while it still waits in its
+unit's queue, so it costs no prefill. Only a twin that had started too counts against the
+budget (as wasted).
+
 Who may be hedged: a resumable stream (streamed chat or completions with n = 1: after its first
 byte, a failure is resumed, never hedged), whose class hedges (`[[priority.classes]] hedge`,
 or `[hedge].enabled` without `[priority]`), and whose client did not send
@@ -27,6 +36,8 @@ from gateway.units import UnitRegistry
 
 HEADER = "x-unitgate-hedge"  # "off": this request is not hedged
 FIRST, SECOND = "first", "second"  # which copy's answer the client got (call.hedge)
+TIED = "tied"  # call.hedge while a tied pair races; then "tied first" or "tied second"
+TIED_LINE = b"x-unitgate-tied: 1\r\n"  # a tied copy's header: its head comes at its start
 
 T = TypeVar("T")
 
@@ -81,6 +92,39 @@ async def first_of(
         return first.result(), False  # both failed: the first's error is raised here
     finally:
         await cancelled(first, second)
+
+
+class Starts:
+    """The order in which a tied pair's copies started: their units sent a 200 head."""
+
+    def __init__(self) -> None:
+        self.order: list[int] = []  # 0: the first copy, 1: the twin
+        self._woke = asyncio.Event()
+
+    def hook(self, copy: int) -> Callable[[int], None]:
+        """What copy `copy`'s upstream calls with its answer's status when its head came."""
+
+        def on_head(status: int) -> None:
+            if status == 200:
+                self.order.append(copy)
+                self._woke.set()
+
+        return on_head
+
+    async def first(
+        self, copies: tuple[asyncio.Task[T], ...], within: float | None = None
+    ) -> int | None:
+        """Until a copy started (returns which), one ended without starting (None: it
+        failed, or answered with another status; any other runs on alone), or `within`
+        seconds passed (None)."""
+        waiter = asyncio.ensure_future(self._woke.wait())
+        try:
+            await asyncio.wait(
+                {*copies, waiter}, timeout=within, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiter.cancel()
+        return self.order[0] if self.order else None
 
 
 def unused(task: asyncio.Task[T]) -> T | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.config import Config, UnitConfig
@@ -86,9 +87,11 @@ class UpstreamClient:
         extra: bytes = b"",
         unit: UnitConfig | None = None,
         method: str = "POST",
+        on_head: Callable[[int], None] | None = None,
     ) -> Answer:
         """Send the request; by `first_byte_at` the first body bytes (or all of them) must be in.
-        An https:// unit is reached with `unit`'s TLS settings (its CA, its client certificate)."""
+        An https:// unit is reached with `unit`'s TLS settings (its CA, its client certificate).
+        `on_head` hears the answer's status as soon as its head is in (a tied copy's start)."""
         endpoint = self._endpoint(base_url, unit)
         conn: UpstreamConnection | None = None
         reserved = False
@@ -101,6 +104,9 @@ class UpstreamClient:
                     endpoint, path, len(body), request_id, traceparent, extra, method
                 )
                 conn.send(head, body)
+                if on_head is not None:
+                    await conn.wait_for(lambda: conn.head_done)
+                    on_head(conn.status)
                 await conn.wait_for(lambda: _ready(conn))
             return self._answer(unit_id, endpoint, conn)
         except BaseException as exc:

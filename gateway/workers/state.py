@@ -66,6 +66,7 @@ def _unit(unit: UnitState) -> dict[str, Any]:
         "cap": unit.cap,
         "bits": {bit: getattr(unit, bit) for bit in BITS},
         "reasons": dict(unit.reasons),
+        "tied": unit.tied,
     }
 
 
@@ -82,6 +83,7 @@ def apply(registry: UnitRegistry, message: dict[str, Any], count: int, index: in
             state = registry.add(build(UnitConfig, wire["config"], "unit"))
         cap = share(int(wire["cap"]), count, index)
         state.cap = state.configured_cap = cap
+        state.tied = bool(wire.get("tied", False))
         reasons: dict[str, str] = wire["reasons"]
         health = Health(wire["health"])
         registry.set_health(unit_id, health, reasons.get("healthy", ""), wire["hard"], WHO)

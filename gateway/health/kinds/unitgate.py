@@ -68,6 +68,7 @@ def parse_health(status: int, body: bytes, latency_ms: float) -> NodeReport:
         _int(doc, "pending"),
         _int(doc, "kv_slots_used"),
         kv_usage=_share(_int(doc, "kv_slots_used"), _int(doc, "kv_slots_total")),
+        tied=doc.get("tied_requests") is True,
     )
 
 

@@ -166,6 +166,26 @@ async def test_an_idle_slow_unit_whose_follower_is_silent_is_asked_with_a_canary
         assert len(leader.completions) == 4
 
 
+async def test_the_prober_learns_whether_the_leader_announces_its_starts(rigs: Build) -> None:
+    """A builtin leader says `tied_requests` in its health: hedging may tie requests on it.
+    What a leader that did not answer says nothing; one that answers without it does not tie."""
+    leader = Node(0)
+    async with served(leader) as urls:
+        rig = rigs(urls, timeout=0.2)
+        await rig.prober.probe_round()
+        assert rig.unit.tied is False
+        leader.doc["tied_requests"] = True
+        await rig.prober.probe_round()
+        assert rig.unit.tied is True
+        leader.status = 503  # an error says nothing of what it can do
+        await rig.prober.probe_round()
+        assert rig.unit.tied is True
+        leader.status = 200
+        del leader.doc["tied_requests"]  # replaced by a server that does not announce
+        await rig.prober.probe_round()
+        assert rig.unit.tied is False
+
+
 async def test_a_flip_for_a_unit_removed_meanwhile_is_not_applied(rigs: Build) -> None:
     async with served(Node(0)) as urls:
         rig = rigs(urls)

@@ -38,6 +38,7 @@ def test_a_worker_mirrors_every_bit_reason_and_its_cap_share() -> None:
     control.set_health("u2", Health.SLOW, "probe timeouts, traffic flows")
     control.set_bit("u0", "draining", True, "maintenance", "alice")
     control.units["u2"].cap = 3  # a breaker's trial cap
+    control.units["u0"].tied = True  # its leader announces its starts (the prober read it)
     changes: list[BitChange] = []
     worker.on_change(changes.append)
     state.apply(worker, state.encode(control, 1), count=2, index=1)
@@ -49,6 +50,7 @@ def test_a_worker_mirrors_every_bit_reason_and_its_cap_share() -> None:
             unit.draining,
         )
         assert mirror.reasons == unit.reasons
+        assert mirror.tied == unit.tied
     assert worker.units["u2"].weight == control.units["u2"].weight  # slow: lowered weight
     assert [worker.units[u].cap for u in ("u0", "u1", "u2")] == [2, 2, 1]  # 5 -> 3+2, 3 -> 2+1
     assert {c.unit.id for c in changes if c.bit == "healthy"} == {"u0", "u1", "u2"}
