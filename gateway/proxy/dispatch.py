@@ -170,14 +170,27 @@ class Dispatcher:
         another unit, and the answer that begins first (hedging.py). A unit that announces
         its starts gets a tied pair instead."""
         unit = await self._admit(call)
-        if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
-            return await self._tied(call, hedger, unit)
         placed, routed = call.placed, call.routed
         mine = self._uncached(call)
+        delay = hedger.hedging.delay(None if placed is None else placed.predicted)
+        if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
+            return await self._tied(call, hedger, unit, mine, delay)
         first = asyncio.ensure_future(self._send(call, unit, call.lease, placed, routed))
+        return await self._after_delay(call, hedger, unit, first, mine, delay)
+
+    async def _after_delay(
+        self,
+        call: Call,
+        hedger: Hedger,
+        unit: UnitState,
+        first: asyncio.Task[tuple[UnitState, Answer]],
+        mine: int,
+        delay: float,
+    ) -> tuple[UnitState, Answer]:
+        """`first`'s answer; if it has not begun after `delay` seconds, a second copy on
+        another unit, and the answer that begins first."""
         try:
-            predicted = None if placed is None else placed.predicted
-            await asyncio.wait({first}, timeout=hedger.hedging.delay(predicted))
+            await asyncio.wait({first}, timeout=max(delay, 0.0))
             if first.done():
                 return first.result()
             twin = self._twin(call, unit, hedger)
@@ -191,24 +204,29 @@ class Dispatcher:
         wasted = mine if second else tokens
         return self._settle(call, (first, task), (unit, other), lease, second, answer, wasted)
 
-    async def _tied(self, call: Call, hedger: Hedger, unit: UnitState) -> tuple[UnitState, Answer]:
+    async def _tied(
+        self, call: Call, hedger: Hedger, unit: UnitState, mine: int, delay: float
+    ) -> tuple[UnitState, Answer]:
         """Both copies marked tied, to units that announce their starts: unless the first
         starts within `tie_delay`, the twin goes and the first to start its copy wins; the
         other copy is closed, most often while it still waits in its unit's queue. Only a
-        loser that had started too wasted its prefill (hedging.py)."""
+        loser that had started too wasted its prefill (hedging.py). A first copy that started
+        at once is hedged after the delay as any other: a stall after a start (a node
+        lagging its gang) is not what a tie answers."""
         starts = Starts()
         placed, routed = call.placed, call.routed
-        mine = self._uncached(call)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         first = asyncio.ensure_future(
             self._send(call, unit, call.lease, placed, routed, starts.hook(0))
         )
         try:
             # The first copy's own chance to start: an idle unit starts it within a step, and
             # a twin sent meanwhile would start too and waste its prefill.
-            if await starts.first((first,), hedger.config.hedge.tie_delay) is not None:
-                return await first
-            if first.done():
-                return first.result()
+            tie_delay = hedger.config.hedge.tie_delay
+            if await starts.first((first,), tie_delay) is not None or first.done():
+                left = delay - (loop.time() - began)
+                return await self._after_delay(call, hedger, unit, first, mine, left)
             twin = self._twin(call, unit, hedger, starts.hook(1))
             if twin is None:
                 return await first

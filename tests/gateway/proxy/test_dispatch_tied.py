@@ -135,6 +135,32 @@ async def test_a_first_copy_that_starts_within_the_tie_delay_goes_alone(rigs: Ma
             rig.upstream.finish(answer)
 
 
+async def test_a_copy_that_started_then_stalls_is_hedged_after_the_delay(rigs: Make) -> None:
+    """a starts the request at once (no twin), then no token comes: a stall after the start
+    (a node lagging its gang), which the delayed hedge answers, as on any unit."""
+    at_b: list[Peer] = []
+
+    def start(peer: Peer, request: bytes) -> None:
+        peer.write(HEAD)  # started, and stalls before its first token
+
+    async with RawServer(start) as a, holding(at_b) as b:
+        rig, seen = tied_rig(rigs, a.url, b.url, min_delay=0.3, max_delay=0.3)
+        call = resumable(rig)
+        with call.lease:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            task = asyncio.create_task(rig.dispatcher.open(call))
+            await until(lambda: bool(at_b), 1.0, "the delayed hedge")
+            assert loop.time() - began >= 0.25  # after the delay, not the tie delay
+            assert TIED not in b.peers[0].requests[0]  # an ordinary second copy
+            at_b[0].write(HEAD + CHUNK)
+            unit, answer = await asyncio.wait_for(task, 1.0)
+            assert (unit.id, call.hedge) == ("b", "second")
+            assert [e[4] for e in seen.named("hedged")] == [""]
+            await asyncio.wait_for(a.peers[0].closed.wait(), 1.0)
+            rig.upstream.finish(answer)
+
+
 async def test_a_unit_that_does_not_announce_its_starts_gets_the_delayed_hedge(
     rigs: Make,
 ) -> None:
