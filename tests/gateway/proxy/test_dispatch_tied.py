@@ -9,7 +9,9 @@ As in test_dispatch_hedge.py, unit a is the heavier: the first copy goes to it."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
@@ -18,6 +20,7 @@ from engine.runtime.leader import LeaderEngine
 from gateway.health.kinds.unitgate import parse_health
 from gateway.proxy.call import Call
 from gateway.proxy.hedging import Starts
+from gateway.proxy.upstream import Answer
 from gateway.relay.tracker import StreamTracker
 from gateway.units import UnitState
 from tests.gateway.proxy import dispatch_support
@@ -69,51 +72,65 @@ def holding(held: list[Peer]) -> RawServer:
     return RawServer(lambda peer, request: held.append(peer))
 
 
-async def test_both_copies_go_at_once_and_the_first_to_start_wins(rigs: Make) -> None:
+@dataclass
+class Pair:
+    """Two tying units whose servers hold every request (`at_a`, `at_b`: the peers), and a
+    request's dispatch under way."""
+
+    rig: Rig
+    seen: TieRecorder
+    a: RawServer
+    b: RawServer
+    at_a: list[Peer]
+    at_b: list[Peer]
+    call: Call
+    task: asyncio.Task[tuple[UnitState, Answer]]
+
+
+@contextlib.asynccontextmanager
+async def both_sent(rigs: Make) -> AsyncIterator[Pair]:
+    """Yields once both copies reached their servers, which must be well before 0.5 s (a
+    delayed hedge would wait 1 s)."""
     at_a: list[Peer] = []
     at_b: list[Peer] = []
     async with holding(at_a) as a, holding(at_b) as b:
         rig, seen = tied_rig(rigs, a.url, b.url)
         call = resumable(rig)
         with call.lease:
-            loop = asyncio.get_running_loop()
-            began = loop.time()
             task = asyncio.create_task(rig.dispatcher.open(call))
             await until(lambda: bool(at_a and at_b), 0.5, "both copies sent, long before 1 s")
-            assert loop.time() - began < 0.5
-            assert TIED in a.peers[0].requests[0] and TIED in b.peers[0].requests[0]
-            at_b[0].write(HEAD)  # b starts its copy: a's is closed before it sent a byte
-            await asyncio.wait_for(a.peers[0].closed.wait(), 1.0)
-            assert not task.done()  # b's first token is still to come
-            at_b[0].write(CHUNK)
-            unit, answer = await asyncio.wait_for(task, 1.0)
-            assert (unit.id, answer.status, call.hedge) == ("b", 200, "tied second")
-            hedged = seen.named("hedged")
-            assert hedged == [("hedged", "a", "b", 0, "tied")]  # nothing charged up front
-            assert seen.named("won") == [("won", "b", "a", True, 0)]  # a never started
-            assert ("cancelled", "a") in seen.events
-            assert call.lease.unit is rig.unit("b") and rig.admission.inflight == 1
-            assert (rig.unit("a").inflight, rig.unit("b").inflight) == (0, 1)
-            rig.upstream.finish(answer)
-        assert rig.admission.inflight == 0
+            yield Pair(rig, seen, a, b, at_a, at_b, call, task)
+
+
+async def test_both_copies_go_at_once_and_the_first_to_start_wins(rigs: Make) -> None:
+    async with both_sent(rigs) as p:
+        rig, call = p.rig, p.call
+        assert TIED in p.a.peers[0].requests[0] and TIED in p.b.peers[0].requests[0]
+        p.at_b[0].write(HEAD)  # b starts its copy: a's is closed before it sent a byte
+        await asyncio.wait_for(p.a.peers[0].closed.wait(), 1.0)
+        assert not p.task.done()  # b's first token is still to come
+        p.at_b[0].write(CHUNK)
+        unit, answer = await asyncio.wait_for(p.task, 1.0)
+        assert (unit.id, answer.status, call.hedge) == ("b", 200, "tied second")
+        hedged = p.seen.named("hedged")
+        assert hedged == [("hedged", "a", "b", 0, "tied")]  # nothing charged up front
+        assert p.seen.named("won") == [("won", "b", "a", True, 0)]  # a never started
+        assert ("cancelled", "a") in p.seen.events
+        assert call.lease.unit is rig.unit("b") and rig.admission.inflight == 1
+        assert (rig.unit("a").inflight, rig.unit("b").inflight) == (0, 1)
+        rig.upstream.finish(answer)
+    assert rig.admission.inflight == 0
 
 
 async def test_the_first_copy_wins_when_its_unit_starts_it_first(rigs: Make) -> None:
-    at_a: list[Peer] = []
-    at_b: list[Peer] = []
-    async with holding(at_a) as a, holding(at_b) as b:
-        rig, seen = tied_rig(rigs, a.url, b.url)
-        call = resumable(rig)
-        with call.lease:
-            task = asyncio.create_task(rig.dispatcher.open(call))
-            await until(lambda: bool(at_a and at_b), 0.5, "both copies sent")
-            at_a[0].write(HEAD + CHUNK)
-            unit, answer = await asyncio.wait_for(task, 1.0)
-            assert (unit.id, call.hedge) == ("a", "tied first")
-            assert seen.named("won") == [("won", "a", "b", False, 0)]
-            await asyncio.wait_for(b.peers[0].closed.wait(), 1.0)
-            assert call.lease.unit is rig.unit("a") and rig.unit("b").inflight == 0
-            rig.upstream.finish(answer)
+    async with both_sent(rigs) as p:
+        p.at_a[0].write(HEAD + CHUNK)
+        unit, answer = await asyncio.wait_for(p.task, 1.0)
+        assert (unit.id, p.call.hedge) == ("a", "tied first")
+        assert p.seen.named("won") == [("won", "a", "b", False, 0)]
+        await asyncio.wait_for(p.b.peers[0].closed.wait(), 1.0)
+        assert p.call.lease.unit is p.rig.unit("a") and p.rig.unit("b").inflight == 0
+        p.rig.upstream.finish(answer)
 
 
 async def test_a_first_copy_that_starts_within_the_tie_delay_goes_alone(rigs: Make) -> None:
