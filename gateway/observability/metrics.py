@@ -85,6 +85,14 @@ class Metrics:
             ["class", "outcome"],
             registry=r,
         )
+        self.unit_hedges = Counter(
+            "unitgate_unit_hedges",
+            "Hedged requests by unit and its copy's role: hedged (its first copy got a second,"
+            " after the delay or tied), won (its copy's answer began first), lost (its copy was"
+            " cancelled). A unit whose first copies often lose is a straggler.",
+            ["unit", "role"],
+            registry=r,
+        )
         self.hedge_tokens = Counter(
             "unitgate_hedge_prefill_tokens",
             "Uncached prompt tokens, by priority class and kind: base (every request's first"

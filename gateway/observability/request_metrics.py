@@ -90,6 +90,7 @@ class MetricsObserver(Observer[Call]):
         klass = call.lease.ask.klass
         self.m.hedges.labels(klass, TIED if call.hedge == TIED else "fired").inc()
         self.m.hedge_tokens.labels(klass, "sent").inc(tokens)
+        self.m.unit_hedges.labels(first.id, "hedged").inc()
 
     def hedge_refused(self, call: Call, reason: str) -> None:
         code = reason.partition(":")[0]
@@ -101,6 +102,8 @@ class MetricsObserver(Observer[Call]):
         klass = call.lease.ask.klass
         self.m.hedges.labels(klass, "second" if second else "first").inc()
         self.m.hedge_tokens.labels(klass, "wasted").inc(wasted)
+        self.m.unit_hedges.labels(winner.id, "won").inc()
+        self.m.unit_hedges.labels(loser.id, "lost").inc()
         if wasted and call.hedge.startswith(TIED):  # a tied twin is charged once it started
             self.m.hedge_tokens.labels(klass, "sent").inc(wasted)
 

@@ -50,6 +50,11 @@ async def test_a_stalled_first_token_is_hedged_and_the_client_gets_one_answer(
     assert counted(metrics, "unitgate_hedges_total", outcome="fired") == 3
     assert counted(metrics, "unitgate_hedges_total", outcome="second") == 3
     assert counted(metrics, "unitgate_retries_total") == 0  # a hedge is not a retry
+    # By unit: u0's first copies were hedged and lost, u1's copies won.
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u0", role="hedged") == 3
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u0", role="lost") == 3
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u1", role="won") == 3
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u1", role="lost") == 0
     # The budget's state: each second copy's prefill against every first copy's
     base = counted(metrics, "unitgate_hedge_prefill_tokens_total", kind="base")
     sent = counted(metrics, "unitgate_hedge_prefill_tokens_total", kind="sent")

@@ -74,3 +74,6 @@ async def test_the_idle_unit_starts_the_tied_copy_and_the_busy_one_never_prefill
     assert counted(metrics, "unitgate_hedges_total", outcome="second") == 1
     assert counted(metrics, "unitgate_hedge_prefill_tokens_total", kind="sent") == 0
     assert counted(metrics, "unitgate_hedge_prefill_tokens_total", kind="wasted") == 0
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u0", role="hedged") == 1
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u0", role="lost") == 1
+    assert counted(metrics, "unitgate_unit_hedges_total", unit="u1", role="won") == 1
