@@ -1,6 +1,7 @@
 """Pipelined units of real `unitgate node` processes on SmolLM2: greedy answers identical to
 one node's at pp 2, pp 3 and tp 2 x pp 2, with several streams at once (so the leader keeps
-micro-batches of them in flight), and SIGTERM stopping every node with exit code 0.
+micro-batches of them in flight), a tied stream's too, and SIGTERM stopping every node with
+exit code 0.
 
 Each node loads only its stage's layers of the packaged GGUF (the file's blocks) and joins a
 real Gloo group on loopback; the answers are read with the official client.
@@ -58,7 +59,20 @@ def answers(leader: Proc) -> list[str]:
         return reply.choices[0].message.content or ""
 
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:
-        return list(pool.map(ask, QUESTIONS))
+        texts = list(pool.map(ask, QUESTIONS))
+    # A tied stream (its head at the start: the pipelined leader announces it too) gives the
+    # same greedy answer as the plain request.
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": QUESTIONS[0]}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        extra_headers={"x-unitgate-tied": "1"},
+    )
+    tied = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert tied == texts[0], (tied, texts[0])
+    return texts
 
 
 def run_unit(tmp: Path, world: int, pp: int) -> list[str]:
