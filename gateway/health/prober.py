@@ -179,11 +179,11 @@ class UnitProber:
             node.latency_ms = report.latency_ms
             node.step, node.pending, node.pid = report.step, report.pending, report.pid
             node.kv_usage = report.kv_usage
+            if problem is not None:
+                self.signals.probe_failed(self.unit.id, node.rank)
         leader = reports[0]
         if leader.error is None:  # what a leader that answered says of itself
             self.unit.tied = leader.tied
-            if problem is not None:
-                self.signals.probe_failed(self.unit.id, node.rank)
 
     def _apply(self, flip: Flip) -> None:
         if self.registry.units.get(self.unit.id) is not self.unit:

@@ -49,6 +49,17 @@ async def test_a_refused_node_is_hard_evidence_against_the_unit(rigs: Build) -> 
             assert rig.traffic_asked == []  # nothing soft to vouch for
 
 
+async def test_every_failing_node_is_counted_the_leader_too(rigs: Build) -> None:
+    """A refused leader beside a follower that answers: the leader's failure is counted, on
+    rank 0, however its followers fare (each node's probe is its own sample)."""
+    async with served(Node(1)) as urls:
+        with refused_url() as dead:
+            rig = rigs([dead, *urls])
+            await timed_round(rig)
+            assert rig.counted("unitgate_probe_failures_total", rank="0") == 1
+            assert rig.counted("unitgate_probe_failures_total", rank="1") == 0
+
+
 async def test_a_probe_that_times_out_is_soft_evidence() -> None:
     pool = ConnectionPool(1.0, 30.0, 0)
     try:
