@@ -28,7 +28,6 @@ class Tracked:
     loop: asyncio.AbstractEventLoop
     members: list[Choice] | None = None  # one per choice, once admitted
     open: int = 0  # choices without their final event
-    started: bool = False  # its prompt was first fed (GenerationRequest.announce_start)
 
 
 @dataclass(slots=True)

@@ -28,14 +28,7 @@ import torch
 from engine.api import STARTED, GenerationRequest, TokenEvent, TokenOutOfVocab
 from engine.model import Tokenizer
 from engine.prefixcache import CacheEvent
-from engine.runtime.choices import (
-    Abort,
-    Choice,
-    Tracked,
-    draw,
-    final_event,
-    token_event,
-)
+from engine.runtime.choices import Abort, Choice, Tracked, draw, final_event, token_event
 from engine.runtime.constraints import Constraints
 from engine.runtime.group import first_line
 from engine.runtime.health import NodeStats
@@ -291,8 +284,9 @@ class LeaderEngine:
             return
         for s in batch.seqs:
             item = self._unstarted.pop(s.seq_id, None)
-            if item is not None and not item.started:
-                item.started = True
+            if item is not None:  # its first choice fed: the others are not announced again
+                for member in item.members or ():
+                    self._unstarted.pop(member.seq.seq_id, None)
                 self._outbox.put(item.loop, item.sink.put_nowait, STARTED)
 
     @property

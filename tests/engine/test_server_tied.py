@@ -106,3 +106,13 @@ async def test_the_engine_yields_started_once_before_the_first_token_only_when_a
         starts = [i for i, event in enumerate(events) if event is STARTED]
         assert starts == ([0] if asked else [])
         assert sum(e.token_id is not None for e in events) == 3
+
+
+async def test_a_request_of_two_choices_is_announced_once() -> None:
+    async with tiny_leaders(1, slots=2, model="tiny") as [(engine, _)]:
+        prompt = tuple(engine.tokenizer.encode("hello"))
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        request = GenerationRequest("r-n2", prompt, params, n=2, announce_start=True)
+        events = [event async for event in engine.generate(request)]
+        assert [i for i, event in enumerate(events) if event is STARTED] == [0]
+        assert sum(e.token_id is not None for e in events) == 6
