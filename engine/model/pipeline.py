@@ -83,6 +83,11 @@ class PipelineStage:
         self.sender = Sender()
         self._started: deque[int] = deque()  # rank 0: the rows of each step in flight
 
+    @property
+    def layers_run(self) -> int:
+        """This stage's layers run since it started (`Transformer.layers_run`)."""
+        return self.model.layers_run
+
     def __call__(self, batch: Sequence[Entry]) -> torch.Tensor:
         self.start(batch)
         return self.finish()

@@ -304,6 +304,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = ReplicatedLinear(config.hidden_size, vocab if part.head else 0)
         self.dtype = dtype
+        # Layers this rank has run: a one-element list, cheaper to bump than an attribute of
+        # a Module (see `layers_run`).
+        self._ran = [0]
         # Floating weights narrower than the arithmetic can overflow (see forward); blocks
         # are decoded to float32 and cannot.
         self.narrow = (weight_dtype or dtype) not in (dtype, blocks.BLOCKS)
@@ -320,6 +323,13 @@ class Transformer(nn.Module):
             dtype,
             num_blocks=num_blocks,
         )
+
+    @property
+    def layers_run(self) -> int:
+        """How many layers this rank has run since it started: it moves inside a step, so a
+        node reports it as its `progress` and a step longer than the gateway's
+        `stall_timeout` is not taken for a hung collective (which stops it)."""
+        return self._ran[0]
 
     @property
     def device(self) -> torch.device:
@@ -400,8 +410,10 @@ class Transformer(nn.Module):
         """The part's layers over the packed batch's hidden states, (tokens, hidden)."""
         angles = self.rotary.at(positions, x.dtype)
         plan = Plan.of(batch, positions, self.cache)
+        ran = self._ran
         for block in self.layers:
             x = block(x, angles, self.cache, plan)
+            ran[0] += 1
         return x
 
     def last_tokens(self, x: torch.Tensor, batch: Sequence[Entry]) -> torch.Tensor:

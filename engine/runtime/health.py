@@ -30,10 +30,19 @@ class NodeStats:
     """One writer (the compute thread), many readers (health handlers), one lock."""
 
     def __init__(
-        self, role: str, unit: str, rank: int, kv_slots_total: int, tied: bool = False
+        self,
+        role: str,
+        unit: str,
+        rank: int,
+        kv_slots_total: int,
+        tied: bool = False,
+        progress: Callable[[], int] | None = None,
     ) -> None:
         """`tied`: the leader answers a tied request's head once it starts (the server's
-        `x-unitgate-tied`), and says so as `tied_requests` for the gateway to rely on."""
+        `x-unitgate-tied`), and says so as `tied_requests` for the gateway to rely on.
+        `progress`: a count that moves while the engine computes, inside a step too (the
+        builtin model's layers run), reported as `progress`: the gateway's stall rule watches
+        it instead of `step`, so one slow step is not a hung collective."""
         self._lock = threading.Lock()
         self._fixed: dict[str, Any] = {
             "role": role,
@@ -44,6 +53,7 @@ class NodeStats:
         if tied:
             self._fixed["tied_requests"] = True
         self._kv_total = kv_slots_total
+        self._progress = progress
         self._step = 0
         self._pending = 0
         self._slots_used = 0
@@ -92,6 +102,8 @@ class NodeStats:
                 "kv_slots_used": self._slots_used,
                 "kv_slots_total": self._kv_total,
             }
+            if self._progress is not None:
+                body["progress"] = self._progress()
             cache = self._cache
             if cache is not None:
                 body["kv_cache_usage"] = round(self._kv_usage, 4)

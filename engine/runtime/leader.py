@@ -92,7 +92,9 @@ class LeaderEngine:
         self._publish_events = publish_events
         on_event = None if publish_events is None else self._events.append
         self.scheduler = Scheduler(self._config, tokenizer.stop_ids, tokenizer.decode, on_event)
-        self.stats = NodeStats("leader", unit, model.tp.rank, slots, tied=True)
+        self.stats = NodeStats(
+            "leader", unit, model.tp.rank, slots, tied=True, progress=lambda: model.layers_run
+        )
         self._model, self._tokenizer, self._name = model, tokenizer, model_name
         self._heartbeat_s, self._teardown, self._send = heartbeat_s, teardown, send_step
         self._on_step = on_step

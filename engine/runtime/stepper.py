@@ -25,4 +25,9 @@ class StepModel(Protocol):
         """The unit's group as the step messages travel it (rank 0 is the leader)."""
         ...
 
+    @property
+    def layers_run(self) -> int:
+        """Layers this rank has run since it started: a node's `progress` on /health."""
+        ...
+
     def __call__(self, batch: Sequence[Entry]) -> torch.Tensor: ...

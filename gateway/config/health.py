@@ -19,7 +19,8 @@ class HealthConfig:
     timeout: float = 0.2  # per node probe
     fall: int = 2  # consecutive failed rounds to mark a unit down
     rise: int = 2  # consecutive good rounds to mark it up again
-    # The leader reports pending > 0 but its step has not moved for this long: a hung collective.
+    # The leader reports pending > 0 but its progress (else its step) has not moved for this
+    # long: a hung collective.
     stall_timeout: float = 1.5
     canary_every: int = 0  # every K rounds also run a 1-token completion; 0 = off
     canary_timeout: float = 2.0

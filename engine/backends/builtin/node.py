@@ -100,7 +100,13 @@ def publish_kv_events(endpoint: str, replay: str | None) -> KVEventPublisher:
 def run_follower_node(settings: NodeSettings) -> int:
     """Serve /health, then mirror the leader's steps until STOP (0) or losing it (1)."""
     model, _, _ = build_then_join(settings)
-    stats = NodeStats("follower", settings.unit, settings.rank, model.cache.num_slots)
+    stats = NodeStats(
+        "follower",
+        settings.unit,
+        settings.rank,
+        model.cache.num_slots,
+        progress=lambda: model.layers_run,
+    )
     server = serve_health(stats.snapshot, settings.health_host, settings.listener_port)
     print(f"health_port={server.server_port}", flush=True)
     try:

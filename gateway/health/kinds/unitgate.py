@@ -2,7 +2,9 @@
 
 `GET /health` returns a JSON object with `status`, `unit`, `rank`, `role`, `pid` and, on the
 leader, the engine's `step`, `pending`, `kv_slots_used` and `kv_slots_total` (their ratio is
-the KV-cache share the admin view and the status page show). The builtin engine's nodes serve
+the KV-cache share the admin view and the status page show), and optionally `progress`: a
+count that moves while the engine computes, inside a step too, which the stall rule then
+watches instead of `step` (the builtin engine's: layers run). The builtin engine's nodes serve
 it, and so does `unitgate watch` for a process that runs no HTTP server (the followers of
 every kind). The verdict checks the identity it reports against the config.
 """
@@ -68,6 +70,7 @@ def parse_health(status: int, body: bytes, latency_ms: float) -> NodeReport:
         _int(doc, "pending"),
         _int(doc, "kv_slots_used"),
         kv_usage=_share(_int(doc, "kv_slots_used"), _int(doc, "kv_slots_total")),
+        progress=_int(doc, "progress"),
         tied=doc.get("tied_requests") is True,
     )
 

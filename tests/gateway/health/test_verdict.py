@@ -330,6 +330,22 @@ def test_parse_health_reads_the_kv_cache_share_from_the_leaders_slot_counts() ->
     assert parse_health(200, zero, 1.0).kv_usage is None
 
 
+def test_parse_health_reads_the_progress_the_stall_rule_watches() -> None:
+    body = b'{"status":"ok","rank":0,"step":5,"pending":1,"progress":120}'
+    assert parse_health(200, body, 1.0).progress == 120
+    assert parse_health(200, b'{"status":"ok","step":5}', 1.0).progress is None
+    # A step slower than the stall timeout whose layers move is not a stall (the builtin
+    # engine's `progress` counts layers run); a progress that stands still is one.
+    v = verdict()
+    for i in range(8):
+        body = b'{"status":"ok","role":"leader","unit":"u3","rank":0,"pid":100,"step":5,'
+        leader = parse_health(200, body + b'"pending":1,"progress":%d}' % (120 + i), 1.0)
+        assert v.observe([leader, ok(1), ok(2)], 1.0 * i).problem is None
+    assert v.observe([leader, ok(1), ok(2)], 10.0).problem == (
+        "engine stalled: step 5 unchanged for 3.0 s with 1 pending"
+    )
+
+
 def test_a_unit_whose_latency_lags_the_fleet_is_slow_with_that_reason() -> None:
     v = verdict()
     lag = "its time to first token for 1,000 uncached prompt tokens ... is 3.1x the fleet's median"
