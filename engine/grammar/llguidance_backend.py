@@ -37,6 +37,11 @@ class Matcher:
             raise GrammarError(f"token {token} is not allowed here: {_error(self._llm)}")
 
     @property
+    def error(self) -> str | None:
+        """Why the matcher failed (a refused token, or a grammar it found empty), or None."""
+        return _error(self._llm) if self._llm.is_error() else None
+
+    @property
     def is_finished(self) -> bool:
         """The grammar is complete and nothing may follow but a stop token (also true once
         a token was refused)."""
@@ -59,9 +64,21 @@ class GrammarBackend:
         self._known = _words(self._tokenizer.vocab_size)  # the words llguidance writes
 
     def check(self, grammar: str) -> None:
-        """GrammarError when `grammar` cannot constrain this model (under a millisecond for an
-        ordinary schema, so the HTTP handler calls it)."""
+        """GrammarError when `grammar` cannot constrain this model, or admits no output at
+        all (about a millisecond for an ordinary schema, so the HTTP handler calls it).
+
+        llguidance compiles some satisfiable schemas to an empty language (0.25 is the one
+        number with `exclusiveMinimum: 0.125, maximum: 0.25, multipleOf: 0.125`, and it
+        admits none); its matcher then fails at its first mask, and allowed only the stop
+        token, the answer would be empty with finish_reason "stop"."""
         validate(grammar, self._tokenizer)
+        matcher = self.matcher(grammar)
+        self.fill([matcher], self.allocate(1))
+        if matcher.error is not None:
+            raise GrammarError(
+                "nothing can be generated that the grammar allows (for a JSON Schema: no value"
+                " meets all of its constraints as the grammar library compiles them)"
+            )
 
     def matcher(self, grammar: str) -> Matcher:
         """A matcher at the start of `grammar` (about 1 ms for an ordinary schema)."""
@@ -86,6 +103,9 @@ class GrammarBackend:
                 row.fill_(-1)
                 continue
             matcher._llm.unsafe_compute_mask_ptr(row.data_ptr(), self._known * 4)
+            if matcher._llm.is_error():  # it allows the stop token only: an empty or cut
+                row.fill_(0)  # answer would pass for a whole one, so it gets no token
+                continue
             row[self._known :] = 0
 
     def _check_shape(self, bitmask: torch.Tensor, batch: int) -> None:

@@ -61,7 +61,9 @@ def draw(
         except NoTokenAllowed as exc:
             dead = set(exc.rows)
             for i in sorted(dead):
-                end(members[i], "the grammar allows no next token")
+                matcher = members[i].matcher
+                why = None if matcher is None else matcher.error
+                end(members[i], f"the grammar allows no next token{f': {why}' if why else ''}")
             keep = [i for i in range(len(members)) if i not in dead]
             members, logits = [members[i] for i in keep], logits[keep]
             bitmask = None if bitmask is None else bitmask[keep]

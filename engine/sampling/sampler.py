@@ -40,9 +40,10 @@ class Sampled:
 
 
 class NoTokenAllowed(ValueError):
-    """The grammar mask leaves these rows no token: a matcher bug, since llguidance allows at
-    least EOS. Raised before any penalty or bias is applied (the mask is idempotent), so the
-    caller can drop those rows and sample the others again."""
+    """The grammar mask leaves these rows no token: a failed matcher (GrammarBackend.fill
+    gives it none, where llguidance would allow only EOS). Raised before any penalty or bias
+    is applied (the mask is idempotent), so the caller can drop those rows and sample the
+    others again."""
 
     def __init__(self, rows: Sequence[int]) -> None:
         self.rows = tuple(rows)

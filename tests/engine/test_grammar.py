@@ -106,8 +106,27 @@ def test_finished_grammar_allows_only_stop_tokens(name: str) -> None:
         matcher.accept(stop)
     with pytest.raises(GrammarError):
         matcher.accept(tokenizer.encode("x")[0])
+    assert matcher.error is not None
     backend.fill([matcher], mask)
-    assert set(allowed(backend, mask)) == set(tokenizer.stop_ids)  # never an empty row
+    # A failed matcher allows nothing, not the stop token alone: a cut answer must not pass
+    # for a whole one (the runtime ends it with an error: NoTokenAllowed).
+    assert allowed(backend, mask) == []
+
+
+def test_a_grammar_compiled_to_no_output_is_refused_by_the_check() -> None:
+    """0.25 is the schema's one value, and llguidance compiles it to an empty language: its
+    matcher fails at the first mask, and allowed the stop token alone, the answer would be
+    empty with finish_reason "stop"."""
+    _, backend = tokenizer_and_backend("byte")
+    schema = {"type": "number", "exclusiveMinimum": 0.125, "maximum": 0.25, "multipleOf": 0.125}
+    grammar = json_schema_grammar(schema, True)
+    with pytest.raises(GrammarError, match="nothing can be generated that the grammar allows"):
+        backend.check(grammar)
+    matcher = backend.matcher(grammar)
+    mask = backend.allocate(1)
+    backend.fill([matcher], mask)
+    assert matcher.error is not None and allowed(backend, mask) == []
+    backend.check(json_schema_grammar({**schema, "maximum": 0.375}, True))  # 0.25 and 0.375
 
 
 def test_fill_mixes_free_and_constrained_rows() -> None:

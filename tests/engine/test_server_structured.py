@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from engine.grammar import GrammarError, json_schema_grammar
+from engine.grammar import GrammarBackend, GrammarError, json_schema_grammar
 from engine.model import ByteTokenizer
 from engine.runtime.leader import LeaderEngine
 from tests.engine.test_grammar_schemas import SCHEMAS
@@ -24,6 +24,9 @@ from tests.engine.test_server_sampling import MODEL, start_engine
 
 CHAT = "/v1/chat/completions"
 Schema = dict[str, Any]
+BACKEND = GrammarBackend(ByteTokenizer(), ByteTokenizer().vocab_size)  # the served model's
+# 0.25 is the one value, and the grammar library compiles the schema to no output at all.
+EMPTY = {"type": "number", "exclusiveMinimum": 0.125, "maximum": 0.25, "multipleOf": 0.125}
 SEARCH = {
     "type": "function",
     "function": {
@@ -139,10 +142,11 @@ def bounded(schema: Any) -> Any:
 
 def refused_or_bounded(schema: Schema) -> Schema:
     """`bounded(schema)`; a schema strict mode refuses (a number range the grammar library
-    cannot enforce exactly: test_grammar_bounds.py) is not an example here."""
+    cannot enforce exactly: test_grammar_bounds.py), or one it compiles to no output at all
+    (test_the_server_refuses_a_schema_that_admits_no_output), is not an example here."""
     schema = bounded(schema)
     try:
-        json_schema_grammar(schema, strict=True)
+        BACKEND.check(json_schema_grammar(schema, strict=True))
     except GrammarError:
         reject()
     return schema
@@ -167,6 +171,15 @@ def test_every_answer_validates_against_its_schema(
     body = schema_body(schema, temperature, seed)
     text, finish = single.run(answer_text(single.url, body, stream))
     check_answer(schema, text, finish)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_server_refuses_a_schema_that_admits_no_output(single: Unit, stream: bool) -> None:
+    """Not an empty answer that says "stop" (what the engine sent before it checked)."""
+    body = {**schema_body(EMPTY, 0.0, 0), "stream": stream}
+    status, answer = single.run(post(single.url + CHAT, body))
+    assert status == 400, answer
+    assert "nothing can be generated that the grammar allows" in answer["error"]["message"]
 
 
 def test_json_object_answers_are_objects(single: Unit) -> None:
