@@ -25,6 +25,7 @@ from gateway.proxy.forecast_feed import ForecastFeed
 from gateway.proxy.turns_feed import TurnsFeed
 from gateway.routing.forecast import Forecast
 from gateway.routing.latency import lag_reason
+from gateway.routing.overtaken import probation_reason
 from gateway.signals import Signals
 from gateway.units import UnitRegistry
 
@@ -48,7 +49,8 @@ class UnitKnowledge:
         self.config, self.units, self.workers = config, units, workers
         r = config.routing
         # Each unit's latency, learned from its answers.
-        self.forecast = Forecast() if r.latency_model != "off" and public else None
+        window = config.hedge.budget_window
+        self.forecast = Forecast(window=window) if r.latency_model != "off" and public else None
         # Which units' caches hold which blocks, from their KV events: made when a unit names
         # a publisher (`kv_events`; its import of zmq is the `kv` extra's), with the path.
         self.kv: KvFleet | None = None
@@ -73,12 +75,19 @@ class UnitKnowledge:
         return self.forecast.figures() if self.forecast is not None else {}
 
     def lagging(self, unit_id: str) -> str | None:
-        """Why the unit's learned latency lags the fleet's, for its prober (None: it does not)."""
-        factor = self.config.health.prefill_lag_factor
-        if factor <= 0 or self.config.routing.latency_model == "off":
+        """Why the unit's learned latency lags the fleet's, or a hedge keeps overtaking its
+        copies (probation), for its prober (None: neither)."""
+        if self.config.routing.latency_model == "off":
             return None
-        per_k = {unit: f["ttft_1k_idle"] for unit, f in self.latency_figures().items()}
-        return lag_reason(per_k, unit_id, factor)
+        figures = self.latency_figures()
+        factor = self.config.health.prefill_lag_factor
+        if factor > 0:
+            per_k = {unit: f["ttft_1k_idle"] for unit, f in figures.items()}
+            lag = lag_reason(per_k, unit_id, factor)
+            if lag is not None:
+                return lag
+        shares = {u: f["overtaken_share"] for u, f in figures.items() if "overtaken_share" in f}
+        return probation_reason(shares, unit_id, self.config.hedge.probation)
 
     async def load_prompts(self) -> Prompts | None:
         """Each model's tokenizer (`[routing] tokenizers`), loaded off the loop; None when

@@ -41,6 +41,10 @@ class HedgeConfig:
     # prefill. False: such units are hedged after the delay.
     tie: bool = True
     tie_delay: float = 0.05
+    # Probation: a unit whose first copies a hedge overtook before they began, in more than
+    # this share of its answers over `budget_window` (and 3x the fleet's median), is `slow`
+    # (gateway/routing/overtaken.py). 0 = never.
+    probation: float = 0.05
 
     def __post_init__(self) -> None:
         check(
@@ -69,6 +73,6 @@ class HedgeConfig:
             self.tie_delay,
             "must be >= 0 and finite seconds",
         )
-        for name in ("max_unroutable_share", "max_failure_rate"):
+        for name in ("max_unroutable_share", "max_failure_rate", "probation"):
             value = getattr(self, name)
             check(0.0 <= value <= 1.0, name, value, "must be 0..1")

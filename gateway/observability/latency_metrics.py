@@ -43,7 +43,8 @@ class LatencyCollector(Collector):
             " uncached prompt tokens when idle; ttft = ttft_base + ttft_per_kilotoken_uncached"
             " x k + ttft_per_kilotoken_queued x k + ttft_per_running x n; tpot = tpot_base +"
             " tpot_per_running x n (seconds); `queued_tokens` the prefill this gateway has"
-            " sent it not yet answered.",
+            " sent it not yet answered; `overtaken_share` the share of its answers a hedge"
+            " overtook over the hedge window (probation).",
             labels=["unit", "figure"],
         )
         for unit, values in figures.items():

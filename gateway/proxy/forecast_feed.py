@@ -1,7 +1,8 @@
 """The forecast's feed: what each attempt's placement saw, as a subscriber to the request
 path's signals. The dispatcher leaves each attempt's placement on the call (`call.placed`);
 this feed tells the forecast (forecast.py) when it was sent, when its first token came and how
-its answer ended, on the loop's clock."""
+its answer ended, on the loop's clock; and which first copies a hedge overtook (the
+forecast counts them for probation: routing/overtaken.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Protocol
 
 from gateway.errors import UpstreamError
 from gateway.outcomes import End
+from gateway.proxy.hedging import SECOND
 from gateway.routing.forecast import Forecast, Placed
 from gateway.signals import Observer
 from gateway.units import UnitState
@@ -23,6 +25,9 @@ class Call(Protocol):
 
     @property
     def streamed(self) -> bool: ...
+
+    @property
+    def hedge(self) -> str: ...
 
 
 class ForecastFeed(Observer[Call]):
@@ -53,6 +58,12 @@ class ForecastFeed(Observer[Call]):
     def attempt_cancelled(self, call: Call, unit: UnitState) -> None:
         if call.placed is not None:
             self.forecast.unqueue(call.placed)
+
+    def hedge_ended(
+        self, call: Call, winner: UnitState, loser: UnitState, second: bool, wasted: int
+    ) -> None:
+        if call.hedge == SECOND:  # a delayed hedge's twin began first: the first had not
+            self.forecast.hedge_overtook(loser.id, self.clock())
 
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         placed = call.placed

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from gateway.routing.latency import UnitLatency
+from gateway.routing.overtaken import Overtaken
 
 # Output tokens a placement is charged its unit's decode load for: the first lines a reader
 # sees. Larger weighs decode load more against prefill.
@@ -84,9 +85,19 @@ class Placed:
 
 
 class Forecast:
-    def __init__(self, forget: float = 0.99, least: int = 20, learn_every: float = 0.5) -> None:
+    def __init__(
+        self,
+        forget: float = 0.99,
+        least: int = 20,
+        learn_every: float = 0.5,
+        window: float = 30.0,
+    ) -> None:
+        """`window`: seconds over which each unit's copies overtaken by a hedge are counted
+        (overtaken.py: what its first tokens cannot tell)."""
         self.forget, self.least, self.learn_every = forget, least, learn_every
         self.units: dict[str, UnitLatency] = {}
+        self.overtaken = Overtaken(window)
+        self.latest = 0.0  # the latest time the feed told: `figures`' clock
         self.queued: dict[str, int] = {}  # unit -> uncached prompt tokens sent, not yet answered
         # unit -> when its model last learned a first token, and an answer's pace
         self._learned: dict[str, list[float]] = {}
@@ -117,6 +128,7 @@ class Forecast:
         self.units.pop(unit, None)
         self.queued.pop(unit, None)
         self._learned.pop(unit, None)
+        self.overtaken.drop(unit)
 
     def estimate(self, unit: str, uncached: int, running: int) -> Estimate | None:
         """What placing a request with `uncached` prompt tokens on `unit`, now running
@@ -148,6 +160,7 @@ class Forecast:
         """The attempt went out to its unit, which then ran `running` other requests."""
         placed.queued = self.queued.get(placed.unit, 0)
         placed.running, placed.sent = running, now
+        self.latest = now
         self.queued[placed.unit] = placed.queued + placed.uncached
         placed.pending = True
 
@@ -156,7 +169,8 @@ class Forecast:
         self.unqueue(placed)
         if placed.sent <= 0.0 or placed.unit not in self.queued:
             return  # never sent, or its unit left the fleet meanwhile
-        placed.opened = now
+        placed.opened = self.latest = now
+        self.overtaken.begun(placed.unit, now)
         if self._due(placed.unit, 0, now):
             model = self.model(placed.unit)
             model.first_token(placed.uncached, placed.queued, placed.running, now - placed.sent)
@@ -178,9 +192,18 @@ class Forecast:
         if self._due(placed.unit, 1, now):
             self.model(placed.unit).token_gap(placed.running, gap)
 
-    def figures(self) -> dict[str, dict[str, float]]:
+    def hedge_overtook(self, unit: str, now: float) -> None:
+        """A hedge's second copy answered first while `unit`'s first copy had not begun."""
+        if unit in self.queued:  # not a unit that left the fleet meanwhile
+            self.overtaken.overtaken(unit, now)
+            self.latest = now
+
+    def figures(self, now: float | None = None) -> dict[str, dict[str, float]]:
         """Each learned unit's fitted figures by name (FIGURES), for the metrics, the status
-        page and, from a worker, the control plane."""
+        page and, from a worker, the control plane; with `overtaken_share` where enough of
+        its answers were counted over the window up to `now` (overtaken.py; None: the latest
+        time it was told, so a scrape from another thread needs no clock). Only reads."""
+        now = self.latest if now is None else now
         found: dict[str, dict[str, float]] = {}
         for unit, model in self.units.items():
             first_k = model.prefill_per_ktoken
@@ -189,4 +212,7 @@ class Forecast:
             values = (first_k, *model.ttft.theta, *model.tpot.theta)
             found[unit] = dict(zip(FIGURES, values, strict=True))
             found[unit]["queued_tokens"] = float(self.queued.get(unit, 0))
+            share = self.overtaken.share(unit, now)
+            if share is not None:
+                found[unit]["overtaken_share"] = share
         return found

@@ -25,6 +25,14 @@ class SlidingSums:
         self._advance(now)
         return self._totals[series]
 
+    def peek(self, now: float, series: int) -> int:
+        """`total` without moving the ring: safe to call from another thread (a metrics
+        scrape) while the loop adds, at worst a count behind."""
+        n = len(self._counts[0])
+        slot, last = int(now / self._width), self._slot
+        ring = self._counts[series]
+        return sum(ring[s % n] for s in range(max(last - n, slot - n) + 1, last + 1))
+
     def _advance(self, now: float) -> None:
         slot = int(now / self._width)
         if slot <= self._slot:

@@ -10,7 +10,14 @@ import re
 import aiohttp
 
 from gateway.server import running
-from tests.support import SimProcess, chat_body, gateway_config, session_ranking_first, sim_stats
+from tests.support import (
+    SimProcess,
+    chat_body,
+    gateway_config,
+    session_ranking_first,
+    sim_stats,
+    until_routable,
+)
 
 CHAT = "/v1/chat/completions"
 HEDGE = {"enabled": True, "min_delay": 0.05, "max_delay": 0.2, "budget_share": 1.0}
@@ -64,3 +71,41 @@ async def test_a_stalled_first_token_is_hedged_and_the_client_gets_one_answer(
     assert counted(metrics, "unitgate_tokens_total", unit="u0", type="completion") == 0
     stats = await sim_stats(http, clean_sim, "u0")
     assert stats["completed"] == 0
+
+
+async def test_a_unit_whose_copies_a_hedge_keeps_overtaking_is_put_on_probation(
+    clean_sim: SimProcess, http: aiohttp.ClientSession
+) -> None:
+    """A straggler's overtaken copies are cancelled before their first token, so its latency
+    model never sees them; counted apart, they put it on probation: `slow`, with that reason,
+    at its slow weight. It leaves probation once they stop."""
+    clean_sim.post("/units/u0/settings", {"stall_rate": 0.3, "stall_ms": 10_000})
+    health = {"enabled": True, "interval": 0.1, "timeout": 1.0}
+    hedge = {**HEDGE, "budget_window": 5.0}  # the shares' window too: a quick recovery
+    config = gateway_config(clean_sim.units, health=health, hedge=hedge)
+    loop = asyncio.get_running_loop()
+    async with running(config) as gw:
+        await until_routable(gw, within=10.0)
+        u0 = gw.units.units["u0"]
+
+        async def client(each: int) -> None:
+            for _ in range(each):
+                body = chat_body(stream=True)
+                async with http.post(gw.public_url + CHAT, json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    await resp.read()
+
+        deadline = loop.time() + 30.0
+        while u0.health.value != "slow":
+            assert loop.time() < deadline, gw.knowledge.latency_figures()
+            await asyncio.gather(*(client(5) for _ in range(6)))
+        assert "a hedge overtook" in u0.reasons["healthy"], u0.reasons
+        figures = gw.knowledge.latency_figures()
+        assert figures["u0"]["overtaken_share"] > 0.1, figures
+        assert all(gw.units.units[u].health.value == "healthy" for u in ("u1", "u2"))
+        # Its stalls stop: the copies it still gets begin, and it is healthy again.
+        clean_sim.post("/units/u0/settings", {"stall_rate": 0.0})
+        deadline = loop.time() + 60.0
+        while u0.health.value != "healthy":
+            assert loop.time() < deadline, gw.knowledge.latency_figures()
+            await asyncio.gather(*(client(5) for _ in range(6)))

@@ -64,7 +64,7 @@ def test_the_cost_is_the_predicted_ttft_plus_the_decode_horizon() -> None:
     assert found["fast"].ttft == pytest.approx(0.05, rel=0.05)
     assert found["slow"].ttft == pytest.approx(0.40, rel=0.05)
     assert found["fast"].cost == pytest.approx(0.05 + DECODE_HORIZON * 0.01, rel=0.05)
-    figures = f.figures()["slow"]
+    figures = f.figures(2000.0)["slow"]
     assert list(figures) == [*FIGURES, "queued_tokens"]
     assert figures["tpot_base"] + figures["tpot_per_running"] == pytest.approx(0.02, rel=0.05)
 
@@ -99,9 +99,24 @@ def test_a_lagging_unit_is_named_with_its_ratio() -> None:
     f = Forecast(least=5, learn_every=0.0)
     for unit, ttft in (("a", 0.1), ("b", 0.11), ("c", 0.12), ("d", 0.6)):
         teach(f, unit, ttft, 0.01)
-    figures = f.figures()
+    figures = f.figures(2000.0)
     assert figures["d"]["ttft_1k_idle"] == pytest.approx(0.6, rel=0.05)
     per_k = {unit: values["ttft_1k_idle"] for unit, values in figures.items()}
     why = lag_reason(per_k, "d", 2.0)
     assert why is not None and "0.6 s as learned from its answers, is 5.2x the fleet's" in why
     assert lag_reason(per_k, "a", 2.0) is None and lag_reason(per_k, "d", 6.0) is None
+
+
+def test_a_units_overtaken_share_is_a_figure_once_enough_answers_are_counted() -> None:
+    f = Forecast(least=5, learn_every=0.0, window=60.0)
+    teach(f, "a", 0.1, 0.01, n=15)  # at 1000 + 2i: 15 answers begun, the last at 1028
+    assert "overtaken_share" not in f.figures(1029.0)["a"]  # 15 counted, fewer than 20
+    for _ in range(5):
+        f.hedge_overtook("a", 1029.0)
+    assert f.figures(1029.0)["a"]["overtaken_share"] == pytest.approx(0.25)  # 5 of 20
+    # The window slides: a minute on, only the overtaken copies' bucket is left, too few.
+    assert "overtaken_share" not in f.figures(1085.0)["a"]
+    f.hedge_overtook("gone", 1029.0)  # a unit never sent to (it left the fleet): not counted
+    assert "gone" not in f.overtaken._units
+    f.drop("a")
+    assert f.overtaken.share("a", 1029.0) is None
