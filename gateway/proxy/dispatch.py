@@ -2,7 +2,9 @@
 
 The happy path is one plain attempt. Only after a retryable failure does a tenacity loop take
 over, with each retry paid from the retry budget and sent to a unit not yet tried: tenacity's
-per-call set-up costs tens of microseconds, which the common case should not pay.
+per-call set-up costs tens of microseconds, which the common case should not pay. A
+hedge-eligible request's first attempt is raced instead (races.py), on the dispatcher's own
+admission and attempts (`Attempts`).
 """
 
 from __future__ import annotations
@@ -18,20 +20,11 @@ from gateway.config import Config
 from gateway.errors import InvalidRequest, Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
 from gateway.proxy.call import Call
-from gateway.proxy.hedging import (
-    FIRST,
-    SECOND,
-    TIED,
-    TIED_LINE,
-    Hedger,
-    Starts,
-    cancelled,
-    first_of,
-    unused,
-)
+from gateway.proxy.hedging import TIED_LINE, Hedger
 from gateway.proxy.lease import Lease
 from gateway.proxy.names import Renamer, for_unit
 from gateway.proxy.priority import with_priority
+from gateway.proxy.races import Races
 from gateway.proxy.upstream import Answer, UpstreamClient
 from gateway.revisions import Canary, draw
 from gateway.routing.admission import Admission
@@ -98,6 +91,18 @@ class Dispatcher:
             config.priority is not None and any(c.hedge for c in config.priority.classes)
         )
         self.hedger = Hedger(config, units, admission) if hedged else None
+        self.races = None
+        if self.hedger is not None:
+            self.races = Races(
+                config,
+                self.hedger,
+                self,
+                admission,
+                signals,
+                upstream.finish,
+                self.rng,
+                forecast is not None,
+            )
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
         """A unit (its slot held in `call.lease`) and its answer's start."""
@@ -142,10 +147,10 @@ class Dispatcher:
         t = self.config.timeouts
         # A non-streamed answer's first byte comes when it is complete: only `total` bounds it.
         call.first_byte = t.first_byte if call.info.stream else t.total
-        hedger = self.hedger
+        races = self.races
         try:
-            if hedger is not None and call.attempts == 0 and hedger.eligible(call):
-                return await self._hedged(call, hedger)
+            if races is not None and call.attempts == 0 and races.hedger.eligible(call):
+                return await races.run(call)
             return await self._attempt(call)
         except UpstreamError as exc:
             if not self._may_retry(exc, 1, call):
@@ -162,183 +167,17 @@ class Dispatcher:
         raise AssertionError("unreachable: tenacity re-raises the last failure")
 
     async def _attempt(self, call: Call) -> tuple[UnitState, Answer]:
-        unit = await self._admit(call)
-        return await self._send(call, unit, call.lease, call.placed, call.routed)
+        unit = await self.admit(call)
+        return await self.send(call, unit, call.lease, call.placed, call.routed)
 
-    async def _hedged(self, call: Call, hedger: Hedger) -> tuple[UnitState, Answer]:
-        """The first copy; if its answer has not begun after the delay, a second copy on
-        another unit, and the answer that begins first (hedging.py). A unit that announces
-        its starts gets a tied pair instead."""
-        unit = await self._admit(call)
-        placed, routed = call.placed, call.routed
-        mine = self._uncached(call)
-        delay = hedger.hedging.delay(None if placed is None else placed.predicted)
-        if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
-            return await self._tied(call, hedger, unit, mine, delay)
-        first = asyncio.ensure_future(self._send(call, unit, call.lease, placed, routed))
-        return await self._after_delay(call, hedger, unit, first, mine, delay)
+    def cached(self, call: Call, units: Sequence[UnitState]) -> Mapping[str, int]:
+        """How many of the call's prompt tokens each of `units`' caches holds, where the
+        gateway knows both (else nothing)."""
+        if call.prompt_ids is None or self.depths is None:
+            return {}
+        return self.depths(call.prompt_ids, (u.id for u in units))
 
-    async def _after_delay(
-        self,
-        call: Call,
-        hedger: Hedger,
-        unit: UnitState,
-        first: asyncio.Task[tuple[UnitState, Answer]],
-        mine: int,
-        delay: float,
-    ) -> tuple[UnitState, Answer]:
-        """`first`'s answer; if it has not begun after `delay` seconds, a second copy on
-        another unit, and the answer that begins first."""
-        try:
-            await asyncio.wait({first}, timeout=max(delay, 0.0))
-            if first.done():
-                return first.result()
-            twin = self._twin(call, unit, hedger)
-            if twin is None:
-                return await first
-            other, task, lease, tokens = twin
-            self.signals.hedged(call, unit, other, tokens)
-            (_, answer), second = await first_of(first, task, _begun)
-        finally:
-            await cancelled(first)
-        wasted = mine if second else tokens
-        return self._settle(call, (first, task), (unit, other), lease, second, answer, wasted)
-
-    async def _tied(
-        self, call: Call, hedger: Hedger, unit: UnitState, mine: int, delay: float
-    ) -> tuple[UnitState, Answer]:
-        """Both copies marked tied, to units that announce their starts: unless the first
-        starts within `tie_delay`, the twin goes and the first to start its copy wins; the
-        other copy is closed, most often while it still waits in its unit's queue. Only a
-        loser that had started too wasted its prefill (hedging.py). A first copy that started
-        at once is hedged after the delay as any other: a stall after a start (a node
-        lagging its gang) is not what a tie answers."""
-        starts = Starts()
-        placed, routed = call.placed, call.routed
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        first = asyncio.ensure_future(
-            self._send(call, unit, call.lease, placed, routed, starts.hook(0))
-        )
-        try:
-            # The first copy's own chance to start: an idle unit starts it within a step, and
-            # a twin sent meanwhile would start too and waste its prefill.
-            tie_delay = hedger.config.hedge.tie_delay
-            if await starts.first((first,), tie_delay) is not None or first.done():
-                left = delay - (loop.time() - began)
-                return await self._after_delay(call, hedger, unit, first, mine, left)
-            twin = self._twin(call, unit, hedger, starts.hook(1))
-            if twin is None:
-                return await first
-            other, task, lease, tokens = twin
-            call.hedge = TIED
-            self.signals.hedged(call, unit, other, 0)
-            try:
-                copy = await starts.first((first, task))
-                if copy is None:  # one ended unstarted: the other runs on, as in a hedge's race
-                    (_, answer), second = await first_of(first, task, _begun)
-                else:
-                    second = copy == 1
-                    await cancelled(first if second else task)
-                    _, answer = await (task if second else first)
-            finally:
-                await cancelled(task)
-        finally:
-            await cancelled(first)
-        wasted = 0
-        if len(starts.order) > 1:  # the loser had started too: its prefill ran
-            wasted = mine if second else tokens
-            hedger.hedging.spend(wasted, asyncio.get_running_loop().time())
-        return self._settle(call, (first, task), (unit, other), lease, second, answer, wasted)
-
-    def _settle(
-        self,
-        call: Call,
-        copies: tuple[asyncio.Task[tuple[UnitState, Answer]], ...],
-        units: tuple[UnitState, UnitState],
-        lease: Lease,
-        second: bool,
-        answer: Answer,
-        wasted: int,
-    ) -> tuple[UnitState, Answer]:
-        """A hedged request's race is decided: the loser's answer, if it began too, closed;
-        the winner's slot made the request's; the observers told."""
-        first, twin = copies
-        late = unused(first if second else twin)
-        if late is not None:  # the loser's answer began too: closed, the unit stops it
-            self.upstream.finish(late[1])
-            (call.lease if second else lease).drop()
-        which = SECOND if second else FIRST
-        call.hedge = f"{TIED} {which}" if call.hedge == TIED else which
-        if second:  # the second copy's slot is the request's now
-            call.lease.drop()
-            call.lease.unit, lease.unit = lease.unit, None
-        call.placed, call.routed = answer.placed, answer.routed
-        won, lost = units[::-1] if second else units
-        self.signals.hedge_ended(call, won, lost, second, wasted)
-        return won, answer
-
-    def _tie_partner(self, call: Call, first: UnitState) -> bool:
-        """Whether another routable unit announces its starts (else: the delayed hedge)."""
-        return any(u.tied and u is not first for u in self._routable(call))
-
-    def _uncached(self, call: Call) -> int:
-        """The request's uncached prompt tokens where it is placed now (its first copy's:
-        asked before a second copy is sent, which places the call anew)."""
-        placed = call.placed
-        return max(self._prompt_tokens(call) - (0 if placed is None else placed.cached), 0)
-
-    def _twin(
-        self,
-        call: Call,
-        first: UnitState,
-        hedger: Hedger,
-        on_head: Callable[[int], None] | None = None,
-    ) -> tuple[UnitState, asyncio.Task[tuple[UnitState, Answer]], Lease, int] | None:
-        """The second copy, sent now to the best unit but `first` (one in another cell if
-        any: a cell's stragglers are correlated), on a slot free now; None if the budget, the
-        overload rule or a full fleet says no (told to the observers). With `on_head`, a tied
-        copy: only to a unit that announces its starts, and charged to the budget only if it
-        starts too (by the caller)."""
-        now = asyncio.get_running_loop().time()
-        prompt = self._prompt_tokens(call)
-        cached: Mapping[str, int] = {}
-        tied = on_head is not None
-
-        def pick() -> UnitState | None:
-            nonlocal cached
-            others = [
-                u
-                for u in self._routable(call)
-                if u is not first and u not in call.tried and (u.tied or not tied)
-            ]
-            away = [u for u in others if u.cell != first.cell]
-            pool = tuple(away or others)
-            if not pool:
-                return None
-            if call.prompt_ids is not None and self.depths is not None:
-                cached = self.depths(call.prompt_ids, (u.id for u in pool))
-            factor = self.config.routing.bounded_load_factor
-            unit, _ = place(pool, call.tried, call.key, factor, self.rng, cached or None)
-            return unit
-
-        lease = Lease(self.admission)
-        lease.ask = call.lease.ask
-        tokens = prompt  # the second copy's prefill, until its unit's cache is known
-        why = hedger.refusal(call, 0 if tied else tokens, now)
-        unit = None if why is not None else self.admission.try_acquire(pick, lease.ask)
-        if unit is None:
-            self.signals.hedge_refused(call, why or "no_unit: no other unit has a free slot")
-            return None
-        lease.unit = unit
-        tokens = max(prompt - cached.get(unit.id, 0), 0)
-        if not tied:
-            hedger.hedging.spend(tokens, now)
-        placed = None if self.forecast is None else Placed(unit.id, prompt, prompt - tokens, None)
-        task = asyncio.ensure_future(self._send(call, unit, lease, placed, "hedge", on_head))
-        return unit, task, lease, tokens
-
-    def _prompt_tokens(self, call: Call) -> int:
+    def prompt_tokens(self, call: Call) -> int:
         """The request's prompt tokens: counted where the gateway knows its ids, else about
         four bytes of JSON a token (and at least that where the ids are an earlier turn's,
         only where the prompt begins)."""
@@ -348,7 +187,7 @@ class Dispatcher:
             return by_bytes
         return max(len(ids), by_bytes) if call.partial else len(ids)
 
-    async def _send(
+    async def send(
         self,
         call: Call,
         unit: UnitState,
@@ -363,7 +202,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         if lease is call.lease and call.attempts == 0 and self.hedger is not None:
             held = 0 if placed is None else placed.cached
-            tokens = max(self._prompt_tokens(call) - held, 0)
+            tokens = max(self.prompt_tokens(call) - held, 0)
             self.hedger.hedging.prefill(tokens, loop.time())
             self.signals.prefill_counted(call, tokens)
         call.attempts += 1
@@ -414,9 +253,9 @@ class Dispatcher:
         self.signals.attempt_opened(call, unit, answer.status)
         return unit, answer
 
-    async def _admit(self, call: Call) -> UnitState:
+    async def admit(self, call: Call) -> UnitState:
         def pick() -> UnitState | None:
-            routable = self._routable(call)
+            routable = self.routable(call)
             if not routable or all(u in call.tried for u in routable):
                 if call.last_error is not None:
                     raise call.last_error  # every unit tried: the last failure is the answer
@@ -460,7 +299,7 @@ class Dispatcher:
         prefix key keeps its locality, a session its unit). The placement is left on the
         call for the forecast's feed, with the unit's predicted TTFT."""
         ids = call.prompt_ids
-        prompt = self._prompt_tokens(call)
+        prompt = self.prompt_tokens(call)
         slo, shed = self.slos.get(call.lease.ask.klass, (None, False))
         estimates = None
         free = ids is not None or call.key is None  # no affinity asks for a unit
@@ -488,7 +327,7 @@ class Dispatcher:
         call.placed = Placed(unit.id, prompt, held, predicted)
         return unit
 
-    def _routable(self, call: Call) -> tuple[UnitState, ...]:
+    def routable(self, call: Call) -> tuple[UnitState, ...]:
         """The model's routable units, narrowed to those that serve the call's API; or the
         call's home, the one unit that can answer it (stored.py), while it is alive (draining
         or disabled too: its stored responses are nowhere else)."""
@@ -519,19 +358,13 @@ class Dispatcher:
             return False
         if attempts >= self.config.retry.max_attempts:
             return False
-        if all(u in call.tried for u in self._routable(call)):
+        if all(u in call.tried for u in self.routable(call)):
             return False  # nowhere else to go: do not spend budget
         if not self.budget.withdraw(asyncio.get_running_loop().time()):
             self.signals.budget_exhausted()
             return False
         self.signals.retried(exc.kind)
         return True
-
-
-def _begun(opened: tuple[UnitState, Answer]) -> bool:
-    """A hedge's copy whose answer may win the race: a stream that began. Another status (a
-    unit's 429 or 4xx) wins only if the other copy fails too."""
-    return opened[1].status == 200
 
 
 def _none_routable(call: Call) -> str:
