@@ -129,14 +129,16 @@ CHAOS_SIM = tests/chaos/test_sim_units.py tests/chaos/test_sim_health.py tests/c
 # starting) runs beside them, its output printed after theirs. The tests marked `serial` (the
 # chaos scenarios, the engine's model runs, the benchmarks end to end, tests that time a
 # propagation or count over real time windows: they load both cores themselves or time
-# themselves under load) run alone afterwards.
+# themselves under load) run alone afterwards, the slowest 25 named (the phase takes about
+# 10 of CI's minutes: that list is where to cut).
 PARALLEL = -n 2 --dist loadfile
 # Set-up builds the two venvs at once with uv (76 s from a fresh clone here, where pip took
 # about 4 minutes). Each half of the first phase starts as soon
 # as what it needs is ready: the vLLM suite once its venv is, the main tests once lint passed.
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
-	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "serial and not vllm"
+	UNITGATE_RELAY=native UNITGATE_FRONT=lean $(PY) -m pytest -q -m "serial and not vllm" \
+		--durations=25
 	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp \
 		$(PY) -m pytest -q -m "both_relays and not serial and not vllm" $(PARALLEL)
 	UNITGATE_RELAY=python UNITGATE_FRONT=aiohttp \
