@@ -164,7 +164,10 @@ def test_each_node_took_its_place_from_lws(cluster: Cluster) -> None:
 
 def test_a_completion_from_the_leader_and_through_the_gateway(cluster: Cluster) -> None:
     assert stream_chat(cluster.leader_url, model="SmolLM2-135M-Instruct")
-    assert stream_chat(cluster.gateway_url, model="SmolLM2-135M-Instruct")
+    try:
+        assert stream_chat(cluster.gateway_url, model="SmolLM2-135M-Instruct")
+    except Exception as exc:
+        raise AssertionError(f"through the gateway: {exc}\n{verdicts(cluster)}") from exc
 
 
 def admin(cluster: Cluster, path: str) -> Any:
@@ -175,10 +178,18 @@ def admin(cluster: Cluster, path: str) -> Any:
         return json.loads(resp.read())
 
 
+def verdicts(cluster: Cluster) -> str:
+    """What a failure shows: each unit's health, breaker and admin state, the gateway's log."""
+    units = admin(cluster, "/admin/units")["units"]
+    seen = {u["id"]: (u["health"], u["breaker"]["state"], u["admin"]["state"]) for u in units}
+    return f"units: {seen}\ngateway:\n{cluster.gateway.tail()}"
+
+
 def test_the_replica_shares_its_state_under_its_hostname(cluster: Cluster) -> None:
     """[state].replica = "" names the replica `<hostname>:<pid>`: on Kubernetes, its pod."""
     routable = {u["id"]: u["routable"] for u in admin(cluster, "/admin/units")["units"]}
-    assert routable == {"smollm2-0": True, "smollm2-1": False}  # group 1 is not started
+    expected = {"smollm2-0": True, "smollm2-1": False}  # group 1 is not started
+    assert routable == expected, verdicts(cluster)
     client = cluster.redis.client()
     try:
         deadline = time.monotonic() + 5
