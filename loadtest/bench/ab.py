@@ -10,6 +10,13 @@ this tree to the base, round by round and overall:
     python -m loadtest.bench.ab --base HEAD~1 --itl 0 --concurrency 32 --requests 2000
     python -m loadtest.bench.ab --base main --itl 20 --concurrency 128 --requests 600 --resume off
 
+`--base floor` puts the overhead benchmark's floor relay (bytes verbatim, nothing per request)
+in the base's place: the relay aims are set against it (floor + 150 us a request at 0 ms
+between tokens, floor + 600 us at 20 ms), and alternating rounds judge them through one run's
+drift, which a table of separate runs cannot:
+
+    python -m loadtest.bench.ab --base floor --itl 0 --concurrency 32 --requests 3000
+
 `--idle S` first measures both gateways with no load for S seconds: their CPU per second
 (user and system), the work of their background timers (probes, the loop-lag timer).
 """
@@ -44,6 +51,7 @@ from loadtest.gen.client import open_session
 ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("base", "this")
 LABELS = ("base", "this tree")
+FLOOR = "floor"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,7 +60,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--base", default="HEAD", help="the git revision to compare against")
+    p.add_argument(
+        "--base",
+        default="HEAD",
+        help=f"the git revision to compare against, or {FLOOR!r}: the floor relay",
+    )
     p.add_argument("--itl", type=float, default=0.0, help="ms between tokens")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--requests", type=int, default=2000, help="per round and side")
@@ -130,16 +142,29 @@ def _idle(pids: dict[str, int], seconds: float) -> None:
 def report(
     cpu: dict[str, list[float]], sides: tuple[str, str] = SIDES, labels: tuple[str, str] = LABELS
 ) -> None:
-    """Each side's median and the second's ratio to the first, overall and round by round."""
+    """Each side's median, the second's ratio to the first and its CPU above the first,
+    overall and round by round."""
     first, second = sides
     a, b = (statistics.median(cpu[side]) for side in sides)
-    pairs = " ".join(
-        f"{y / max(x, 1e-9):.3f}" for x, y in zip(cpu[first], cpu[second], strict=True)
-    )
+    rounds = list(zip(cpu[first], cpu[second], strict=True))
+    ratios = " ".join(f"{y / max(x, 1e-9):.3f}" for x, y in rounds)
+    above = statistics.median(y - x for x, y in rounds)
+    each = " ".join(f"{y - x:+.0f}" for x, y in rounds)
     print(f"\n| gateway | CPU us per request (median of {len(cpu[first])}) |")
     print("|---|---:|")
     print(f"| {labels[0]} | {a:,.0f} |\n| {labels[1]} | {b:,.0f} |")
-    print(f"\n{labels[1]} / {labels[0]}: {b / max(a, 1e-9):.3f} (round by round: {pairs})")
+    print(f"\n{labels[1]} / {labels[0]}: {b / max(a, 1e-9):.3f} (round by round: {ratios})")
+    print(f"{labels[1]} - {labels[0]}: {above:+,.0f} us a request (round by round: {each})")
+
+
+@contextlib.contextmanager
+def base_tree(base: str) -> Iterator[Path | None]:
+    """The base revision's worktree; None for the floor relay, which runs from this tree."""
+    if base == FLOOR:
+        yield None
+    else:
+        with worktree(base) as path:
+            yield path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     pins = pin_cpus()
     relay_cpu = None if pins is None else pins.relay
     with (
-        worktree(args.base) as base_tree,
+        base_tree(args.base) as base,
         tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp_name,
         pinned(None if pins is None else pins.load),
         contextlib.ExitStack() as stack,
@@ -165,16 +190,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         (tmp / "gw.toml").write_text(gateway_toml(sim["units"], resume=args.resume == "on"))
         urls, pids = {}, {}
-        for side, tree in zip(SIDES, (base_tree, ROOT), strict=True):
+        for side, tree in zip(SIDES, (base, ROOT), strict=True):
             ready = tmp / f"{side}.json"
-            argv = ["gateway", "gateway", "--config", str(tmp / "gw.toml"), "--log-level"]
-            argv += ["warning", "--ready-file", str(ready)]
-            info = stack.enter_context(child(argv, ready, relay_cpu, f"{side} gateway", True, tree))
+            argv = ["--config", str(tmp / "gw.toml"), "--ready-file", str(ready)]
+            if tree is None:  # the floor relay reads the units from the gateway's config
+                argv, gateway = ["loadtest.bench.overhead.floor_relay", *argv], False
+            else:
+                argv, gateway = ["gateway", "gateway", *argv, "--log-level", "warning"], True
+            info = stack.enter_context(child(argv, ready, relay_cpu, side, gateway, tree or ROOT))
             urls[side], pids[side] = info["public"], int(info["pid"])
         if args.idle:
             _idle(pids, args.idle)
         cpu = uvloop.run(rounds(urls, pids, args))
-    report(cpu)
+    report(cpu, labels=(FLOOR, LABELS[1]) if base is None else LABELS)
     return 0
 
 

@@ -30,7 +30,21 @@ def test_both_gateways_stream_and_are_measured(capsys: pytest.CaptureFixture[str
     assert all(int(us) > 0 for _, us in rounds), out
     assert len(re.findall(r"idle (base|this): user [\d.]+ \+ system [\d.]+ ms", out)) == 2, out
     assert re.search(r"this tree / base: \d+\.\d{3} \(round by round: \d+\.\d{3}\)", out), out
+    assert re.search(r"this tree - base: [+-][\d,]+ us a request \(round by round: [+-]\d+\)", out)
     assert _worktrees() == before  # the base's checkout was removed
+
+
+def test_the_floor_relay_can_be_the_base(capsys: pytest.CaptureFixture[str]) -> None:
+    """The relay aims are set against the floor relay: it takes the base's place, from this
+    tree, with no worktree made."""
+    before = _worktrees()
+    argv = ["--base", "floor", "--rounds", "1", "--concurrency", "4", "--requests", "40"]
+    assert ab.main(argv) == 0
+    out = capsys.readouterr().out
+    rounds = dict(re.findall(r"round 1 (base|this): +(\d+) us CPU per request", out))
+    assert set(rounds) == {"base", "this"} and all(int(us) > 0 for us in rounds.values()), out
+    assert "| floor |" in out and re.search(r"this tree - floor: [+-][\d,]+ us a request", out)
+    assert _worktrees() == before
 
 
 def test_an_unknown_revision_is_refused_by_name() -> None:
