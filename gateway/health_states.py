@@ -12,6 +12,7 @@ soft-unhealthy unit, never to a hard one.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Health(StrEnum):
@@ -23,6 +24,15 @@ class Health(StrEnum):
     @property
     def routable(self) -> bool:
         return self is Health.HEALTHY or self is Health.SLOW
+
+
+class Lag(NamedTuple):
+    """Why a unit that passes its probes is `slow` all the same (its learned latency lags the
+    fleet's, or it is on probation), and the share of `[health].slow_weight` it keeps: 1.0,
+    or less for a straggler whose first copies hedges keep overtaking (routing/overtaken.py)."""
+
+    reason: str
+    share: float = 1.0
 
 
 class Outcome(StrEnum):

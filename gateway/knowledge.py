@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gateway.config import Config, UnitConfig
+from gateway.health_states import Lag
 from gateway.kvevents.turns import Turns
 from gateway.observability.kv_metrics import KvCollector
 from gateway.observability.latency_metrics import (
@@ -25,7 +26,7 @@ from gateway.proxy.forecast_feed import ForecastFeed
 from gateway.proxy.turns_feed import TurnsFeed
 from gateway.routing.forecast import Forecast
 from gateway.routing.latency import lag_reason
-from gateway.routing.overtaken import probation_reason
+from gateway.routing.overtaken import probation
 from gateway.signals import Signals
 from gateway.units import UnitRegistry
 
@@ -74,7 +75,7 @@ class UnitKnowledge:
             return self.workers()
         return self.forecast.figures() if self.forecast is not None else {}
 
-    def lagging(self, unit_id: str) -> str | None:
+    def lagging(self, unit_id: str) -> Lag | None:
         """Why the unit's learned latency lags the fleet's, or a hedge keeps overtaking its
         copies (probation), for its prober (None: neither)."""
         if self.config.routing.latency_model == "off":
@@ -82,12 +83,12 @@ class UnitKnowledge:
         figures = self.latency_figures()
         factor = self.config.health.prefill_lag_factor
         if factor > 0:
-            per_k = {unit: f["ttft_1k_idle"] for unit, f in figures.items()}
+            per_k = {u: f["ttft_1k_idle"] for u, f in figures.items() if "ttft_1k_idle" in f}
             lag = lag_reason(per_k, unit_id, factor)
             if lag is not None:
-                return lag
+                return Lag(lag)
         shares = {u: f["overtaken_share"] for u, f in figures.items() if "overtaken_share" in f}
-        return probation_reason(shares, unit_id, self.config.hedge.probation)
+        return probation(shares, unit_id, self.config.hedge.probation)
 
     async def load_prompts(self) -> Prompts | None:
         """Each model's tokenizer (`[routing] tokenizers`), loaded off the loop; None when

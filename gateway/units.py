@@ -94,6 +94,7 @@ class UnitState:
         "revision",
         "scale",
         "serves",
+        "slow_share",
         "tied",
         "token_ids",
         "weight",
@@ -117,6 +118,8 @@ class UnitState:
         self.cell, self.revision = config.cell, config.revision
         # Its weight's factor while a rollout runs (revisions.py: a cell keeps its share).
         self.scale = 1.0
+        # The share of [health].slow_weight it keeps while slow (less on probation).
+        self.slow_share = 1.0
         # Why routing leaves it out though its bits allow it: its revision is not the one its
         # cell serves (set by the registry; "" = not for that reason).
         self.why_idle = ""
@@ -267,8 +270,19 @@ class UnitRegistry:
         for listener in self._listeners.on_bit:
             listener(change)
 
+    def set_slow_share(self, unit_id: str, share: float) -> None:
+        """The share of slow_weight the unit keeps while it is slow (its prober's, each
+        round); a slow unit's weight follows at once."""
+        unit = self.units[unit_id]
+        if unit.slow_share == share:
+            return
+        unit.slow_share = share
+        if unit.health is Health.SLOW:
+            self._weigh(unit)
+            self._rebuild()
+
     def _weigh(self, unit: UnitState) -> None:
-        slow = self._slow_weight if unit.health is Health.SLOW else 1.0
+        slow = self._slow_weight * unit.slow_share if unit.health is Health.SLOW else 1.0
         unit.weight = unit.config.weight * slow * unit.scale
 
     def _rebuild(self) -> None:

@@ -20,8 +20,9 @@ from gateway.config.checks import check
 class HedgeConfig:
     # Without [priority]: whether requests are hedged at all (with it, each class says).
     enabled: bool = False
-    # The delay: this multiple of the first unit's predicted time to first token for the
-    # request, within [min_delay, max_delay] seconds; max_delay where nothing is predicted.
+    # The delay: this multiple of the request's predicted time to first token on its first
+    # unit or on the best other unit, whichever is sooner, within [min_delay, max_delay]
+    # seconds; max_delay where nothing is predicted.
     delay_factor: float = 2.0
     min_delay: float = 0.05
     max_delay: float = 2.0
@@ -42,8 +43,9 @@ class HedgeConfig:
     tie: bool = True
     tie_delay: float = 0.05
     # Probation: a unit whose first copies a hedge overtook before they began, in more than
-    # this share of its answers over `budget_window` (and 3x the fleet's median), is `slow`
-    # (gateway/routing/overtaken.py). 0 = never.
+    # this share of its answers over `budget_window` (and 3x the fleet's median), is `slow`,
+    # at the share of slow_weight its copies that began make (gateway/routing/overtaken.py).
+    # 0 = never.
     probation: float = 0.05
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from gateway.health.result import NodeReport
 from gateway.health.signals import HealthObserver
 from gateway.health.ticks import ProbeTicks
 from gateway.health.verdict import Flip, GangVerdict, Round
+from gateway.health_states import Lag
 from gateway.routing.load import others
 from gateway.tls import unit_context
 from gateway.units import UnitRegistry, UnitState
@@ -47,12 +48,13 @@ def no_traffic(unit_id: str, now: float, since: float | None = None) -> bool:
     return False
 
 
-# (unit id) -> why the unit's learned latency lags the fleet's (gateway/routing/forecast.py),
-# or None: it is then `slow` while its probes pass.
-Lagging = Callable[[str], str | None]
+# (unit id) -> why the unit's learned latency lags the fleet's (gateway/routing/forecast.py)
+# or it is on probation, with the share of slow_weight it keeps; None: it is then `slow`
+# while its probes pass.
+Lagging = Callable[[str], Lag | None]
 
 
-def never_lagging(unit_id: str) -> str | None:
+def never_lagging(unit_id: str) -> Lag | None:
     return None
 
 
@@ -154,7 +156,9 @@ class UnitProber:
             asked = canary_error is None
             now = asyncio.get_running_loop().time()
         lag = self.lagging(self.unit.id)
-        result = self.verdict.observe(reports, now, canary_error, flowing, lag, asked)
+        reason = None if lag is None else lag.reason
+        result = self.verdict.observe(reports, now, canary_error, flowing, reason, asked)
+        self._weigh_slow(1.0 if lag is None else lag.share)
         self._record_nodes(reports, result.nodes)
         if own_then:
             first = reports[0]
@@ -184,6 +188,12 @@ class UnitProber:
         leader = reports[0]
         if leader.error is None:  # what a leader that answered says of itself
             self.unit.tied = leader.tied
+
+    def _weigh_slow(self, share: float) -> None:
+        """The share of slow_weight the unit keeps while it is slow (set before a flip, so
+        that a unit turning slow gets it at once)."""
+        if self.registry.units.get(self.unit.id) is self.unit:
+            self.registry.set_slow_share(self.unit.id, share)
 
     def _apply(self, flip: Flip) -> None:
         if self.registry.units.get(self.unit.id) is not self.unit:

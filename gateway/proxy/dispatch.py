@@ -177,6 +177,22 @@ class Dispatcher:
             return {}
         return self.depths(call.prompt_ids, (u.id for u in units))
 
+    def soonest(self, call: Call, units: Sequence[UnitState]) -> float | None:
+        """The least time to first token the forecast predicts for the call on any of
+        `units`, each with its cached prefix and its requests in flight (None: no forecast,
+        or no unit's model has learned enough)."""
+        forecast = self.forecast
+        if forecast is None or not units:
+            return None
+        prompt, cached = self.prompt_tokens(call), self.cached(call, units)
+        best: float | None = None
+        for u in units:
+            uncached = max(0, prompt - cached.get(u.id, 0))
+            estimate = forecast.estimate(u.id, uncached, u.inflight + u.foreign)
+            if estimate is not None and (best is None or estimate.ttft < best):
+                best = estimate.ttft
+        return best
+
     def prompt_tokens(self, call: Call) -> int:
         """The request's prompt tokens: counted where the gateway knows its ids, else about
         four bytes of JSON a token (and at least that where the ids are an earlier turn's,

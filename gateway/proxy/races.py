@@ -62,6 +62,11 @@ class Attempts(Protocol):
         """How many of the call's prompt tokens each unit's cache holds, where known."""
         ...
 
+    def soonest(self, call: Call, units: Sequence[UnitState]) -> float | None:
+        """The least time to first token predicted for the call on any of `units` (None:
+        none of them predicts one)."""
+        ...
+
 
 class Races:
     def __init__(
@@ -89,7 +94,9 @@ class Races:
         unit = await self.attempts.admit(call)
         placed, routed = call.placed, call.routed
         mine = self._uncached(call)
-        delay = hedger.hedging.delay(None if placed is None else placed.predicted)
+        others = [u for u in self.attempts.routable(call) if u is not unit and u not in call.tried]
+        elsewhere = self.attempts.soonest(call, others)
+        delay = hedger.hedging.delay(None if placed is None else placed.predicted, elsewhere)
         if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
             return await self._tied(call, unit, mine, delay)
         first = asyncio.ensure_future(self.attempts.send(call, unit, call.lease, placed, routed))

@@ -202,7 +202,9 @@ class Forecast:
         """Each learned unit's fitted figures by name (FIGURES), for the metrics, the status
         page and, from a worker, the control plane; with `overtaken_share` where enough of
         its answers were counted over the window up to `now` (overtaken.py; None: the latest
-        time it was told, so a scrape from another thread needs no clock). Only reads."""
+        time it was told, so a scrape from another thread needs no clock), alone for a unit
+        not learned yet: one whose every copy a hedge overtakes never gets a first token to
+        learn from. Only reads."""
         now = self.latest if now is None else now
         found: dict[str, dict[str, float]] = {}
         for unit, model in self.units.items():
@@ -212,7 +214,6 @@ class Forecast:
             values = (first_k, *model.ttft.theta, *model.tpot.theta)
             found[unit] = dict(zip(FIGURES, values, strict=True))
             found[unit]["queued_tokens"] = float(self.queued.get(unit, 0))
-            share = self.overtaken.share(unit, now)
-            if share is not None:
-                found[unit]["overtaken_share"] = share
+        for unit, share in self.overtaken.shares(now):
+            found.setdefault(unit, {})["overtaken_share"] = share
         return found

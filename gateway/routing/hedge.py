@@ -6,10 +6,13 @@ sent to another unit; the first copy to produce a token is relayed and the other
 ("The Tail at Scale"). What keeps it from hurting:
 
 - **The delay is per request**: a multiple (`delay_factor`) of the time to first token the
-  latency model predicts for this request on its first unit (its uncached prompt tokens, the
-  unit's queue), within [`min_delay`, `max_delay`]. A long prompt on a busy unit is given
-  the time it needs; a short one on an idle unit is hedged soon. Without a prediction (the
-  model off, or the unit too new to have one) the delay is `max_delay`.
+  latency model predicts for this request (its uncached prompt tokens, the unit's queue), on
+  its first unit or on the best other unit, whichever is sooner, within [`min_delay`,
+  `max_delay`]. A long prompt on a busy fleet is given the time it needs; a short one is
+  hedged soon. The other units count because a unit's own prediction is learned from its own
+  answers: a unit that stalls every request would otherwise earn itself a delay as long as
+  its stalls, and never be hedged. Without a prediction (the model off, or the units too new
+  to have one) the delay is `max_delay`.
 - **A budget in prefill tokens**: the hedged copies' uncached prompt tokens are at most
   `budget_share` of all requests' uncached prompt tokens over `budget_window`. A token count,
   not a request count: one hedged 30,000-token prompt costs what a thousand short ones do.
@@ -57,12 +60,15 @@ class Hedging:
 
     # -- the decisions --------------------------------------------------------------------
 
-    def delay(self, predicted_ttft: float | None) -> float:
-        """Seconds to wait for the first unit's first token before sending a second copy."""
+    def delay(self, predicted_ttft: float | None, elsewhere: float | None = None) -> float:
+        """Seconds to wait for the first unit's first token before sending a second copy:
+        `predicted_ttft` is the request's predicted time to first token on its unit,
+        `elsewhere` the least predicted on another unit it could go to (None: not known)."""
         c = self.config
-        if predicted_ttft is None or predicted_ttft <= 0:
+        known = [t for t in (predicted_ttft, elsewhere) if t is not None and t > 0]
+        if not known:
             return c.max_delay
-        return min(c.max_delay, max(c.min_delay, c.delay_factor * predicted_ttft))
+        return min(c.max_delay, max(c.min_delay, c.delay_factor * min(known)))
 
     def refusal(self, tokens: int, fleet: FleetNow, now: float) -> str | None:
         """Why a copy of `tokens` uncached prompt tokens may not be sent now, as "budget: ..."

@@ -12,8 +12,10 @@ requests that the fleet's TTFT p99 doubled (docs/benchmarks.md, "Hedged requests
 So each unit's share of answers begun that a hedge overtook is counted over a sliding window
 (`Overtaken`), and a unit whose share passes both a floor and `FACTOR` times the fleet's
 median (`on_probation`) is put on probation: its prober marks it `slow`, with that reason, so
-it gets `[health].slow_weight` of its share of new requests, and still enough of them for the
-share to be measured; once the share falls back (or too few answers are left in the window to
+it gets `[health].slow_weight` of its share of new requests, times the share of its first
+copies that were not overtaken (a unit that stalls every request would otherwise keep a
+quarter of its share, all of it hedged), and still enough of them for the share to be
+measured; once the share falls back (or too few answers are left in the window to
 judge), it is healthy again. Pure and synchronous; the clock comes in as `now`.
 """
 
@@ -22,9 +24,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator, Mapping
 
+from gateway.health_states import Lag
 from gateway.routing.window import SlidingSums
 
 FACTOR = 3.0  # a unit's share past this many times the fleet's median (of >= 3 units)
+LEAST_KEPT = 0.02  # of slow_weight, the least a unit on probation keeps (to be measured)
 LEAST = 20  # answers begun and overtaken copies in the window before a share is judged
 
 _BEGUN, _OVERTAKEN = range(2)
@@ -86,13 +90,17 @@ def on_probation(shares: Mapping[str, float], floor: float) -> dict[str, float]:
     return {unit: share for unit, share in shares.items() if share > bar}
 
 
-def probation_reason(shares: Mapping[str, float], unit: str, floor: float) -> str | None:
-    """Why `unit` is on probation (on_probation), or None if it is not."""
+def probation(shares: Mapping[str, float], unit: str, floor: float) -> Lag | None:
+    """Why `unit` is on probation (on_probation), or None if it is not; with the share of
+    `[health].slow_weight` it keeps: the share of its first copies that were not overtaken
+    (at least LEAST_KEPT, rounded to hundredths). A unit whose every copy stalls keeps
+    little: what is sent to it waits for a hedge."""
     share = on_probation(shares, floor).get(unit)
     if share is None:
         return None
     median = statistics.median(shares.values())
-    return (
+    reason = (
         f"a hedge overtook {share:.0%} of its first copies before they began"
         f" (the fleet's median: {median:.0%}); on probation"
     )
+    return Lag(reason, max(LEAST_KEPT, round(1.0 - share, 2)))

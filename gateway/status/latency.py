@@ -19,7 +19,7 @@ class Latency:
         figures = self._figures()
         for unit in snapshot.get("units", ()):
             found = figures.get(unit["id"])
-            if found is not None:
+            if found is not None and "ttft_1k_idle" in found:  # learned, not only overtaken
                 unit["latency"] = {
                     "ttft_1k_idle_s": found["ttft_1k_idle"],
                     "tpot_s": found["tpot_base"] + found["tpot_per_running"],

@@ -47,6 +47,24 @@ def test_a_slow_unit_stays_routable_at_a_lower_weight() -> None:
     assert reg.units["u1"].weight == 1.0
 
 
+def test_a_slow_unit_keeps_its_share_of_the_slow_weight() -> None:
+    """On probation a unit keeps only a share of slow_weight (routing/overtaken.py); the share
+    follows each round, and weighs only while the unit is slow."""
+    reg = all_healthy(registry(slow_weight=0.25))
+    reg.set_slow_share("u1", 0.08)
+    assert reg.units["u1"].weight == 1.0  # healthy: the share waits
+    reg.set_health("u1", Health.SLOW, "on probation")
+    assert reg.units["u1"].weight == 0.02
+    before = reg.snapshot
+    reg.set_slow_share("u1", 0.5)
+    assert reg.units["u1"].weight == 0.125 and reg.snapshot is not before  # swapped
+    same = reg.snapshot
+    reg.set_slow_share("u1", 0.5)
+    assert reg.snapshot is same  # nothing changed: nothing swapped
+    reg.set_health("u1", Health.HEALTHY, "ok")
+    assert reg.units["u1"].weight == 1.0
+
+
 def test_panic_routes_across_units_out_for_soft_reasons_or_by_their_breaker() -> None:
     reg = all_healthy(registry())
     changes: list[PanicChange] = []

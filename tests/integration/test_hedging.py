@@ -102,6 +102,8 @@ async def test_a_unit_whose_copies_a_hedge_keeps_overtaking_is_put_on_probation(
         assert "a hedge overtook" in u0.reasons["healthy"], u0.reasons
         figures = gw.knowledge.latency_figures()
         assert figures["u0"]["overtaken_share"] > 0.1, figures
+        # It keeps the share of slow_weight that its copies which began make (overtaken.py).
+        assert u0.slow_share < 1.0 and u0.weight < config.health.slow_weight, u0.weight
         assert all(gw.units.units[u].health.value == "healthy" for u in ("u1", "u2"))
         # Its stalls stop: the copies it still gets begin, and it is healthy again.
         clean_sim.post("/units/u0/settings", {"stall_rate": 0.0})
@@ -109,3 +111,4 @@ async def test_a_unit_whose_copies_a_hedge_keeps_overtaking_is_put_on_probation(
         while u0.health.value != "healthy":
             assert loop.time() < deadline, gw.knowledge.latency_figures()
             await asyncio.gather(*(client(5) for _ in range(6)))
+        assert u0.weight == 1.0

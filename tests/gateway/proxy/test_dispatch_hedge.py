@@ -20,6 +20,7 @@ from gateway.relay.tracker import StreamTracker
 from gateway.units import UnitState
 from tests.gateway.proxy import dispatch_support
 from tests.gateway.proxy.dispatch_support import HEAVY, LIGHT, Make, Recorder, Rig, answering
+from tests.gateway.proxy.test_dispatch_latency import learned
 from tests.gateway.servers import Peer, RawServer, never, serve_app, until
 
 FAST = {"min_delay": 0.05, "max_delay": 0.1, "budget_share": 1.0}
@@ -84,6 +85,31 @@ async def test_a_stalled_first_copy_is_hedged_and_the_second_wins(rigs: Make) ->
         assert rig.admission.inflight == 0
         await asyncio.wait_for(stalled.peers[0].closed.wait(), 1.0)  # a saw the abort
         assert call.tried == [] and call.attempts == 2
+
+
+async def test_a_unit_that_learned_to_stall_is_hedged_as_soon_as_the_others_answer(
+    rigs: Make,
+) -> None:
+    """Every request to `a` has taken 5 s to its first token, every one to `b` 50 ms: the
+    delay is twice b's, not twice a's (which max_delay would cut to 10 s)."""
+    async with RawServer(never) as stalled, serve_app(answering([])) as fast:
+        hedge = {"enabled": True, "min_delay": 0.01, "max_delay": 10.0, "budget_share": 1.0}
+        rig = rigs(
+            [("a", stalled.url, HEAVY), ("b", fast, LIGHT)],
+            hedge=hedge,
+            forecast=learned({"a": 5.0, "b": 0.05}),
+        )
+        seen = hedging(rig)
+        call = resumable(rig)
+        with call.lease:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            unit, answer = await rig.dispatcher.open(call)
+            took = loop.time() - began
+            assert unit.id == "b" and call.hedge == "second"
+            assert ("hedged", "a", "b") in seen.events
+            assert 0.05 <= took < 2.0, took  # about twice b's 50 ms, then b's answer
+            rig.upstream.finish(answer)
 
 
 async def test_the_first_copy_still_wins_if_it_answers_first(rigs: Make) -> None:

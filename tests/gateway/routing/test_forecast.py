@@ -120,3 +120,14 @@ def test_a_units_overtaken_share_is_a_figure_once_enough_answers_are_counted() -
     assert "gone" not in f.overtaken._units
     f.drop("a")
     assert f.overtaken.share("a", 1029.0) is None
+
+
+def test_a_unit_whose_every_copy_is_overtaken_has_its_share_before_a_model() -> None:
+    """It never gets a first token to learn from: its share stands alone among its figures,
+    and is what puts it on probation."""
+    f = Forecast(least=5, learn_every=0.0, window=60.0)
+    placed = Placed("s", 100, 0, None)
+    f.sent(placed, 0, 1000.0)  # the unit is in the fleet: it was sent a copy
+    for i in range(20):
+        f.hedge_overtook("s", 1000.0 + i)
+    assert f.figures(1020.0)["s"] == {"overtaken_share": 1.0}

@@ -21,6 +21,17 @@ def test_the_delay_is_a_multiple_of_the_prediction_within_its_bounds() -> None:
     assert h.delay(None) == 2.0 and h.delay(0.0) == 2.0  # nothing predicted: the longest
 
 
+def test_the_delay_is_the_sooner_of_its_unit_and_the_best_other() -> None:
+    """A unit that stalls every request learns a long time to first token: its own
+    prediction alone would wait as long as its stalls before hedging them."""
+    h = Hedging(HedgeConfig(delay_factor=2.0, min_delay=0.05, max_delay=5.0))
+    assert h.delay(2.0, 0.03) == pytest.approx(0.06)  # the straggler: hedged soon
+    assert h.delay(0.03, 2.0) == pytest.approx(0.06)  # a slower fleet does not delay it
+    assert h.delay(None, 0.3) == pytest.approx(0.6)  # its own model still learning
+    assert h.delay(0.3, None) == pytest.approx(0.6)
+    assert h.delay(None, None) == 5.0 and h.delay(0.0, 0.0) == 5.0
+
+
 def test_the_budget_is_a_share_of_prefill_tokens_over_the_window() -> None:
     h = Hedging(HedgeConfig(budget_share=0.05, budget_window=10.0))
     for t in range(10):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.overtaken import LEAST, Overtaken, on_probation, probation_reason
+from gateway.health_states import Lag
+from gateway.routing.overtaken import LEAST, LEAST_KEPT, Overtaken, on_probation, probation
 from gateway.routing.window import SlidingSums
 
 
@@ -41,11 +42,20 @@ def test_probation_takes_a_share_past_the_floor_and_three_times_the_median() -> 
 
 def test_the_reason_names_the_share_and_the_median() -> None:
     fleet = {"a": 0.01, "b": 0.02, "c": 0.0, "d": 0.16}
-    assert probation_reason(fleet, "d", 0.05) == (
+    reason = (
         "a hedge overtook 16% of its first copies before they began (the fleet's median: 2%);"
         " on probation"
     )
-    assert probation_reason(fleet, "a", 0.05) is None
+    assert probation(fleet, "d", 0.05) == Lag(reason, 0.84)
+    assert probation(fleet, "a", 0.05) is None
+
+
+def test_on_probation_a_unit_keeps_the_share_of_its_copies_that_began() -> None:
+    """Of slow_weight: a straggler overtaken in 16% of its copies keeps 84% of it, one whose
+    every copy stalls keeps the least that still lets its share be measured."""
+    calm = {"a": 0.0, "b": 0.01, "c": 0.0}
+    kept = [probation({**calm, "d": share}, "d", 0.05) for share in (0.16, 0.5, 0.93, 1.0)]
+    assert [lag.share for lag in kept if lag is not None] == [0.84, 0.5, 0.07, LEAST_KEPT]
 
 
 def test_a_peek_is_the_total_without_moving_the_ring() -> None:
