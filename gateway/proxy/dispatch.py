@@ -178,9 +178,9 @@ class Dispatcher:
         return self.depths(call.prompt_ids, (u.id for u in units))
 
     def soonest(self, call: Call, units: Sequence[UnitState]) -> float | None:
-        """The least time to first token the forecast predicts for the call on any of
-        `units`, each with its cached prefix and its requests in flight (None: no forecast,
-        or no unit's model has learned enough)."""
+        """The least time to first token the forecast gives the call on any of `units`, each
+        with its cached prefix and its requests in flight (Forecast.ttft: predicted, or
+        observed before a unit's model is learned); None: no forecast, or nothing known."""
         forecast = self.forecast
         if forecast is None or not units:
             return None
@@ -188,9 +188,9 @@ class Dispatcher:
         best: float | None = None
         for u in units:
             uncached = max(0, prompt - cached.get(u.id, 0))
-            estimate = forecast.estimate(u.id, uncached, u.inflight + u.foreign)
-            if estimate is not None and (best is None or estimate.ttft < best):
-                best = estimate.ttft
+            ttft = forecast.ttft(u.id, uncached, u.inflight + u.foreign)
+            if ttft is not None and (best is None or ttft < best):
+                best = ttft
         return best
 
     def prompt_tokens(self, call: Call) -> int:

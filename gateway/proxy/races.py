@@ -95,8 +95,10 @@ class Races:
         placed, routed = call.placed, call.routed
         mine = self._uncached(call)
         others = [u for u in self.attempts.routable(call) if u is not unit and u not in call.tried]
-        elsewhere = self.attempts.soonest(call, others)
-        delay = hedger.hedging.delay(None if placed is None else placed.predicted, elsewhere)
+        own = None if placed is None else placed.predicted
+        if own is None:  # its unit's model not learned yet: what it was seen to take
+            own = self.attempts.soonest(call, (unit,))
+        delay = hedger.hedging.delay(own, self.attempts.soonest(call, others))
         if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
             return await self._tied(call, unit, mine, delay)
         first = asyncio.ensure_future(self.attempts.send(call, unit, call.lease, placed, routed))

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from gateway.routing.latency import UnitLatency
+from gateway.routing.observed import ObservedTtft
 from gateway.routing.overtaken import Overtaken
 
 # Output tokens a placement is charged its unit's decode load for: the first lines a reader
@@ -97,6 +98,7 @@ class Forecast:
         self.forget, self.least, self.learn_every = forget, least, learn_every
         self.units: dict[str, UnitLatency] = {}
         self.overtaken = Overtaken(window)
+        self.observed = ObservedTtft()  # each unit's recent first tokens, before a model
         self.latest = 0.0  # the latest time the feed told: `figures`' clock
         self.queued: dict[str, int] = {}  # unit -> uncached prompt tokens sent, not yet answered
         # unit -> when its model last learned a first token, and an answer's pace
@@ -129,6 +131,7 @@ class Forecast:
         self.queued.pop(unit, None)
         self._learned.pop(unit, None)
         self.overtaken.drop(unit)
+        self.observed.drop(unit)
 
     def estimate(self, unit: str, uncached: int, running: int) -> Estimate | None:
         """What placing a request with `uncached` prompt tokens on `unit`, now running
@@ -140,6 +143,16 @@ class Forecast:
         tpot = model.predict_tpot(running + 1)
         assert ttft is not None and tpot is not None  # learned
         return Estimate(ttft, ttft + DECODE_HORIZON * tpot)
+
+    def ttft(self, unit: str, uncached: int, running: int) -> float | None:
+        """The time to first token of a request with `uncached` prompt tokens on `unit`,
+        now running `running` requests: its model's prediction once learned, else the 90th
+        percentile of its recent first tokens for prompts of about that length (observed.py);
+        None while neither is known."""
+        estimate = self.estimate(unit, uncached, running)
+        if estimate is not None:
+            return estimate.ttft
+        return self.observed.p90(unit, uncached)
 
     def estimates(
         self, units: Iterable[tuple[str, int]], prompt: int, cached: Mapping[str, int]
@@ -171,6 +184,7 @@ class Forecast:
             return  # never sent, or its unit left the fleet meanwhile
         placed.opened = self.latest = now
         self.overtaken.begun(placed.unit, now)
+        self.observed.add(placed.unit, placed.uncached, now - placed.sent)
         if self._due(placed.unit, 0, now):
             model = self.model(placed.unit)
             model.first_token(placed.uncached, placed.queued, placed.running, now - placed.sent)

@@ -8,6 +8,7 @@ first copy goes to it and the second to the unit that answers."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from hypothesis import strategies as st
 
 from gateway.proxy.call import Call
 from gateway.proxy.hedging import first_of
+from gateway.proxy.upstream import Answer
 from gateway.relay.tracker import StreamTracker
+from gateway.routing.forecast import Forecast, Placed
 from gateway.units import UnitState
 from tests.gateway.proxy import dispatch_support
 from tests.gateway.proxy.dispatch_support import HEAVY, LIGHT, Make, Recorder, Rig, answering
@@ -61,6 +64,14 @@ def kinds(seen: HedgeRecorder) -> list[tuple[Any, ...]]:
     return [e for e in seen.events if e[0] != "started"]
 
 
+async def timed_open(rig: Rig, call: Call) -> tuple[UnitState, Answer, float]:
+    """The dispatcher's open of `call`, and the seconds it took."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    unit, answer = await rig.dispatcher.open(call)
+    return unit, answer, loop.time() - began
+
+
 async def test_a_stalled_first_copy_is_hedged_and_the_second_wins(rigs: Make) -> None:
     hits: list[str] = []
     async with RawServer(never) as stalled, serve_app(answering(hits)) as fast:
@@ -68,10 +79,7 @@ async def test_a_stalled_first_copy_is_hedged_and_the_second_wins(rigs: Make) ->
         seen = hedging(rig)
         call = resumable(rig)
         with call.lease:
-            loop = asyncio.get_running_loop()
-            began = loop.time()
-            unit, answer = await rig.dispatcher.open(call)
-            took = loop.time() - began
+            unit, answer, took = await timed_open(rig, call)
             assert unit.id == "b" and call.hedge == "second" and answer.status == 200
             assert 0.05 <= took < 1.0  # after the delay, long before a's first-byte timeout
             assert kinds(seen) == [
@@ -87,25 +95,38 @@ async def test_a_stalled_first_copy_is_hedged_and_the_second_wins(rigs: Make) ->
         assert call.tried == [] and call.attempts == 2
 
 
+def seen_only(ttft: dict[str, float], answers: int = 6) -> Forecast:
+    """A forecast that saw `answers` first tokens of each unit, too few for its models."""
+    forecast = Forecast(least=20, learn_every=0.0)
+    now = 100.0
+    for unit, seconds in ttft.items():
+        for _ in range(answers):
+            placed = Placed(unit, 10, 0, None)
+            forecast.sent(placed, 0, now)
+            forecast.first_token(placed, now + seconds)
+            now += 10.0
+    assert all(forecast.estimate(unit, 10, 0) is None for unit in ttft)
+    return forecast
+
+
+@pytest.mark.parametrize("taught", [learned, seen_only], ids=["learned", "seen"])
 async def test_a_unit_that_learned_to_stall_is_hedged_as_soon_as_the_others_answer(
-    rigs: Make,
+    rigs: Make, taught: Callable[[dict[str, float]], Forecast]
 ) -> None:
     """Every request to `a` has taken 5 s to its first token, every one to `b` 50 ms: the
-    delay is twice b's, not twice a's (which max_delay would cut to 10 s)."""
+    delay is twice b's, not twice a's (which max_delay would cut to 10 s); from the units'
+    models, or before they have learned, from what they were seen to take."""
     async with RawServer(never) as stalled, serve_app(answering([])) as fast:
         hedge = {"enabled": True, "min_delay": 0.01, "max_delay": 10.0, "budget_share": 1.0}
         rig = rigs(
             [("a", stalled.url, HEAVY), ("b", fast, LIGHT)],
             hedge=hedge,
-            forecast=learned({"a": 5.0, "b": 0.05}),
+            forecast=taught({"a": 5.0, "b": 0.05}),
         )
         seen = hedging(rig)
         call = resumable(rig)
         with call.lease:
-            loop = asyncio.get_running_loop()
-            began = loop.time()
-            unit, answer = await rig.dispatcher.open(call)
-            took = loop.time() - began
+            unit, answer, took = await timed_open(rig, call)
             assert unit.id == "b" and call.hedge == "second"
             assert ("hedged", "a", "b") in seen.events
             assert 0.05 <= took < 2.0, took  # about twice b's 50 ms, then b's answer
