@@ -33,6 +33,7 @@ from gateway.signals import Signals
 from gateway.units import UnitState
 
 Opened = tuple[UnitState, Answer]
+RECHECK = 0.1  # seconds between asks for a delay while none is known (Races._wait)
 
 
 class Attempts(Protocol):
@@ -90,19 +91,47 @@ class Races:
         """The first copy; if its answer has not begun after the delay, a second copy on
         another unit, and the answer that begins first (hedging.py). A unit that announces
         its starts gets a tied pair instead."""
-        hedger = self.hedger
+        hedge = self.hedger.config.hedge
         unit = await self.attempts.admit(call)
         placed, routed = call.placed, call.routed
         mine = self._uncached(call)
-        others = [u for u in self.attempts.routable(call) if u is not unit and u not in call.tried]
+        delay = self._delay(call, unit)
+        if unit.tied and hedge.tie and self._tie_partner(call, unit):
+            return await self._tied(call, unit, mine, hedge.max_delay if delay is None else delay)
+        first = asyncio.ensure_future(self.attempts.send(call, unit, call.lease, placed, routed))
+        return await self._after_delay(call, unit, first, mine, delay)
+
+    def _delay(self, call: Call, unit: UnitState) -> float | None:
+        """How long the first copy on `unit` has before a second goes (Hedging.delay): from
+        the request's time to first token on its unit and on the best other; None while
+        neither is known, predicted or observed."""
+        placed = call.placed
         own = None if placed is None else placed.predicted
         if own is None:  # its unit's model not learned yet: what it was seen to take
             own = self.attempts.soonest(call, (unit,))
-        delay = hedger.hedging.delay(own, self.attempts.soonest(call, others))
-        if unit.tied and hedger.config.hedge.tie and self._tie_partner(call, unit):
-            return await self._tied(call, unit, mine, delay)
-        first = asyncio.ensure_future(self.attempts.send(call, unit, call.lease, placed, routed))
-        return await self._after_delay(call, unit, first, mine, delay)
+        others = [u for u in self.attempts.routable(call) if u is not unit and u not in call.tried]
+        elsewhere = self.attempts.soonest(call, others)
+        if own is None and elsewhere is None:
+            return None
+        return self.hedger.hedging.delay(own, elsewhere)
+
+    async def _wait(
+        self, call: Call, unit: UnitState, first: asyncio.Task[Opened], delay: float | None
+    ) -> None:
+        """Until `first` is done or its delay has passed. None: nothing was known when it
+        was sent (a gateway just started), so the delay is `max_delay`, asked again every
+        RECHECK seconds while it waits: the fleet's first answers give one."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        limit = self.hedger.config.hedge.max_delay if delay is None else delay
+        while not first.done():
+            left = limit - (loop.time() - began)
+            if left <= 0:
+                return
+            await asyncio.wait({first}, timeout=left if delay is not None else min(left, RECHECK))
+            if delay is None and not first.done():
+                delay = self._delay(call, unit)
+                limit = limit if delay is None else delay
 
     async def _after_delay(
         self,
@@ -110,12 +139,12 @@ class Races:
         unit: UnitState,
         first: asyncio.Task[Opened],
         mine: int,
-        delay: float,
+        delay: float | None,
     ) -> Opened:
-        """`first`'s answer; if it has not begun after `delay` seconds, a second copy on
-        another unit, and the answer that begins first."""
+        """`first`'s answer; if it has not begun after `delay` seconds (None: see `_wait`),
+        a second copy on another unit, and the answer that begins first."""
         try:
-            await asyncio.wait({first}, timeout=max(delay, 0.0))
+            await self._wait(call, unit, first, delay)
             if first.done():
                 return first.result()
             twin = self._twin(call, unit)

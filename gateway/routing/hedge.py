@@ -13,7 +13,8 @@ sent to another unit; the first copy to produce a token is relayed and the other
   answers: a unit that stalls every request would otherwise earn itself a delay as long as
   its stalls, and never be hedged. Before a unit's model has learned, its recent first tokens
   for prompts of a similar length stand in (their 90th percentile: observed.py). With neither
-  (the model off, or nothing answered yet) the delay is `max_delay`.
+  (the model off, or nothing answered yet) the delay is `max_delay`, asked again while the
+  copy waits (proxy/races.py).
 - **A budget in prefill tokens**: the hedged copies' uncached prompt tokens are at most
   `budget_share` of all requests' uncached prompt tokens over `budget_window`. A token count,
   not a request count: one hedged 30,000-token prompt costs what a thousand short ones do.

@@ -133,6 +133,33 @@ async def test_a_unit_that_learned_to_stall_is_hedged_as_soon_as_the_others_answ
             rig.upstream.finish(answer)
 
 
+async def test_a_copy_sent_before_anything_was_known_is_hedged_once_the_fleet_answers(
+    rigs: Make,
+) -> None:
+    """A gateway just started knows no unit's time to first token: its first copies get
+    max_delay (10 s here), asked again while they wait. The other unit's first answers come
+    in 0.2 s later: the waiting copy is hedged after about twice theirs, not after 10 s."""
+    async with RawServer(never) as stalled, serve_app(answering([])) as fast:
+        hedge = {"enabled": True, "min_delay": 0.01, "max_delay": 10.0, "budget_share": 1.0}
+        forecast = Forecast(least=20, learn_every=0.0)
+        rig = rigs([("a", stalled.url, HEAVY), ("b", fast, LIGHT)], hedge=hedge, forecast=forecast)
+        seen = hedging(rig)
+        call = resumable(rig)
+        with call.lease:
+            opening = asyncio.ensure_future(timed_open(rig, call))
+            await asyncio.sleep(0.2)
+            assert not opening.done() and not kinds(seen)  # nothing known: no hedge yet
+            now = asyncio.get_running_loop().time()
+            for _ in range(6):  # b answered six requests meanwhile, each in 50 ms
+                placed = Placed("b", 10, 0, None)
+                forecast.sent(placed, 0, now - 0.05)
+                forecast.first_token(placed, now)
+            unit, answer, took = await asyncio.wait_for(opening, 5.0)
+            assert unit.id == "b" and call.hedge == "second", took
+            assert 0.2 <= took < 1.0, took
+            rig.upstream.finish(answer)
+
+
 async def test_the_first_copy_still_wins_if_it_answers_first(rigs: Make) -> None:
     held: list[Peer] = []
 
