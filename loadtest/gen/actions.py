@@ -8,6 +8,7 @@ not be injected is a result the reader must see, not a reason to throw the run a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,9 @@ from loadtest.gen.timeseries import failover, timeseries
 
 ACTION_TIMEOUT_S = 5.0
 NOT_RUN = "not run: the load ended first"
+
+# Pid lookups through /health by health URL, kept across a run's actions (`_signal`).
+Pids = dict[str, "asyncio.Future[int]"]
 
 
 @dataclass(slots=True)
@@ -62,7 +66,7 @@ class ActionRunner:
         self._state = state
         # Pids found through /health, by health URL: a frozen (SIGSTOPped) node cannot answer
         # /health, so `cont` signals the pid an earlier action found there.
-        self._pids: dict[str, int] = {}
+        self._pids: Pids = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -110,7 +114,7 @@ class ActionError(Exception):
 
 
 async def fire(
-    session: aiohttp.ClientSession, action: Action, pids: dict[str, int] | None = None
+    session: aiohttp.ClientSession, action: Action, pids: Pids | None = None
 ) -> str | None:
     """Run one action now; returns a short detail worth keeping (the pid signalled). `pids`
     remembers the pids found through /health across the actions of one run."""
@@ -140,16 +144,20 @@ async def _post(
             raise ActionError(f"HTTP {resp.status} from {url}: {text[:200]}")
 
 
-async def _signal(
-    session: aiohttp.ClientSession, action: SignalAction, pids: dict[str, int]
-) -> str:
+async def _signal(session: aiohttp.ClientSession, action: SignalAction, pids: Pids) -> str:
     pid = action.pid
     if pid is None:
         url = action.health_url
         assert url is not None
-        pid = pids.get(url) if action.name == "cont" else None
-        if pid is None:
-            pid = pids[url] = await _health_pid(session, url)
+        found = pids.get(url) if action.name == "cont" else None
+        if found is not None:
+            # An earlier action's lookup, awaited even while it is still out: that action
+            # signals first (it waited first), so a `cont` never overtakes its `stop`.
+            with contextlib.suppress(ActionError, aiohttp.ClientError, TimeoutError):
+                pid = await found
+        if pid is None:  # not looked up yet, or that lookup failed: the node is not frozen
+            lookup = pids[url] = asyncio.ensure_future(_health_pid(session, url))
+            pid = await lookup
     os.kill(pid, SIGNALS[action.name])
     return f"pid {pid}"
 
