@@ -98,8 +98,9 @@ class Races:
         delay = self._delay(call, unit)
         if unit.tied and hedge.tie and self._tie_partner(call, unit):
             return await self._tied(call, unit, mine, hedge.max_delay if delay is None else delay)
+        began = asyncio.get_running_loop().time()
         first = asyncio.ensure_future(self.attempts.send(call, unit, call.lease, placed, routed))
-        return await self._after_delay(call, unit, first, mine, delay)
+        return await self._after_delay(call, unit, first, mine, delay, began)
 
     def _delay(self, call: Call, unit: UnitState) -> float | None:
         """How long the first copy on `unit` has before a second goes (Hedging.delay): from
@@ -116,13 +117,18 @@ class Races:
         return self.hedger.hedging.delay(own, elsewhere)
 
     async def _wait(
-        self, call: Call, unit: UnitState, first: asyncio.Task[Opened], delay: float | None
+        self,
+        call: Call,
+        unit: UnitState,
+        first: asyncio.Task[Opened],
+        delay: float | None,
+        began: float,
     ) -> None:
-        """Until `first` is done or its delay has passed. None: nothing was known when it
-        was sent (a gateway just started), so the delay is `max_delay`, asked again every
-        RECHECK seconds while it waits: the fleet's first answers give one."""
+        """Until `first` is done or its delay has passed since `began` (loop time). None:
+        nothing was known when it was sent (a gateway just started), so the delay is
+        `max_delay`, asked again every RECHECK seconds while it waits: the fleet's first
+        answers give one."""
         loop = asyncio.get_running_loop()
-        began = loop.time()
         limit = self.hedger.config.hedge.max_delay if delay is None else delay
         while not first.done():
             left = limit - (loop.time() - began)
@@ -140,11 +146,12 @@ class Races:
         first: asyncio.Task[Opened],
         mine: int,
         delay: float | None,
+        began: float,
     ) -> Opened:
-        """`first`'s answer; if it has not begun after `delay` seconds (None: see `_wait`),
-        a second copy on another unit, and the answer that begins first."""
+        """`first`'s answer; if it has not begun `delay` seconds after `began` (None: see
+        `_wait`), a second copy on another unit, and the answer that begins first."""
         try:
-            await self._wait(call, unit, first, delay)
+            await self._wait(call, unit, first, delay, began)
             if first.done():
                 return first.result()
             twin = self._twin(call, unit)
@@ -167,8 +174,7 @@ class Races:
         lagging its gang) is not what a tie answers."""
         starts = Starts()
         placed, routed = call.placed, call.routed
-        loop = asyncio.get_running_loop()
-        began = loop.time()
+        began = asyncio.get_running_loop().time()
         first = asyncio.ensure_future(
             self.attempts.send(call, unit, call.lease, placed, routed, starts.hook(0))
         )
@@ -177,8 +183,7 @@ class Races:
             # a twin sent meanwhile would start too and waste its prefill.
             tie_delay = self.hedger.config.hedge.tie_delay
             if await starts.first((first,), tie_delay) is not None or first.done():
-                left = delay - (loop.time() - began)
-                return await self._after_delay(call, unit, first, mine, left)
+                return await self._after_delay(call, unit, first, mine, delay, began)
             twin = self._twin(call, unit, starts.hook(1))
             if twin is None:
                 return await first
