@@ -110,61 +110,46 @@ async def test_signals_fire_on_time_with_pid_from_health(
     assert result["summary"]["failed"] == 0
 
 
+@pytest.mark.parametrize(
+    ("late", "stop_at", "cont_at", "duration"),
+    [(0.0, 0.2, 0.5, 0.8), (0.5, 0.1, 0.3, 1.5)],
+    ids=["found", "still_out"],
+)
 async def test_cont_signals_the_pid_its_stop_found(
-    sim: SimCluster, sleepers: list[subprocess.Popen[bytes]]
+    sim: SimCluster,
+    sleepers: list[subprocess.Popen[bytes]],
+    late: float,
+    stop_at: float,
+    cont_at: float,
+    duration: float,
 ) -> None:
-    """A frozen node cannot answer /health: `cont` uses the pid the `stop` found there."""
+    """A frozen node cannot answer /health: `cont` uses the pid the `stop` found there.
+    `still_out`: the stop's /health answers after the cont's time has come (a loaded
+    machine); the cont waits for that lookup and signals after the stop, never before it,
+    which would leave the node frozen (CI of b30b0d4 lost the race the other way: the cont
+    asked the frozen node)."""
     answered: list[str] = []
 
     async def health(request: web.Request) -> web.Response:
         if answered:  # frozen now: never answers (the action's own timeout would strike)
             await asyncio.sleep(60)
         answered.append(request.path)
+        await asyncio.sleep(late)
         return web.json_response({"status": "ok", "pid": sleepers[0].pid})
 
     app = web.Application()
     app.router.add_get("/health", health)
     async for health_url in _serve(app):
         actions = [
-            {"at": 0.2, "signal": "stop", "health_url": health_url},
-            {"at": 0.5, "signal": "cont", "health_url": health_url},
+            {"at": stop_at, "signal": "stop", "health_url": health_url},
+            {"at": cont_at, "signal": "cont", "health_url": health_url},
         ]
-        result = await _load(sim.units[0].leader_url, actions, 0.8)
+        result = await _load(sim.units[0].leader_url, actions, duration)
     fired = result["actions"]
     assert [a["outcome"] for a in fired] == ["ok", "ok"], fired
     assert [a["detail"] for a in fired] == [f"pid {sleepers[0].pid}"] * 2
     assert answered == ["/health"]  # asked once, by the stop
     assert _proc_state(sleepers[0].pid) != "T"  # running again
-
-
-async def test_cont_waits_for_a_stop_whose_lookup_is_still_out(
-    sim: SimCluster, sleepers: list[subprocess.Popen[bytes]]
-) -> None:
-    """The stop's /health answers after the cont's time has come (a loaded machine): the cont
-    waits for that lookup and signals after the stop, never before it, which would leave the
-    node frozen (CI of b30b0d4 lost the race the other way: the cont asked the frozen node)."""
-    answered: list[str] = []
-
-    async def health(request: web.Request) -> web.Response:
-        if answered:  # frozen now: never answers
-            await asyncio.sleep(60)
-        answered.append(request.path)
-        await asyncio.sleep(0.5)  # the stop's lookup is still out when the cont fires
-        return web.json_response({"status": "ok", "pid": sleepers[0].pid})
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    async for health_url in _serve(app):
-        actions = [
-            {"at": 0.1, "signal": "stop", "health_url": health_url},
-            {"at": 0.3, "signal": "cont", "health_url": health_url},
-        ]
-        result = await _load(sim.units[0].leader_url, actions, 1.5)
-    fired = result["actions"]
-    assert [a["outcome"] for a in fired] == ["ok", "ok"], fired
-    assert [a["detail"] for a in fired] == [f"pid {sleepers[0].pid}"] * 2
-    assert answered == ["/health"]  # asked once, by the stop
-    assert _proc_state(sleepers[0].pid) != "T"  # stopped, then running again
 
 
 def _proc_state(pid: int) -> str:
