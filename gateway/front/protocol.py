@@ -8,7 +8,9 @@ connection becomes an aiohttp `RequestHandler` and stays one.
 
 Requests on a connection are answered one at a time, in order: bytes of the next one that
 arrive while one is in flight wait (reading paused) until it is answered. The keep-alive timer
-runs only between requests and before the first; a connection idle that long is closed.
+runs only between requests and before the first; a connection idle that long is closed. It
+is armed once and, when it fires, looks at when the connection last went quiet: a request
+neither arms nor cancels a loop timer (a timer a request cost a few microseconds of CPU).
 
 An answer that ends the connection while the request's body is still coming (a refusal written
 before the body was read: 413 on its length, 401) hands the connection to a lingering
@@ -55,7 +57,9 @@ class FrontProtocol(asyncio.Protocol):
     __slots__ = (
         "_drain",
         "_idle",
+        "_loop",
         "_paused",
+        "_quiet_since",
         "buf",
         "front",
         "request",
@@ -70,6 +74,8 @@ class FrontProtocol(asyncio.Protocol):
         self.request: LeanRequest | None = None  # the one in flight
         self.task: asyncio.Task[web.StreamResponse] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._quiet_since = 0.0  # loop time the last answer ended (or the connection came)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._paused = False  # reading, while the next request's bytes wait
         self._drain: asyncio.Future[None] | None = None  # set while writing is paused
 
@@ -77,6 +83,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self._loop = asyncio.get_running_loop()
         self.front.connections.add(self)
         self._arm_idle()
 
@@ -107,7 +114,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._drain is None:
-            self._drain = asyncio.get_running_loop().create_future()
+            self._drain = self._running().create_future()
 
     def resume_writing(self) -> None:
         drain, self._drain = self._drain, None
@@ -139,7 +146,6 @@ class FrontProtocol(asyncio.Protocol):
         if head is None:
             self._hand_over()
             return
-        self._cancel_idle()
         request = LeanRequest(self, head)
         rest = buf[end:]
         if rest:
@@ -151,7 +157,7 @@ class FrontProtocol(asyncio.Protocol):
             self._pause()
         self.request = request
         route = self.front.routes[head.path]
-        self.task = task = asyncio.get_running_loop().create_task(route(request))
+        self.task = task = self._running().create_task(route(request))
         task.add_done_callback(self._answered)
 
     def _answered(self, task: asyncio.Task[web.StreamResponse]) -> None:
@@ -179,7 +185,7 @@ class FrontProtocol(asyncio.Protocol):
         if not keep_alive:
             self._close(request, transport)
             return
-        self._arm_idle()
+        self._arm_idle()  # the quiet starts now
         if self._paused:
             self._paused = False
             transport.resume_reading()
@@ -223,9 +229,19 @@ class FrontProtocol(asyncio.Protocol):
 
     # -- the keep-alive timer -------------------------------------------------------------
 
+    def _running(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     def _arm_idle(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._idle = loop.call_later(self.front.keepalive, self._idle_out)
+        """The connection goes quiet now: closed once it stays so for the keep-alive time (the
+        timer of an earlier quiet, still armed, looks again when it fires)."""
+        loop = self._running()
+        self._quiet_since = now = loop.time()
+        if self._idle is None:
+            self._idle = loop.call_at(now + self.front.keepalive, self._idle_out)
 
     def _cancel_idle(self) -> None:
         if self._idle is not None:
@@ -234,6 +250,13 @@ class FrontProtocol(asyncio.Protocol):
 
     def _idle_out(self) -> None:
         self._idle = None
+        if self.request is not None:
+            return  # busy: its answer's end arms the timer again
+        due = self._quiet_since + self.front.keepalive
+        loop = self._running()
+        if loop.time() < due:  # a request came and went since the timer was armed
+            self._idle = loop.call_at(due, self._idle_out)
+            return
         self.close_idle()
 
     def close_idle(self) -> None:

@@ -337,6 +337,37 @@ async def test_an_idle_connection_is_closed_after_the_keepalive_timeout() -> Non
         assert time.monotonic() - idle_from >= 0.25
 
 
+async def test_the_keepalive_timeout_counts_from_the_last_answer_not_the_first() -> None:
+    # The timer armed when the connection came fires mid-way: a request answered since then
+    # started the quiet again, so the connection stays open until a whole quiet has passed.
+    async with serving(keepalive=0.4) as (port, _), connect(port) as c:
+        await asyncio.sleep(0.25)
+        c.writer.write(post("/lean", b"x"))
+        assert (await c.answer())[0] == 200
+        idle_from = time.monotonic()
+        await asyncio.sleep(0.25)  # the first timer (0.4 s after the connection) fired
+        c.writer.write(post("/lean", b"y"))
+        assert (await c.answer())[2] == b"lean:y"
+        idle_from = time.monotonic()
+        assert await c.closed()
+        assert time.monotonic() - idle_from >= 0.35
+
+
+async def test_a_request_longer_than_the_keepalive_timeout_keeps_its_connection() -> None:
+    held = Held()
+    async with serving({"/held": held}, keepalive=0.2) as (port, _), connect(port) as c:
+        c.writer.write(post("/held"))
+        await asyncio.wait_for(held.started.wait(), 5.0)
+        await asyncio.sleep(0.5)  # the keep-alive timer fired while the request ran
+        held.release.set()
+        assert (await c.answer())[2] == b"released"
+        c.writer.write(post("/lean", b"after"))  # still open, and closed after its own quiet
+        assert (await c.answer())[2] == b"lean:after"
+        idle_from = time.monotonic()
+        assert await c.closed()
+        assert time.monotonic() - idle_from >= 0.15
+
+
 async def test_a_client_that_leaves_cancels_its_request() -> None:
     held = Held()
     async with serving({"/held": held}) as (port, front):
