@@ -96,18 +96,25 @@ class UpstreamClient:
         conn: UpstreamConnection | None = None
         reserved = False
         try:
-            async with asyncio.timeout_at(first_byte_at):
-                await self.pool.reserve()
-                reserved = True
-                conn = await self.pool.acquire(endpoint, reserved=True)
-                head = request_head(
-                    endpoint, path, len(body), request_id, traceparent, extra, method
-                )
-                conn.send(head, body)
+            # Most requests find a slot and an idle connection at once: only a wait for
+            # either needs a deadline that cancels (a connect, a slot another answer holds).
+            conn = await self.pool.take(endpoint)
+            if conn is None:
+                async with asyncio.timeout_at(first_byte_at):
+                    await self.pool.reserve()
+                    reserved = True
+                    conn = await self.pool.acquire(endpoint, reserved=True)
+            reserved = True
+            head = request_head(endpoint, path, len(body), request_id, traceparent, extra, method)
+            conn.send(head, body)
+            late = conn.deadline(first_byte_at)  # the answer fails with a TimeoutError then
+            try:
                 if on_head is not None:
                     await conn.wait_for(lambda: conn.head_done)
                     on_head(conn.status)
                 await conn.wait_for(lambda: _ready(conn))
+            finally:
+                late.cancel()
             return self._answer(unit_id, endpoint, conn)
         except BaseException as exc:
             if conn is not None:

@@ -305,6 +305,14 @@ class UpstreamConnection(asyncio.Protocol):
         while not self.ready(ready):
             await self.next_wake()
 
+    def deadline(self, when: float) -> asyncio.TimerHandle:
+        """At loop time `when`, fail the answer with a TimeoutError unless it is complete (the
+        caller cancels the handle once it has what it waited for)."""
+        return self.loop.call_at(when, self._late)
+
+    def _late(self) -> None:
+        self.fail(TimeoutError("no answer in time"))
+
     def ready(self, ready: Callable[[], bool]) -> bool:
         """`ready()`, or raise the answer's failure."""
         if self.error is not None:

@@ -70,6 +70,17 @@ class ConnectionPool:
         if self._limit is not None:
             await self._limit.acquire()
 
+    async def take(self, endpoint: Endpoint) -> UpstreamConnection | None:
+        """A slot and a fresh idle connection to `endpoint`, both at once; None (nothing
+        taken) when either would mean waiting: then `reserve` and `acquire`, under a deadline."""
+        limit = self._limit
+        if limit is not None and limit.locked():
+            return None
+        conn = self._reuse(endpoint)
+        if conn is not None and limit is not None:
+            await limit.acquire()  # at once: it was not locked, and nothing ran since
+        return conn
+
     async def acquire(self, endpoint: Endpoint, *, reserved: bool = False) -> UpstreamConnection:
         if not reserved:
             await self.reserve()

@@ -271,6 +271,32 @@ async def test_a_unit_that_accepts_but_never_answers_misses_the_first_byte_deadl
         await asyncio.wait_for(server.peers[0].closed.wait(), 1.0)  # ...and sees the abort
 
 
+async def test_a_reused_connection_that_never_answers_misses_the_first_byte_deadline(
+    clients: Make,
+) -> None:
+    # The second request goes out at once on the kept connection (no connect, no slot to
+    # wait for): its deadline is the connection's own timer, not a cancelling scope.
+    answer = plain(200, b"{}", b"Content-Type: application/json")
+
+    def first_only(peer: Peer, _: bytes) -> None:
+        if len(peer.requests) == 1:
+            peer.write(answer)
+
+    loop = asyncio.get_running_loop()
+    async with RawServer(first_only) as server:
+        client = clients(max_connections=1)
+        assert (await open_at(client, server.url)).status == 200
+        start = loop.time()
+        error = await failure(client, server.url, within=0.1)
+        assert error.kind is Failure.FIRST_BYTE_TIMEOUT and error.retryable
+        assert 0.09 <= loop.time() - start < 0.5
+        assert len(server.peers) == 1 and len(server.peers[0].requests) == 2  # reused
+        await asyncio.wait_for(server.peers[0].closed.wait(), 1.0)  # and aborted
+        # Its slot came back: the next request connects anew rather than waiting for one.
+        assert (await open_at(client, server.url)).status == 200
+        assert len(server.peers) == 2
+
+
 async def test_a_streamed_head_without_body_bytes_is_not_a_first_byte(clients: Make) -> None:
     async with RawServer(lambda peer, _: peer.write(SSE_HEAD)) as server:
         error = await failure(clients(), server.url, within=0.1)
