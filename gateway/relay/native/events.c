@@ -30,12 +30,44 @@ static const char USAGE[] = "\"usage\"";
 static const char DATA_OBJ[] = "data: {";
 #define LIT(s) (s), ((Py_ssize_t)sizeof(s) - 1)
 
-static Py_ssize_t find(const char *h, Py_ssize_t hn, const char *n, Py_ssize_t nn)
+/* The needle's byte to look for first: one that stands only a few times in an event's JSON
+ * (a bracket, a brace, an `x`, an underscore, a colon, in that order), else -1. Inlined where
+ * the needle is one of the constants above, so the compiler folds it to a number. */
+static inline __attribute__((always_inline)) Py_ssize_t anchor(const char *n, Py_ssize_t nn)
+{
+    const char *at;
+    if ((at = memchr(n, '[', (size_t)nn)) != NULL || (at = memchr(n, '{', (size_t)nn)) != NULL ||
+        (at = memchr(n, 'x', (size_t)nn)) != NULL || (at = memchr(n, '_', (size_t)nn)) != NULL ||
+        (at = memchr(n, ':', (size_t)nn)) != NULL)
+        return at - n;
+    return -1;
+}
+
+/* Where n[0:nn] first stands in h[0:hn], or -1: memmem's answer. Each token's event is
+ * searched twice, and glibc's memmem costs about two instructions a byte of it (a third of
+ * the relay's C work per request, measured with callgrind); memchr over a rare byte of the
+ * needle, then a compare at each of its few places, costs a tenth of that. */
+static inline __attribute__((always_inline)) Py_ssize_t find(const char *h, Py_ssize_t hn,
+                                                              const char *n, Py_ssize_t nn)
 {
     if (nn > hn)
         return -1;
-    const char *at = memmem(h, (size_t)hn, n, (size_t)nn);
-    return at == NULL ? -1 : at - h;
+    Py_ssize_t a = anchor(n, nn);
+    if (a < 0) {
+        const char *at = memmem(h, (size_t)hn, n, (size_t)nn);
+        return at == NULL ? -1 : at - h;
+    }
+    /* An occurrence at i has n[a] at i + a, for i in [0, hn - nn]: scan those in order. */
+    const char *p = h + a, *last = h + (hn - nn) + a;
+    while (p <= last) {
+        const char *hit = memchr(p, (unsigned char)n[a], (size_t)(last - p + 1));
+        if (hit == NULL)
+            return -1;
+        if (memcmp(hit - a, n, (size_t)nn) == 0)
+            return hit - a - h;
+        p = hit + 1;
+    }
+    return -1;
 }
 
 /* Where `n[0:nn]` stands in h[0:hn] when it stands there exactly once, else -1. */
