@@ -7,7 +7,7 @@ metrics, and stopped with it (server.py hosts it)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gateway.config import Config, UnitConfig
@@ -63,10 +63,11 @@ class UnitKnowledge:
             signals.subscribe(TurnsFeed(self.turns))
         metrics.registry.register(KvCollector(lambda: self.kv, lambda: self.turns))
         if self.forecast is not None:
-            signals.subscribe(ForecastFeed(self.forecast, _loop_time))
+            clock = _clock()
+            signals.subscribe(ForecastFeed(self.forecast, clock))
             ratio = ratio_family()
             metrics.registry.register(ratio)
-            signals.subscribe(PredictionObserver(ratio, _loop_time, metrics.registry))
+            signals.subscribe(PredictionObserver(ratio, clock, metrics.registry))
         metrics.registry.register(LatencyCollector(self.latency_figures))
 
     def latency_figures(self) -> Mapping[str, Mapping[str, float]]:
@@ -138,3 +139,12 @@ class UnitKnowledge:
 
 def _loop_time() -> float:
     return asyncio.get_running_loop().time()
+
+
+def _clock() -> Callable[[], float]:
+    """The running loop's own `time` (asked on every request: no Python frame, no lookup of
+    the loop), or, built with no loop running, whichever loop runs when it is asked."""
+    try:
+        return asyncio.get_running_loop().time
+    except RuntimeError:
+        return _loop_time

@@ -19,6 +19,7 @@ endpoint mid-answer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.proxy.jsonbody import dumps, first_member, loads_exact
@@ -68,6 +69,7 @@ _SAMPLING = (
 _MAX_TOKENS = ("max_completion_tokens", "max_tokens")
 _BUDGET = (*_MAX_TOKENS, "min_tokens")
 _INTEGERS = frozenset(("n", *_BUDGET))  # a continuation computes with them
+_CARRIED = (*_SAMPLING, *_BUDGET)
 
 # OpenAI's (and the builtin engine's, and vLLM's) default for /v1/completions.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -131,7 +133,7 @@ def carried(data: dict[str, Any]) -> dict[str, Any]:
     budget. A resumable stream keeps this, not the request: the messages or prompt (most of
     a request) travel as the leader's prompt ids, so keeping them would double a long
     prompt's memory for the stream's whole life."""
-    return {name: data[name] for name in (*_SAMPLING, *_BUDGET) if name in data}
+    return {name: data[name] for name in _CARRIED if name in data}
 
 
 def carried_exactly(body: bytes, data: dict[str, Any]) -> dict[str, Any]:
@@ -150,8 +152,17 @@ def _lost_integer(value: Any, depth: int = 2) -> bool:
     the carried fields hold numbers or arrays and objects of them)."""
     if isinstance(value, float):
         return value.is_integer() and abs(value) >= 2**63
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return depth > 0 and any(_lost_integer(v, depth - 1) for v in items)
+    if isinstance(value, dict):
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return False
+    if depth > 0:
+        for v in items:  # (a loop, no call for the integers and strings most fields hold)
+            if isinstance(v, float | dict | list) and _lost_integer(v, depth - 1):
+                return True
+    return False
 
 
 def max_new_tokens(data: dict[str, Any], chat: bool) -> int | None:

@@ -112,7 +112,8 @@ class UpstreamClient:
                 if on_head is not None:
                     await conn.wait_for(lambda: conn.head_done)
                     on_head(conn.status)
-                await conn.wait_for(lambda: _ready(conn))
+                while not _ready(conn):  # (conn.wait_for, without its frame and lambda)
+                    await conn.next_wake()
             finally:
                 late.cancel()
             return self._answer(unit_id, endpoint, conn)
@@ -185,6 +186,10 @@ class UpstreamClient:
 
 
 def _ready(conn: UpstreamConnection) -> bool:
+    """Whether the answer can be handed on: whole, or a stream with its first bytes in; raises
+    the answer's failure."""
+    if conn.error is not None:
+        raise conn.error
     if conn.complete:
         return True
     if not conn.head_done or conn.status >= 500:

@@ -66,6 +66,7 @@ class Placed:
         "queued",
         "running",
         "sent",
+        "uncached",
         "unit",
     )
 
@@ -73,16 +74,13 @@ class Placed:
         self.unit = unit
         self.prompt = prompt  # the prompt's tokens (counted, or estimated from its bytes)
         self.cached = cached  # of them, those the unit's cache holds (its KV events)
+        self.uncached = max(0, prompt - cached)  # those it computes
         self.predicted = predicted  # seconds to the first token, if the unit's model knew
         self.queued = 0  # prefill tokens this gateway had queued on the unit when it was sent
         self.running = 0  # requests on the unit when it was sent
         self.sent = 0.0  # loop time it was sent (0: not yet)
         self.opened = 0.0  # loop time its first token came (0: not yet)
         self.pending = False  # its uncached tokens are in the unit's queue
-
-    @property
-    def uncached(self) -> int:
-        return max(0, self.prompt - self.cached)
 
 
 class Forecast:
