@@ -42,6 +42,14 @@ class MetricsObserver(Observer[Call]):
         self._requests: dict[tuple[str, str, int], CounterChild] = {}
         self._waits: dict[str, Histogram] = {}
         self._routed: dict[str, CounterChild] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
+        on every call (CPython checks the loop was not inherited across a fork), and the
+        request path would ask several times a request. One object serves one loop."""
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def _of(self, unit: str, model: str) -> _Series:
         series = self._series.get((unit, model))
@@ -134,7 +142,7 @@ class MetricsObserver(Observer[Call]):
         if call.unit is None:
             return
         series = self._of(unit, model)
-        series.e2e.observe(asyncio.get_running_loop().time() - call.start)
+        series.e2e.observe((self._loop or self._bind_loop()).time() - call.start)
         if call.usage is not None:
             series.prompt.inc(call.usage.prompt)
             series.completion.inc(call.usage.completion)

@@ -82,6 +82,7 @@ class ProxyHandler:
         self.stored = stored.StoredResponses(config, dispatcher.units, dispatcher.upstream)
         self.intake = Intake(config, self.stored, dispatcher.prompts, dispatcher.turns)
         self.context = ProxyContext(config, dispatcher, live)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
         # The POST routes' handlers: `_proxy` itself with the path bound (partials, not
         # wrapper coroutines, so an open stream's task holds one coroutine frame less).
@@ -96,6 +97,13 @@ class ProxyHandler:
             **dict.fromkeys((*TOKENS, *POOLING), validate_other),
         }
         self.posts: dict[str, Route] = {p: self._route(p, v) for p, v in validators.items()}
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
+        on every call (CPython checks the loop was not inherited across a fork), and the
+        request path would ask several times a request. One object serves one loop."""
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def _route(self, path: str, validate: Validator) -> Route:
         read = functools.partial(self.intake, validate=validate)
@@ -150,12 +158,13 @@ class ProxyHandler:
         read: Reader,
         method: str = "POST",
     ) -> web.StreamResponse:
-        start = asyncio.get_running_loop().time()
+        loop = self._loop or self._bind_loop()
+        start = loop.time()
         deadline = start + self.config.timeouts.total
         if isinstance(request, web.BaseRequest):
             request = AioExchange(request)
         request.hold()
-        lease = Lease(self.admission)
+        lease = Lease(self.admission, asyncio.current_task(loop))
         call = Call(path, request_id(request.headers), request.headers, start, deadline, lease)
         call.method = method
         self.signals.received(call)
@@ -191,7 +200,8 @@ class ProxyHandler:
         try:
             call.caller = self.gate.caller(request.headers.get("Authorization"))
             await read(call, request)
-            await quota.admit(self.limiter, call)
+            if quota.limited(call):
+                await quota.admit(self.limiter, call)
             self.signals.validated(call)
             unit, answer = await self.dispatcher.open(call)
         except GatewayError as exc:
@@ -202,7 +212,7 @@ class ProxyHandler:
         if call.path == RESPONSES_PATH and answer.status == 200:
             self.stored.learn(answer, unit)  # a follow-up or a read of it must come here
         call.lease.started = True  # its answer begins: no longer preemptible
-        ttft = asyncio.get_running_loop().time() - call.start
+        ttft = (self._loop or self._bind_loop()).time() - call.start
         self.signals.first_byte(call, unit, ttft)
         if answer.streaming:
             call.ttft = ttft

@@ -21,13 +21,14 @@ PREEMPTED = "preempted by a request of a more important class"
 class Lease:
     __slots__ = ("admission", "ask", "preempted", "started", "task", "unit")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, task: asyncio.Task[object] | None = None) -> None:
+        """`task`: the request's (asked of asyncio when not given)."""
         self.admission = admission
         self.ask: Ask = DEFAULT_ASK  # the request's class, tenant and tokens, set by intake
         self.unit: UnitState | None = None
         # Preemption ([priority].preempt): the request's task, cancelled to preempt it before
         # its answer begins (`started`); `preempted` tells the handler to answer 503.
-        self.task = _current_task()
+        self.task = task if task is not None else _current_task()
         self.started = False
         self.preempted = False
 

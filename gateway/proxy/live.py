@@ -45,6 +45,7 @@ class LiveStreams(Observer[Call]):
         # unit -> when its last answer's first byte came, or an answer of it completed
         self._heard: dict[str, float] = {}
         self._done: dict[str, float] = {}  # unit -> when an answer of it last completed
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, unit_id: str, stream: Live) -> None:
         self._by_unit.setdefault(unit_id, set()).add(stream)
@@ -56,12 +57,20 @@ class LiveStreams(Observer[Call]):
             if not streams:
                 del self._by_unit[unit_id]
 
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
+        on every call (CPython checks the loop was not inherited across a fork), and the
+        request path would ask several times a request. One object serves one loop."""
+        self._loop = asyncio.get_running_loop()
+        return self._loop
+
     def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
-        self.began(unit.id, asyncio.get_running_loop().time())
+        self._heard[unit.id] = (self._loop or self._bind_loop()).time()  # (began, inlined)
 
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
-        if end is End.COMPLETE:
-            self.completed(unit.id, asyncio.get_running_loop().time())
+        if end is End.COMPLETE:  # (completed, inlined: both run on every request)
+            now = (self._loop or self._bind_loop()).time()
+            self._heard[unit.id] = self._done[unit.id] = now
 
     def began(self, unit_id: str, now: float) -> None:
         """An answer from the unit started (its first byte arrived within its timeout)."""

@@ -32,14 +32,20 @@ class RateLimited(GatewayError):
         return self.refusal.headers()
 
 
+def limited(call: Call) -> bool:
+    """Whether the request's key has limits to hold it to (`admit` has work to do)."""
+    caller = call.caller
+    return caller.key_id is not None and caller.limits.any()
+
+
 async def admit(limiter: Limiter, call: Call) -> None:
     """Hold the request to its key's limits; RateLimited if over one. A caller without a key,
-    or a key without limits, costs nothing here."""
-    caller = call.caller
-    limits = caller.limits
-    if caller.key_id is None or not limits.any():
+    or a key without limits, costs nothing here (the handler asks `limited` first)."""
+    if not limited(call):
         return
-    answer = await limiter.admit(caller.key_id, limits, call.lease.ask.tokens, time.time())
+    caller = call.caller
+    assert caller.key_id is not None
+    answer = await limiter.admit(caller.key_id, caller.limits, call.lease.ask.tokens, time.time())
     if isinstance(answer, Refusal):
         raise RateLimited(answer)
     call.grant = answer

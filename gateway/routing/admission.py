@@ -112,6 +112,14 @@ class Admission:
         self._top = ranked[0].name
         self._preemptible: dict[Holder, float] = {}
         self._preempted: set[Holder] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
+        on every call (CPython checks the loop was not inherited across a fork). One
+        admission serves one loop."""
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     @property
     def queued(self) -> int:
@@ -135,7 +143,7 @@ class Admission:
 
         New arrivals do not overtake queued requests of their class or a more important one.
         `holder`: the request, which preemption may cancel (release must name it too)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         waiter: _Waiter[S] = _Waiter(pick, loop.create_future(), holder)
         entry = Entry(waiter, ask.klass, ask.tenant, ask.tokens, loop.time())
         verdict = self.queues.offer(entry, self.slots(), self._placed)  # type: ignore[arg-type]

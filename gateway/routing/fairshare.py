@@ -43,10 +43,10 @@ class FairLine(Generic[W]):
         self._lines: dict[str, deque[W]] = {}  # waiting tenants only, each FIFO
         self._counters: dict[str, float] = {}
         self._floor = 0.0  # the last leaver's counter: the lift on an empty line
-        self._size = 0
+        self.size = 0  # waiters (read it, never set it: what len() gives, without a call)
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def __iter__(self) -> Iterator[W]:
         for line in self._lines.values():
@@ -67,7 +67,7 @@ class FairLine(Generic[W]):
             self._counters[waiter.tenant] = self.counter(waiter.tenant)
             line = self._lines[waiter.tenant] = deque()
         line.append(waiter)
-        self._size += 1
+        self.size += 1
 
     def pop(
         self, ok: Callable[[W], bool], tenant_ok: Callable[[str], bool] | None = None
@@ -92,8 +92,14 @@ class FairLine(Generic[W]):
 
     def serve(self, tenant: str, tokens: int) -> None:
         """Charge an admission that did not wait (a tenant not waiting joins at the lift)."""
-        self._counters[tenant] = self.counter(tenant) + tokens
-        self._forget()
+        # `counter`, written out for the common case (nobody waits: the lift is the floor).
+        known = self._counters.get(tenant, 0.0)
+        if tenant not in self._lines:
+            lift = self._lift() if self._lines else self._floor
+            known = known if known >= lift else lift
+        self._counters[tenant] = known + tokens
+        if len(self._counters) > 2 * self.remembered + len(self._lines):
+            self._forget()
 
     def charge(self, tenant: str, tokens: float) -> None:
         """Correct a counter by `tokens` (real count minus estimate; either sign)."""
@@ -105,7 +111,7 @@ class FairLine(Generic[W]):
         if line is None or waiter not in line:
             return False
         line.remove(waiter)
-        self._size -= 1
+        self.size -= 1
         if not line:
             del self._lines[waiter.tenant]
             if not self._lines:
