@@ -46,9 +46,10 @@ NATIVE = $(PY) -m gateway.relay.native || { $(call APT_INSTALL,gcc python3-dev) 
 
 # A Debian package a target needs (gcc; for the tests redis-server, curl (the front's
 # Expect: 100-continue client), kubectl for kustomize,
-# chromium and its driver for the status page, prometheus and promtool for the alert rules;
-# nginx for the benchmark), installed when missing where this runs as root with apt (CI); else
-# the target or the tests say what to install.
+# chromium and its driver for the status page, prometheus and promtool for the alert rules,
+# valgrind for the instruction-count benchmark's test; nginx for the benchmark), installed when
+# missing where this runs as root with apt (CI); else the target or the tests say what to
+# install.
 APT_INSTALL = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	{ apt-get install -y -q $(1) >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
 	apt-get install -y -q $(1) >/dev/null; }; }; }
@@ -69,6 +70,7 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(UV)
 	$(NATIVE)
 	command -v redis-server >/dev/null || $(call APT_INSTALL,redis-server)
 	command -v curl >/dev/null || $(call APT_INSTALL,curl)
+	command -v valgrind >/dev/null || $(call APT_INSTALL,valgrind)
 	command -v kubectl >/dev/null || $(call APT_INSTALL,kubernetes-client)
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		$(call APT_INSTALL,chromium chromium-driver)
