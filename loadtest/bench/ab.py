@@ -54,11 +54,11 @@ LABELS = ("base", "this tree")
 FLOOR = "floor"
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def sides_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every side-by-side benchmark takes (this one, `bench instructions`):
+    the base, and the closed loop's point (between tokens, at once, resumable or not)."""
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.bench.ab",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
         "--base",
@@ -67,9 +67,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--itl", type=float, default=0.0, help="ms between tokens")
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--resume", choices=("on", "off"), default="on")
+    return p
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = sides_parser("python -m loadtest.bench.ab", __doc__)
     p.add_argument("--requests", type=int, default=2000, help="per round and side")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds per side")
-    p.add_argument("--resume", choices=("on", "off"), default="on")
     p.add_argument("--idle", type=float, default=0.0, help="seconds of idle CPU to read first")
     args = p.parse_args(argv)
     for name in ("concurrency", "requests", "rounds"):

@@ -33,7 +33,7 @@ from pathlib import Path
 import uvloop
 
 from gateway.base.readyfile import wait_ready_blocking
-from loadtest.bench.ab import FLOOR, ROOT, base_tree
+from loadtest.bench.ab import FLOOR, ROOT, base_tree, sides_parser
 from loadtest.bench.overhead.load import closed_loop
 from loadtest.bench.overhead.params import TOKENS
 from loadtest.bench.processes import child, gateway_toml, stop_child
@@ -47,20 +47,8 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.bench.instructions",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--base",
-        default="HEAD",
-        help=f"the git revision to compare against, or {FLOOR!r}: the floor relay",
-    )
+    p = sides_parser("python -m loadtest.bench.instructions", __doc__)
     p.add_argument("--requests", type=int, default=1000, help="counted, per side")
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--itl", type=float, default=0.0, help="ms between tokens")
-    p.add_argument("--resume", choices=("on", "off"), default="on")
     p.add_argument("--top", type=int, default=0, help="this tree's K costliest functions")
     args = p.parse_args(argv)
     for name in ("requests", "concurrency"):
