@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gateway.base.loop import KeepsLoop
 from gateway.base.net import head_end
 from gateway.front.head import MAX_HEAD, QuickHead, read_head
 from gateway.front.linger import Linger, LingerLimits
@@ -53,11 +54,10 @@ class Listener(Protocol):
     closing: bool
 
 
-class FrontProtocol(asyncio.Protocol):
+class FrontProtocol(asyncio.Protocol, KeepsLoop):
     __slots__ = (
         "_drain",
         "_idle",
-        "_loop",
         "_paused",
         "_quiet_since",
         "buf",
@@ -75,7 +75,7 @@ class FrontProtocol(asyncio.Protocol):
         self.task: asyncio.Task[web.StreamResponse] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._quiet_since = 0.0  # loop time the last answer ended (or the connection came)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = None
         self._paused = False  # reading, while the next request's bytes wait
         self._drain: asyncio.Future[None] | None = None  # set while writing is paused
 
@@ -83,7 +83,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        self._loop = asyncio.get_running_loop()
+        self._bind_loop()
         self.front.connections.add(self)
         self._arm_idle()
 
@@ -114,7 +114,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._drain is None:
-            self._drain = self._running().create_future()
+            self._drain = (self._loop or self._bind_loop()).create_future()
 
     def resume_writing(self) -> None:
         drain, self._drain = self._drain, None
@@ -157,7 +157,7 @@ class FrontProtocol(asyncio.Protocol):
             self._pause()
         self.request = request
         route = self.front.routes[head.path]
-        self.task = task = self._running().create_task(route(request))
+        self.task = task = (self._loop or self._bind_loop()).create_task(route(request))
         task.add_done_callback(self._answered)
 
     def _answered(self, task: asyncio.Task[web.StreamResponse]) -> None:
@@ -229,16 +229,10 @@ class FrontProtocol(asyncio.Protocol):
 
     # -- the keep-alive timer -------------------------------------------------------------
 
-    def _running(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
-
     def _arm_idle(self) -> None:
         """The connection goes quiet now: closed once it stays so for the keep-alive time (the
         timer of an earlier quiet, still armed, looks again when it fires)."""
-        loop = self._running()
+        loop = self._loop or self._bind_loop()
         self._quiet_since = now = loop.time()
         if self._idle is None:
             self._idle = loop.call_at(now + self.front.keepalive, self._idle_out)
@@ -253,7 +247,7 @@ class FrontProtocol(asyncio.Protocol):
         if self.request is not None:
             return  # busy: its answer's end arms the timer again
         due = self._quiet_since + self.front.keepalive
-        loop = self._running()
+        loop = self._loop or self._bind_loop()
         if loop.time() < due:  # a request came and went since the timer was armed
             self._idle = loop.call_at(due, self._idle_out)
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.base.loop import KeepsLoop
 from gateway.errors import UpstreamError
 from gateway.observability.counter import CounterChild
 from gateway.observability.histogram import Histogram
@@ -35,21 +36,14 @@ class _Series:
         self.completion = m.tokens.labels(unit, model, "completion")
 
 
-class MetricsObserver(Observer[Call]):
+class MetricsObserver(Observer[Call], KeepsLoop):
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
         self._series: dict[tuple[str, str], _Series] = {}
         self._requests: dict[tuple[str, str, int], CounterChild] = {}
         self._waits: dict[str, Histogram] = {}
         self._routed: dict[str, CounterChild] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
-        on every call (CPython checks the loop was not inherited across a fork), and the
-        request path would ask several times a request. One object serves one loop."""
-        self._loop = asyncio.get_running_loop()
-        return self._loop
+        self._loop = None
 
     def _of(self, unit: str, model: str) -> _Series:
         series = self._series.get((unit, model))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_none
 
+from gateway.base.loop import KeepsLoop
 from gateway.config import Config
 from gateway.errors import InvalidRequest, Overloaded, UpstreamError
 from gateway.paths import RESUMABLE
@@ -48,7 +49,7 @@ BYTES_PER_TOKEN = 4
 EXPLORE = 0.05
 
 
-class Dispatcher:
+class Dispatcher(KeepsLoop):
     def __init__(
         self,
         config: Config,
@@ -84,7 +85,7 @@ class Dispatcher:
         self.upstream = upstream
         self.signals = signals
         self.rng = rng or Random()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = None
         r = config.retry
         self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_second, r.budget_window)
         self.resumptions = CauseBudget(self.budget)
@@ -104,13 +105,6 @@ class Dispatcher:
                 self.rng,
                 forecast is not None,
             )
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
-        on every call (CPython checks the loop was not inherited across a fork), and the
-        request path would ask several times a request. One object serves one loop."""
-        self._loop = asyncio.get_running_loop()
-        return self._loop
 
     async def open(self, call: Call) -> tuple[UnitState, Answer]:
         """A unit (its slot held in `call.lease`) and its answer's start."""

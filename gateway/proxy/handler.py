@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.auth.check import Gatekeeper
+from gateway.base.loop import KeepsLoop
 from gateway.config import Config
 from gateway.errors import GatewayError, Overloaded, UpstreamError
 from gateway.limits.limiter import Limiter
@@ -63,7 +64,7 @@ Reader = Callable[[Call, Exchange], Awaitable[None]]
 _YES = frozenset({"1", "true", "yes", "on", "t", "y"})  # a query's true, as vLLM reads it
 
 
-class ProxyHandler:
+class ProxyHandler(KeepsLoop):
     def __init__(
         self,
         config: Config,
@@ -82,7 +83,7 @@ class ProxyHandler:
         self.stored = stored.StoredResponses(config, dispatcher.units, dispatcher.upstream)
         self.intake = Intake(config, self.stored, dispatcher.prompts, dispatcher.turns)
         self.context = ProxyContext(config, dispatcher, live)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = None
 
         # The POST routes' handlers: `_proxy` itself with the path bound (partials, not
         # wrapper coroutines, so an open stream's task holds one coroutine frame less).
@@ -97,13 +98,6 @@ class ProxyHandler:
             **dict.fromkeys((*TOKENS, *POOLING), validate_other),
         }
         self.posts: dict[str, Route] = {p: self._route(p, v) for p, v in validators.items()}
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
-        on every call (CPython checks the loop was not inherited across a fork), and the
-        request path would ask several times a request. One object serves one loop."""
-        self._loop = asyncio.get_running_loop()
-        return self._loop
 
     def _route(self, path: str, validate: Validator) -> Route:
         read = functools.partial(self.intake, validate=validate)

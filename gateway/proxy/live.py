@@ -15,9 +15,9 @@ probe went out counts (`progressed`): traffic heard before a node froze says not
 
 from __future__ import annotations
 
-import asyncio
 from typing import Protocol
 
+from gateway.base.loop import KeepsLoop
 from gateway.outcomes import End
 from gateway.proxy.call import Call
 from gateway.relay.pace import is_quiet, quiet_after
@@ -35,7 +35,7 @@ class Live(Protocol):
         ...
 
 
-class LiveStreams(Observer[Call]):
+class LiveStreams(Observer[Call], KeepsLoop):
     """Subscribed to the request path's signals for two of them: an answer that opened in
     time, or one that came to its end, is the newest proof that its unit serves (`flowing`)."""
 
@@ -45,7 +45,7 @@ class LiveStreams(Observer[Call]):
         # unit -> when its last answer's first byte came, or an answer of it completed
         self._heard: dict[str, float] = {}
         self._done: dict[str, float] = {}  # unit -> when an answer of it last completed
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = None
 
     def add(self, unit_id: str, stream: Live) -> None:
         self._by_unit.setdefault(unit_id, set()).add(stream)
@@ -56,13 +56,6 @@ class LiveStreams(Observer[Call]):
             streams.discard(stream)
             if not streams:
                 del self._by_unit[unit_id]
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
-        on every call (CPython checks the loop was not inherited across a fork), and the
-        request path would ask several times a request. One object serves one loop."""
-        self._loop = asyncio.get_running_loop()
-        return self._loop
 
     def attempt_opened(self, call: Call, unit: UnitState, status: int) -> None:
         self._heard[unit.id] = (self._loop or self._bind_loop()).time()  # (began, inlined)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from gateway.base.loop import KeepsLoop
 from gateway.config.priority import PriorityClass, PriorityConfig
 from gateway.errors import GatewayError, Overloaded
 from gateway.routing.classes import Admit, ClassQueues, Entry, Queue, Running, Slots
@@ -78,7 +79,7 @@ class _Waiter(Generic[S]):
         self.holder = holder
 
 
-class Admission:
+class Admission(KeepsLoop):
     def __init__(
         self,
         queue_size: int,
@@ -112,14 +113,7 @@ class Admission:
         self._top = ranked[0].name
         self._preemptible: dict[Holder, float] = {}
         self._preempted: set[Holder] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, kept: asyncio.get_running_loop() asks the OS for the process id
-        on every call (CPython checks the loop was not inherited across a fork). One
-        admission serves one loop."""
-        self._loop = asyncio.get_running_loop()
-        return self._loop
+        self._loop = None
 
     @property
     def queued(self) -> int:

@@ -109,6 +109,7 @@ BASE = {
     "gateway.base",
     "gateway.base.cbuild",
     "gateway.base.chat_template",
+    "gateway.base.loop",
     "gateway.base.lws",
     "gateway.base.net",
     "gateway.base.oslimits",
