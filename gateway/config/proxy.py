@@ -169,6 +169,11 @@ class RoutingConfig:
     prefix_chars: int = 256
     # A unit takes an affine request only while its load <= factor x the fair share.
     bounded_load_factor: float = 1.25
+    # A unit whose cache holds a request's whole prompt (by its KV events) takes it while its
+    # load is at most this times the fair share; a partly cached prompt's bound lies between
+    # the two by the share held (routing/cached.py). A hit saves a prefill a miss pays again
+    # elsewhere, evicting other prefixes there. At or below bounded_load_factor: no effect.
+    cached_load_factor: float = 2.0
     # Weigh each unit by this gateway's own requests plus the others' its leader reported in
     # the last probe round (other replicas'), not the own ones alone.
     engine_load: bool = True
@@ -252,6 +257,12 @@ class RoutingConfig:
             self.bounded_load_factor >= 1.0,
             "bounded_load_factor",
             self.bounded_load_factor,
+            "must be >= 1.0",
+        )
+        _check(
+            self.cached_load_factor >= 1.0,
+            "cached_load_factor",
+            self.cached_load_factor,
             "must be >= 1.0",
         )
 

@@ -291,7 +291,16 @@ class Dispatcher(KeepsLoop):
                 cached = self.depths(call.prompt_ids, (u.id for u in routable))
             forecast = self.forecast
             if forecast is None:
-                unit, how = place(routable, call.tried, call.key, factor, self.rng, cached)
+                unit, how = place(
+                    routable,
+                    call.tried,
+                    call.key,
+                    factor,
+                    self.rng,
+                    cached,
+                    prompt=self.prompt_tokens(call) if cached else 0,
+                    cached_factor=self.config.routing.cached_load_factor,
+                )
                 call.routed = "home" if call.home is not None else how
                 return unit
             return self._timely(call, forecast, routable, cached or {}, factor)
@@ -326,7 +335,18 @@ class Dispatcher(KeepsLoop):
         if self.by_latency and free and self.rng.random() >= EXPLORE:
             running = ((u.id, u.inflight + u.foreign) for u in routable)
             estimates = forecast.estimates(running, prompt, cached)
-        unit, how = place(routable, call.tried, call.key, factor, self.rng, cached, estimates, slo)
+        unit, how = place(
+            routable,
+            call.tried,
+            call.key,
+            factor,
+            self.rng,
+            cached,
+            estimates,
+            slo,
+            prompt=prompt,
+            cached_factor=self.config.routing.cached_load_factor,
+        )
         if unit is None:
             return None
         call.routed = "home" if call.home is not None else how

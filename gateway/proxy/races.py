@@ -275,7 +275,16 @@ class Races:
                 return None
             cached = self.attempts.cached(call, pool)
             factor = self.config.routing.bounded_load_factor
-            unit, _ = place(pool, call.tried, call.key, factor, self.rng, cached or None)
+            unit, _ = place(
+                pool,
+                call.tried,
+                call.key,
+                factor,
+                self.rng,
+                cached or None,
+                prompt=prompt,
+                cached_factor=self.config.routing.cached_load_factor,
+            )
             return unit
 
         lease = Lease(self.admission)

@@ -31,10 +31,24 @@ def choose(
     cached: Mapping[str, int] | None = None,
     estimates: Mapping[str, Estimate] | None = None,
     slo: float | None = None,
+    *,
+    prompt: int = 0,
+    cached_factor: float | None = None,
 ) -> H | None:
     """A unit with room for one more request, or None when every candidate is full (`place`
     without saying how)."""
-    return place(routable, exclude, key, factor, rng, cached, estimates, slo)[0]
+    return place(
+        routable,
+        exclude,
+        key,
+        factor,
+        rng,
+        cached,
+        estimates,
+        slo,
+        prompt=prompt,
+        cached_factor=cached_factor,
+    )[0]
 
 
 def place(
@@ -46,12 +60,16 @@ def place(
     cached: Mapping[str, int] | None = None,
     estimates: Mapping[str, Estimate] | None = None,
     slo: float | None = None,
+    *,
+    prompt: int = 0,
+    cached_factor: float | None = None,
 ) -> tuple[H | None, str]:
     """A unit with room for one more request (None when every candidate is full), and how it
     was chosen: "predicted", "cached", "affinity" or "load".
 
     `exclude` holds units already tried for this request: a retry must go elsewhere.
-    `cached`: how many of the prompt's tokens each unit's cache holds (cached.py).
+    `cached`: how many of the prompt's `prompt` tokens each unit's cache holds (cached.py,
+    whose bound loosens towards `cached_factor` by that share).
     `estimates`: each unit's predicted latency for this request, `slo` its class's TTFT
     target (timely.py).
     """
@@ -61,7 +79,7 @@ def place(
         if unit is not None:
             return unit, "predicted"
     if cached:
-        unit = pick_cached(cached, candidates, factor)
+        unit = pick_cached(cached, candidates, factor, prompt, cached_factor)
         if unit is not None:
             return unit, "cached"
     if key is not None:

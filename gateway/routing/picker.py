@@ -8,7 +8,7 @@ herding that a global minimum causes when many requests arrive between load upda
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from random import Random
 from typing import Protocol, TypeVar
 
@@ -42,13 +42,20 @@ def weighted_load(unit: Loaded) -> float:
     return (unit.inflight + unit.foreign + 1) / unit.weight
 
 
-def first_within_bound(ordered: Iterable[U], units: Sequence[Loaded], factor: float) -> U | None:
+def first_within_bound(
+    ordered: Iterable[U],
+    units: Sequence[Loaded],
+    factor: float,
+    factors: Callable[[U], float] | None = None,
+) -> U | None:
     """The first of `ordered` with room whose requests in flight, this one counted, stay within
-    `factor` times its weighted fair share of all `units`' plus this one (bounded load)."""
+    `factor` (or its own, `factors(unit)`) times its weighted fair share of all `units`' plus
+    this one (bounded load)."""
     total_inflight = sum(u.inflight for u in units) + 1
     total_weight = sum(u.weight for u in units)
     for unit in ordered:
-        bound = math.ceil(factor * total_inflight * unit.weight / total_weight)
+        f = factor if factors is None else factors(unit)
+        bound = math.ceil(f * total_inflight * unit.weight / total_weight)
         if unit.inflight + 1 <= bound and has_room(unit):
             return unit
     return None

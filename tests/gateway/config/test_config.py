@@ -43,6 +43,7 @@ def test_ints_accepted_for_floats() -> None:
         ({"gateway": {"port": True}}, "[gateway].port must be of type int"),
         ({"timeouts": {"first_byte": -1}}, "[timeouts].first_byte must be a positive number"),
         ({"routing": {"affinity": "sticky"}}, "[routing].affinity must be one of"),
+        ({"routing": {"cached_load_factor": 0.5}}, "[routing].cached_load_factor must be >= 1.0"),
         ({"gateway": {"front": "nginx"}}, "[gateway].front must be one of"),
         (
             {"gateway": {"models": ["a", "b"], "default_model": "c"}},

@@ -64,3 +64,35 @@ def test_one_shared_prefix_spreads_once_its_holder_is_busy() -> None:
     counts = Counter({u.id: u.inflight for u in units})
     assert counts["a"] == max(counts.values()) <= 1.25 * 60 / 3 + 1
     assert counts["b"] > 0 and counts["c"] > 0
+
+
+def test_a_holder_of_more_of_the_prompt_takes_more_before_it_gives_way() -> None:
+    """Four in flight over two units (three and one, this one counted): 1.25x bounds a unit to
+    three, so the holder at three gives way at the plain bound; holding the whole prompt it
+    may take a fourth (2x: four), holding a quarter of it not (1.25 + 0.75 / 4 = 1.44x:
+    ceil(2.875) = 3)."""
+    holder, other = FakeUnit("holder", inflight=3), FakeUnit("other", inflight=0)
+    units = [holder, other]
+    assert pick_cached({"holder": 1024}, units, 1.25) is None
+    assert pick_cached({"holder": 1024}, units, 1.25, 1024, 2.0) is holder
+    assert pick_cached({"holder": 256}, units, 1.25, 1024, 2.0) is None
+    # no prompt length, or no looser factor: the plain bound
+    assert pick_cached({"holder": 1024}, units, 1.25, 0, 2.0) is None
+    assert pick_cached({"holder": 1024}, units, 1.25, 1024, None) is None
+    # past the looser bound too (over three units, five in flight: 2x of 5 / 3 is 4, and
+    # this would be its fifth): nothing cached is picked
+    holder.inflight = 4
+    three = [holder, other, FakeUnit("third")]
+    assert pick_cached({"holder": 1024}, three, 1.25, 1024, 2.0) is None
+
+
+def test_a_wholly_cached_shared_prefix_spreads_past_the_looser_bound() -> None:
+    units = [FakeUnit(n) for n in "abc"]
+    rng = Random(3)
+    for _ in range(60):
+        unit = choose(units, (), None, 1.25, rng, {"a": 512}, prompt=512, cached_factor=2.0)
+        assert unit is not None
+        unit.inflight += 1
+    assert units[0].inflight == max(u.inflight for u in units) <= 2.0 * 60 / 3 + 1
+    assert units[0].inflight > 1.25 * 60 / 3 + 1  # more than the plain bound would give it
+    assert units[1].inflight > 0 and units[2].inflight > 0
