@@ -19,7 +19,7 @@ from loadtest.bench.machine import machine_facts
 from loadtest.bench.prefix import report, scrape, summary
 from loadtest.bench.prefix.fleet import Fleet, fleet, version
 from loadtest.bench.prefix.pressure import BLOCK_SIZE, NULL_BLOCKS, Kv
-from loadtest.bench.prefix.routes import MODES, routes
+from loadtest.bench.prefix.routes import ALL_MODES, MODES, routes
 from loadtest.bench.prefix.run import Settings, measure, plan
 from loadtest.bench.stock_vllm import export_smollm2
 
@@ -40,11 +40,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="working sets, as shares of the fleet's KV blocks",
     )  # fmt: skip
     p.add_argument("--prefix-words", type=int, default=960, help="a group's system prompt")
-    p.add_argument("--rounds", type=int, default=8, help="requests per group")
+    p.add_argument("--rounds", type=int, default=24, help="requests per group")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=6, help="output tokens per request")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(MODES))
     p.add_argument("--model", type=Path, help="an exported SmolLM2 folder (default: exported)")
     default_python = ROOT / ".venv-vllm" / "bin" / "python"
     p.add_argument(

@@ -67,6 +67,8 @@ def row(result: Result) -> dict[str, Any]:
             url: {"hits": c.hits, "queries": c.queries} for url, c in result.caches.items()
         },
         "kv": dict(result.kv) if result.kv is not None else None,
+        # each request's, in the order sent (None: no token came)
+        "ttfts_s": [a.ttft_s for a in phase.answers],
     }
 
 

@@ -17,6 +17,11 @@ another is measured:
   unit predicted to answer soonest, its cached tokens counted, once each
   unit's speed is learned (20 answers each).
 
+One more on request (`--modes`), not by default:
+
+- `precise-plain`: `precise` with the plain load bound for a cached prompt too
+  (`cached_load_factor` = `bounded_load_factor`, 1.25): what the looser bound is worth.
+
 The load-only and approximate modes run with the latency model off.
 """
 
@@ -35,17 +40,19 @@ from loadtest.bench.processes import child
 from loadtest.bench.stock_vllm import SERVED, Server
 
 MODES = ("load", "approximate", "vllm-router", "precise", "predicted")
-# [routing] of each gateway mode: (affinity, prefix_scorer, latency_model)
+ALL_MODES = (*MODES, "precise-plain")
+# [routing] of each gateway mode: (affinity, prefix_scorer, latency_model, cached_load_factor)
 ROUTING = {
-    "load": ("none", "off", "off"),
-    "approximate": ("session+prefix", "approximate", "off"),
+    "load": ("none", "off", "off", 2.0),
+    "approximate": ("session+prefix", "approximate", "off", 2.0),
     # observed, not routed by: routes as with it off, and predicts each request's cached
     # tokens, which the servers' counts check
-    "precise": ("session+prefix", "auto", "observe"),
-    "predicted": ("session+prefix", "auto", "route"),
+    "precise": ("session+prefix", "auto", "observe", 2.0),
+    "predicted": ("session+prefix", "auto", "route", 2.0),
+    "precise-plain": ("session+prefix", "auto", "observe", 1.25),
 }
 # The modes that read the units' KV events.
-EVENTS = tuple(mode for mode, (_, scorer, _) in ROUTING.items() if scorer == "auto")
+EVENTS = tuple(mode for mode, (_, scorer, _, _) in ROUTING.items() if scorer == "auto")
 # vLLM engines on two shared cores answer probes late while they prefill: probes get room,
 # the stall check waits out a cold prefill, and no breaker ejects a unit for being slow, so
 # that what differs between modes is where requests go.
@@ -61,6 +68,7 @@ enabled = false
 affinity = "{affinity}"
 prefix_scorer = "{scorer}"
 latency_model = "{latency}"
+cached_load_factor = {cached}
 {tokenizers}[health]
 interval = 0.5
 timeout = 5.0
@@ -83,11 +91,16 @@ class Route:
 
 
 def gateway_toml(mode: str, servers: Sequence[Server], tokenizer: Path) -> str:
-    affinity, scorer, latency = ROUTING[mode]
+    affinity, scorer, latency, cached = ROUTING[mode]
     precise = mode in EVENTS
     tokenizers = f'tokenizers = {{ "{SERVED}" = "{tokenizer}" }}\n' if precise else ""
     head = TOML.format(
-        model=SERVED, affinity=affinity, scorer=scorer, latency=latency, tokenizers=tokenizers
+        model=SERVED,
+        affinity=affinity,
+        scorer=scorer,
+        latency=latency,
+        cached=cached,
+        tokenizers=tokenizers,
     )
     units = []
     for i, server in enumerate(servers):
