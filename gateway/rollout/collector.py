@@ -169,8 +169,8 @@ class Collector(Observer[Call]):
     def answer_ended(self, call: Call, unit: UnitState, end: End, gap: float | None) -> None:
         """A whole answer (a broken one is counted by `resumed`, or here when the stream
         could not be resumed at all: no tracker)."""
-        if call.status is None or call.status >= 500:
-            return
+        if self.units.canary is None or call.status is None or call.status >= 500:
+            return  # outside a rollout (most requests): nothing to count in
         if end in BROKEN:
             if call.tracker is None:  # not resumable: `resumed` is never called
                 for window in self._of(unit):
