@@ -3,8 +3,8 @@
 The oracle is gguf's numpy dequantizer: decoding must give its float32 values bit for bit
 (random blocks, every float16 scale including subnormals, infinities and NaN), and multiplying
 must equal `x @ dequantized.T` up to the order of the sums, for every row count the kernel
-specialises (1 to 8 per pass, then passes) and both its paths: AVX2 and the portable one
-that any other CPU runs.
+specialises (1 to 8 per pass, then passes) and each of its paths: AVX-512 (where the CPU has
+it), AVX2 and the portable one that any other CPU runs.
 """
 
 from __future__ import annotations
@@ -75,13 +75,29 @@ def test_decoding_picks_rows(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
-@pytest.mark.parametrize("portable", PATHS)
+@pytest.mark.parametrize("path", blocks.PATHS)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17])
-def test_multiplying_equals_the_decoded_matrix(kind: str, portable: bool, m: int) -> None:
+def test_multiplying_equals_the_decoded_matrix(kind: str, path: str, m: int) -> None:
     data = random_blocks(kind, rows=37, cols=96, finite=True, seed=m)
     x = torch.randn(m, 96, generator=torch.Generator().manual_seed(m))
-    out = blocks.matmul(x, torch.from_numpy(data), portable=portable)
+    out = blocks.matmul(x, torch.from_numpy(data), path=path)
     assert_sums_close(out, x, reference(kind, data))
+
+
+def test_the_paths_are_the_ones_the_cpu_runs() -> None:
+    """`best` is AVX-512 for a batch where the CPU has it (this project's machine has), and
+    it then sums in another order than AVX2 (16 lanes, not 8): a path that silently fell
+    back would give AVX2's bits."""
+    lib = kernels.library()
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    assert lib.ug_wide() == int(bool(lib.ug_accelerated()) and " avx512f" in flags)
+    if not lib.ug_wide():
+        pytest.skip("this CPU has no AVX-512F")
+    data = torch.from_numpy(random_blocks("Q4_1", rows=64, cols=1024, finite=True))
+    x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(4))
+    assert not torch.equal(blocks.matmul(x, data), blocks.matmul(x, data, path="avx2"))
+    with pytest.raises(ValueError, match="path"):
+        blocks.matmul(x, data, path="gpu")
 
 
 @pytest.mark.parametrize("m", [1, 8, blocks.FUSED_ROWS + 1, 40])

@@ -1,11 +1,11 @@
 """The engine's C kernels, compiled on first use with the host's C compiler and cached.
 
 Why compiled here and not at install: the flags depend on the CPU that runs them (the AVX2
-path is picked at run time, but the compiler must know the target), a source change must never
-run a stale binary, and an editable install builds nothing. The cache is keyed by the source,
-the flags and the compiler, so each version is compiled once per machine (about 1 s) and ranks
-that start together share it (gateway/base/cbuild.py, which the gateway's native relay
-uses too).
+and AVX-512 paths are picked at run time, but the compiler must know the targets), a source
+change must never run a stale binary, and an editable install builds nothing. The cache is
+keyed by the source, the flags and the compiler, so each version is compiled once per machine
+(about 1 s) and ranks that start together share it (gateway/base/cbuild.py, which the
+gateway's native relay uses too).
 
 Plain C behind ctypes rather than a torch extension: no torch headers (a torch extension
 takes about a minute to compile), no ABI tie to the torch version, and ctypes releases the GIL
@@ -50,12 +50,13 @@ def library() -> ctypes.CDLL:
     """The loaded kernels, built on the first call in this process."""
     lib = ctypes.CDLL(str(build()))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for name in ("ug_matmul", "ug_matmul_portable"):
+    for name in ("ug_matmul", "ug_matmul_avx2", "ug_matmul_portable"):
         getattr(lib, name).argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
         getattr(lib, name).restype = None
     for name in ("ug_dequant", "ug_dequant_portable"):
         getattr(lib, name).argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr]
         getattr(lib, name).restype = None
-    lib.ug_accelerated.argtypes = []
-    lib.ug_accelerated.restype = ctypes.c_int
+    for name in ("ug_accelerated", "ug_wide"):
+        getattr(lib, name).argtypes = []
+        getattr(lib, name).restype = ctypes.c_int
     return lib
