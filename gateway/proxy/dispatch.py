@@ -31,7 +31,7 @@ from gateway.revisions import Canary, draw
 from gateway.routing.admission import Admission
 from gateway.routing.balance import place
 from gateway.routing.budget import CauseBudget, RetryBudget
-from gateway.routing.forecast import Forecast, Placed
+from gateway.routing.forecast import Estimate, Forecast, Placed
 from gateway.signals import Signals
 from gateway.units import UnitRegistry, UnitState
 
@@ -285,25 +285,16 @@ class Dispatcher(KeepsLoop):
                     code="no_routable_unit",
                     retry_after=self.admission.retry_after,
                 )
-            factor = self.config.routing.bounded_load_factor
             cached = None
             if call.prompt_ids is not None and self.depths is not None:
                 cached = self.depths(call.prompt_ids, (u.id for u in routable))
             forecast = self.forecast
             if forecast is None:
-                unit, how = place(
-                    routable,
-                    call.tried,
-                    call.key,
-                    factor,
-                    self.rng,
-                    cached,
-                    prompt=self.prompt_tokens(call) if cached else 0,
-                    cached_factor=self.config.routing.cached_load_factor,
-                )
+                prompt = self.prompt_tokens(call) if cached else 0
+                unit, how = self._place(call, routable, cached, prompt)
                 call.routed = "home" if call.home is not None else how
                 return unit
-            return self._timely(call, forecast, routable, cached or {}, factor)
+            return self._timely(call, forecast, routable, cached or {})
 
         loop = self._loop or self._bind_loop()
         asked = loop.time()
@@ -321,7 +312,6 @@ class Dispatcher(KeepsLoop):
         forecast: Forecast,
         routable: Sequence[UnitState],
         cached: Mapping[str, int],
-        factor: float,
     ) -> UnitState | None:
         """Placed by the forecast where it applies: the request's prompt ids are known (the
         units' caches scored exactly), or no affinity key asks for a unit (an approximate
@@ -335,18 +325,7 @@ class Dispatcher(KeepsLoop):
         if self.by_latency and free and self.rng.random() >= EXPLORE:
             running = ((u.id, u.inflight + u.foreign) for u in routable)
             estimates = forecast.estimates(running, prompt, cached)
-        unit, how = place(
-            routable,
-            call.tried,
-            call.key,
-            factor,
-            self.rng,
-            cached,
-            estimates,
-            slo,
-            prompt=prompt,
-            cached_factor=self.config.routing.cached_load_factor,
-        )
+        unit, how = self._place(call, routable, cached, prompt, estimates, slo)
         if unit is None:
             return None
         call.routed = "home" if call.home is not None else how
@@ -366,6 +345,31 @@ class Dispatcher(KeepsLoop):
             )
         call.placed = Placed(unit.id, prompt, held, predicted)
         return unit
+
+    def _place(
+        self,
+        call: Call,
+        routable: Sequence[UnitState],
+        cached: Mapping[str, int] | None,
+        prompt: int,
+        estimates: Mapping[str, Estimate] | None = None,
+        slo: float | None = None,
+    ) -> tuple[UnitState | None, str]:
+        """balance.place with this gateway's load bounds: `prompt` tokens, of which `cached`
+        says how many each unit holds."""
+        r = self.config.routing
+        return place(
+            routable,
+            call.tried,
+            call.key,
+            r.bounded_load_factor,
+            self.rng,
+            cached,
+            estimates,
+            slo,
+            prompt=prompt,
+            cached_factor=r.cached_load_factor,
+        )
 
     def routable(self, call: Call) -> tuple[UnitState, ...]:
         """The model's routable units, narrowed to those that serve the call's API; or the
