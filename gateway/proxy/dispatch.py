@@ -102,7 +102,6 @@ class Dispatcher(KeepsLoop):
                 admission,
                 signals,
                 upstream.finish,
-                self.rng,
                 forecast is not None,
             )
 
@@ -291,7 +290,7 @@ class Dispatcher(KeepsLoop):
             forecast = self.forecast
             if forecast is None:
                 prompt = self.prompt_tokens(call) if cached else 0
-                unit, how = self._place(call, routable, cached, prompt)
+                unit, how = self.place(call, routable, cached, prompt)
                 call.routed = "home" if call.home is not None else how
                 return unit
             return self._timely(call, forecast, routable, cached or {})
@@ -325,7 +324,7 @@ class Dispatcher(KeepsLoop):
         if self.by_latency and free and self.rng.random() >= EXPLORE:
             running = ((u.id, u.inflight + u.foreign) for u in routable)
             estimates = forecast.estimates(running, prompt, cached)
-        unit, how = self._place(call, routable, cached, prompt, estimates, slo)
+        unit, how = self.place(call, routable, cached, prompt, estimates, slo)
         if unit is None:
             return None
         call.routed = "home" if call.home is not None else how
@@ -346,7 +345,7 @@ class Dispatcher(KeepsLoop):
         call.placed = Placed(unit.id, prompt, held, predicted)
         return unit
 
-    def _place(
+    def place(
         self,
         call: Call,
         routable: Sequence[UnitState],
@@ -355,8 +354,9 @@ class Dispatcher(KeepsLoop):
         estimates: Mapping[str, Estimate] | None = None,
         slo: float | None = None,
     ) -> tuple[UnitState | None, str]:
-        """balance.place with this gateway's load bounds: `prompt` tokens, of which `cached`
-        says how many each unit holds."""
+        """balance.place with this gateway's load bounds (the first attempt's, a retry's, a
+        hedge's second copy's): `prompt` tokens, of which `cached` says how many each unit
+        holds."""
         r = self.config.routing
         return place(
             routable,

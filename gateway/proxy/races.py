@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from random import Random
 from typing import Any, Protocol
 
 from gateway.config import Config
@@ -27,7 +26,6 @@ from gateway.proxy.hedging import (
 from gateway.proxy.lease import Lease
 from gateway.proxy.upstream import Answer
 from gateway.routing.admission import Admission
-from gateway.routing.balance import place
 from gateway.routing.forecast import Placed
 from gateway.signals import Signals
 from gateway.units import UnitState
@@ -59,6 +57,16 @@ class Attempts(Protocol):
 
     def prompt_tokens(self, call: Call) -> int: ...
 
+    def place(
+        self,
+        call: Call,
+        routable: Sequence[UnitState],
+        cached: Mapping[str, int] | None,
+        prompt: int,
+    ) -> tuple[UnitState | None, str]:
+        """balance.place with the gateway's load bounds."""
+        ...
+
     def cached(self, call: Call, units: Sequence[UnitState]) -> Mapping[str, int]:
         """How many of the call's prompt tokens each unit's cache holds, where known."""
         ...
@@ -78,14 +86,13 @@ class Races:
         admission: Admission,
         signals: Signals[Call],
         finish: Callable[[Answer], None],
-        rng: Random,
         forecasting: bool,
     ) -> None:
         """`finish` closes an answer that lost the race after it began; `forecasting`: a
         second copy gets a placement for the forecast's feed, as a first copy does."""
         self.config, self.hedger, self.attempts = config, hedger, attempts
         self.admission, self.signals, self.finish = admission, signals, finish
-        self.rng, self.forecasting = rng, forecasting
+        self.forecasting = forecasting
 
     async def run(self, call: Call) -> Opened:
         """The first copy; if its answer has not begun after the delay, a second copy on
@@ -274,17 +281,7 @@ class Races:
             if not pool:
                 return None
             cached = self.attempts.cached(call, pool)
-            factor = self.config.routing.bounded_load_factor
-            unit, _ = place(
-                pool,
-                call.tried,
-                call.key,
-                factor,
-                self.rng,
-                cached or None,
-                prompt=prompt,
-                cached_factor=self.config.routing.cached_load_factor,
-            )
+            unit, _ = self.attempts.place(call, pool, cached or None, prompt)
             return unit
 
         lease = Lease(self.admission)
