@@ -41,24 +41,25 @@ def code(weight: torch.Tensor, cols: int) -> int:
     return _CODES[per_block]
 
 
-# The kernel's paths: the fastest this CPU has (AVX-512 for a batch of rows, else AVX2, else
-# plain C), AVX2 alone, and plain C, which every CPU runs (the tests compare them).
-PATHS = ("best", "avx2", "portable")
+# The kernel's paths, by their C function: the fastest this CPU has (AVX-512 for a batch of
+# rows, else AVX2, else plain C), AVX2 alone, and plain C, which every CPU runs (the tests
+# compare them).
+_PATHS = {"best": "ug_matmul", "avx2": "ug_matmul_avx2", "portable": "ug_matmul_portable"}
+PATHS = tuple(_PATHS)
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, path: str = "best") -> torch.Tensor:
     """x @ W.T for float32 rows x (tokens, cols) and W in blocks (out features, bytes), by
     one of the kernel's `PATHS`."""
+    function = _PATHS.get(path)
+    if function is None:
+        raise ValueError(f"path: one of {PATHS}, not {path!r}")
     if x.dtype != torch.float32:
         raise TypeError(f"dtype: blocks multiply float32 activations, got {x.dtype}")
     x, weight = x.contiguous(), weight.contiguous()
     rows, cols = x.shape
     out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
-    lib = kernels.library()
-    if path not in PATHS:
-        raise ValueError(f"path: one of {PATHS}, not {path!r}")
-    run = {"best": lib.ug_matmul, "avx2": lib.ug_matmul_avx2, "portable": lib.ug_matmul_portable}
-    run[path](
+    getattr(kernels.library(), function)(
         code(weight, cols),
         x.data_ptr(),
         rows,

@@ -244,6 +244,12 @@ static inline AVX2 __attribute__((always_inline)) void pass_avx2(int format, con
     }
 }
 
+/* The pass for `rows` (1 to 8, a constant in each case), `P` being PASS or PASS512. */
+#define PASSES(P, F)                                                                               \
+    switch (rows) {                                                                                \
+        P(F, 1) P(F, 2) P(F, 3) P(F, 4) P(F, 5) P(F, 6) P(F, 7) P(F, 8)                            \
+    }
+
 /* -- AVX-512: a block's 16 values from a table --------------------------------------------
  * Where the CPU has AVX-512F, a Q4_1 block is decoded with two table lookups instead of four
  * conversions: its 16 possible values, d * q + m for q = 0..15 (the same two roundings as
@@ -313,17 +319,9 @@ static inline AVX512 __attribute__((always_inline)) void pass_avx512(int format,
 static AVX512 void passes_avx512(int format, const float *xs, int64_t rows, int64_t cols,
                                  const uint8_t *w, int64_t n, float *ys) {
     if (format == FORMAT_Q4_1) {
-        switch (rows) {
-            PASS512(FORMAT_Q4_1, 1) PASS512(FORMAT_Q4_1, 2) PASS512(FORMAT_Q4_1, 3)
-            PASS512(FORMAT_Q4_1, 4) PASS512(FORMAT_Q4_1, 5) PASS512(FORMAT_Q4_1, 6)
-            PASS512(FORMAT_Q4_1, 7) PASS512(FORMAT_Q4_1, 8)
-        }
+        PASSES(PASS512, FORMAT_Q4_1)
     } else {
-        switch (rows) {
-            PASS512(FORMAT_Q8_0, 1) PASS512(FORMAT_Q8_0, 2) PASS512(FORMAT_Q8_0, 3)
-            PASS512(FORMAT_Q8_0, 4) PASS512(FORMAT_Q8_0, 5) PASS512(FORMAT_Q8_0, 6)
-            PASS512(FORMAT_Q8_0, 7) PASS512(FORMAT_Q8_0, 8)
-        }
+        PASSES(PASS512, FORMAT_Q8_0)
     }
 }
 
@@ -340,10 +338,6 @@ static int has_avx512(void) {
     case R:                                                                                        \
         pass_avx2(F, xs, R, cols, w, n, ys);                                                       \
         break;
-#define PASSES(F)                                                                                  \
-    switch (rows) {                                                                                \
-        PASS(F, 1) PASS(F, 2) PASS(F, 3) PASS(F, 4) PASS(F, 5) PASS(F, 6) PASS(F, 7) PASS(F, 8)    \
-    }
 
 /* `wide`: the AVX-512 passes for a batch of rows (the CPU has AVX-512F). */
 static AVX2 void matmul_avx2(int format, const float *x, int64_t m, int64_t cols,
@@ -377,9 +371,9 @@ static AVX2 void matmul_avx2(int format, const float *x, int64_t m, int64_t cols
             continue;
         }
         if (format == FORMAT_Q4_1) {
-            PASSES(FORMAT_Q4_1)
+            PASSES(PASS, FORMAT_Q4_1)
         } else {
-            PASSES(FORMAT_Q8_0)
+            PASSES(PASS, FORMAT_Q8_0)
         }
     }
 }
@@ -423,16 +417,16 @@ void ug_matmul_portable(int format, const float *x, int64_t m, int64_t cols, con
     matmul_portable(format, x, m, cols, w, n, y);
 }
 
-/* y (m x n) = x (m x cols, float32) @ W.T, W being n rows of cols values in `format` blocks.
- * cols must be a multiple of 32; all arrays are contiguous. */
-void ug_matmul(int format, const float *x, int64_t m, int64_t cols, const uint8_t *w, int64_t n,
-               float *y) {
+/* ug_matmul's body: `wide`, the AVX-512 passes for a batch of rows. */
+static void matmul_with(int wide, int format, const float *x, int64_t m, int64_t cols,
+                        const uint8_t *w, int64_t n, float *y) {
 #if defined(__x86_64__)
     if (ug_accelerated()) {
-        matmul_avx2(format, x, m, cols, w, n, y, has_avx512());
+        matmul_avx2(format, x, m, cols, w, n, y, wide);
         return;
     }
 #endif
+    (void)wide;
     matmul_portable(format, x, m, cols, w, n, y);
 }
 
@@ -445,15 +439,16 @@ int ug_wide(void) {
 #endif
 }
 
+/* y (m x n) = x (m x cols, float32) @ W.T, W being n rows of cols values in `format` blocks.
+ * cols must be a multiple of 32; all arrays are contiguous. */
+void ug_matmul(int format, const float *x, int64_t m, int64_t cols, const uint8_t *w, int64_t n,
+               float *y) {
+    matmul_with(ug_wide(), format, x, m, cols, w, n, y);
+}
+
 /* The AVX2 path alone, where the CPU has AVX-512 too (the tests compare the paths); the
  * portable one where it has not even AVX2. */
 void ug_matmul_avx2(int format, const float *x, int64_t m, int64_t cols, const uint8_t *w,
                     int64_t n, float *y) {
-#if defined(__x86_64__)
-    if (ug_accelerated()) {
-        matmul_avx2(format, x, m, cols, w, n, y, 0);
-        return;
-    }
-#endif
-    matmul_portable(format, x, m, cols, w, n, y);
+    matmul_with(0, format, x, m, cols, w, n, y);
 }
