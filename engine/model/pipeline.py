@@ -81,7 +81,8 @@ class PipelineStage:
         # The unit's view for the runtime (step messages, logs): this rank in the world.
         self.tp = TPContext(rank=layout.rank, world_size=layout.world_size)
         self.sender = Sender()
-        self._started: deque[int] = deque()  # rank 0: the rows of each step in flight
+        # rank 0: each step in flight's hand-back, its receive posted when the step started
+        self._started: deque[tuple[dist.Work, torch.Tensor]] = deque()
 
     @property
     def layers_run(self) -> int:
@@ -107,17 +108,24 @@ class PipelineStage:
         elif layout.returns:
             self.sender.send(model.last_tokens(x, batch), 0, BACK_TAG)
         if model.part.head:
-            self._started.append(len(batch))
+            self._started.append(self._post_back(len(batch)))
 
     def finish(self) -> torch.Tensor:
         """Rank 0: the oldest started step's logits, once the last stage sends its hidden
         states back (the other ranks: an empty tensor)."""
         if not self._started:
             return torch.empty(0)
-        last = self.layout.world_size - self.layout.tp  # the last stage's first rank
-        x = self._receive(self._started.popleft(), last, BACK_TAG)
+        work, x = self._started.popleft()
+        work.wait()
         with self._arithmetic():
             return self.model.head(x)
+
+    def _post_back(self, rows: int) -> tuple[dist.Work, torch.Tensor]:
+        x = torch.empty(rows, self.config.hidden_size, dtype=self.model.dtype)
+        last = self.layout.world_size - self.layout.tp  # the last stage's first rank
+        work = dist.irecv(x, last, tag=BACK_TAG)
+        assert work is not None  # every rank of the unit is in the world group
+        return work, x
 
     def _receive(self, rows: int, src: int, tag: int) -> torch.Tensor:
         x = torch.empty(rows, self.config.hidden_size, dtype=self.model.dtype)

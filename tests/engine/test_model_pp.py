@@ -15,7 +15,7 @@ from engine.model.pipeline import PipelineStage
 from engine.model.stages import Layout, plan
 from engine.runtime.group import stage_group
 from engine.runtime.messages import Command, StepMessage
-from engine.runtime.unicast import Unicast, receive_unicast
+from engine.runtime.unicast import Unicast, UnicastReceiver
 from tests.engine.test_model_tp import run_group
 
 STEPS = 12
@@ -64,7 +64,8 @@ def pipelined(world: TPContext, pp: int) -> dict[str, Any]:
         result |= greedy(stage, send)
         send(StepMessage(Command.STOP))
     else:
-        while (msg := receive_unicast()).command is not Command.STOP:
+        receive = UnicastReceiver()
+        while (msg := receive()).command is not Command.STOP:
             stage(msg.entries)
     stage.sender.drain()
     return result

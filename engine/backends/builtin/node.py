@@ -18,7 +18,7 @@ from engine.runtime.health import NodeStats, serve_health, stop_health
 from engine.runtime.leader import LeaderEngine
 from engine.runtime.messages import receive
 from engine.runtime.pipelined import PipelinedLeader
-from engine.runtime.unicast import Unicast, receive_unicast
+from engine.runtime.unicast import Unicast, UnicastReceiver
 from engine.scheduler import DEFAULT_PREFILL_CHUNK
 from engine.settings import NodeSettings
 
@@ -110,7 +110,7 @@ def run_follower_node(settings: NodeSettings) -> int:
     server = serve_health(stats.snapshot, settings.health_host, settings.listener_port)
     print(f"health_port={server.server_port}", flush=True)
     try:
-        code = run_follower(model, stats, receive_unicast if settings.pp > 1 else receive)
+        code = run_follower(model, stats, UnicastReceiver() if settings.pp > 1 else receive)
     finally:
         stop_health(server)
     if code == 0:  # after a lost leader, tearing down could block on the dead peer
