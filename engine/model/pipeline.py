@@ -121,16 +121,20 @@ class PipelineStage:
             return self.model.head(x)
 
     def _post_back(self, rows: int) -> tuple[dist.Work, torch.Tensor]:
-        x = torch.empty(rows, self.config.hidden_size, dtype=self.model.dtype)
+        x = self._hidden(rows)
         last = self.layout.world_size - self.layout.tp  # the last stage's first rank
         work = dist.irecv(x, last, tag=BACK_TAG)
         assert work is not None  # every rank of the unit is in the world group
         return work, x
 
     def _receive(self, rows: int, src: int, tag: int) -> torch.Tensor:
-        x = torch.empty(rows, self.config.hidden_size, dtype=self.model.dtype)
+        x = self._hidden(rows)
         dist.recv(x, src, tag=tag)
         return x
+
+    def _hidden(self, rows: int) -> torch.Tensor:
+        """A buffer for `rows` hidden states, as a hand-over carries them."""
+        return torch.empty(rows, self.config.hidden_size, dtype=self.model.dtype)
 
     def _arithmetic(self) -> contextlib.AbstractContextManager[None]:
         return narrow.widened() if self.model.narrow else contextlib.nullcontext()

@@ -128,26 +128,39 @@ def send(msg: StepMessage, group: dist.ProcessGroup | None = None) -> None:
 
     Only the values travel that the header announces; the rest of the frame is never read,
     so it is neither zeroed nor copied (two fewer tensor ops on the step's critical path)."""
+    frame, body = frames(msg)
+    dist.broadcast(frame, src=0, group=group)
+    if body is not None:
+        dist.broadcast(body, src=0, group=group)
+
+
+def frames(msg: StepMessage) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`msg` as it travels: its frame, and the body that follows it when the frame cannot
+    hold every value (None when it can)."""
     values = _values(msg)
     inline = len(values) <= FRAME_SIZE
     head = values if inline else values[:HEADER_SIZE]
     frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
     frame[: len(head)] = torch.tensor(head, dtype=torch.int64)
-    dist.broadcast(frame, src=0, group=group)
-    if not inline:
-        dist.broadcast(torch.tensor(values[HEADER_SIZE:], dtype=torch.int64), src=0, group=group)
+    return frame, None if inline else torch.tensor(values[HEADER_SIZE:], dtype=torch.int64)
 
 
 def receive(group: dist.ProcessGroup | None = None) -> StepMessage:
     """Follower side: blocks until the leader sends, or raises when Gloo's timeout passes."""
     frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
     dist.broadcast(frame, src=0, group=group)
+    return read_frame(frame, lambda body: dist.broadcast(body, src=0, group=group))
+
+
+def read_frame(frame: torch.Tensor, fill_body: Callable[[torch.Tensor], object]) -> StepMessage:
+    """The message a received frame holds; one that overflows it has a body after it, which
+    `fill_body` receives into the tensor it is given (by the frame's own transport)."""
     header = frame[:HEADER_SIZE].tolist()
     size = _body_size(header)
     if HEADER_SIZE + size <= FRAME_SIZE:
         return _decode(header, frame[HEADER_SIZE : HEADER_SIZE + size].tolist())
     body = torch.empty(size, dtype=torch.int64)
-    dist.broadcast(body, src=0, group=group)
+    fill_body(body)
     return _decode(header, body.tolist())
 
 

@@ -18,15 +18,7 @@ import torch
 import torch.distributed as dist
 
 from engine.model.pipeline import Sender
-from engine.runtime.messages import (
-    FRAME_SIZE,
-    HEADER_SIZE,
-    Command,
-    StepMessage,
-    _body_size,
-    _decode,
-    _values,
-)
+from engine.runtime.messages import FRAME_SIZE, Command, StepMessage, frames, read_frame
 
 STEP_TAG = 10
 
@@ -41,12 +33,7 @@ class Unicast:
     def __call__(self, msg: StepMessage, group: dist.ProcessGroup | None = None) -> None:
         if msg.command is Command.HEARTBEAT:
             self._sender.drain()
-        values = _values(msg)
-        inline = len(values) <= FRAME_SIZE
-        head = values if inline else values[:HEADER_SIZE]
-        frame = torch.empty(FRAME_SIZE, dtype=torch.int64)
-        frame[: len(head)] = torch.tensor(head, dtype=torch.int64)
-        body = None if inline else torch.tensor(values[HEADER_SIZE:], dtype=torch.int64)
+        frame, body = frames(msg)
         for rank in self._followers:
             self._sender.send(frame, rank, STEP_TAG)
             if body is not None:
@@ -72,15 +59,7 @@ class UnicastReceiver:
         work, frame = self._next or _post_frame()
         self._next = None
         work.wait()
-        header = frame[:HEADER_SIZE].tolist()
-        size = _body_size(header)
-        if HEADER_SIZE + size <= FRAME_SIZE:
-            values = frame[HEADER_SIZE : HEADER_SIZE + size].tolist()
-        else:
-            body = torch.empty(size, dtype=torch.int64)
-            dist.recv(body, 0, tag=STEP_TAG)
-            values = body.tolist()
-        msg = _decode(header, values)
+        msg = read_frame(frame, lambda body: dist.recv(body, 0, tag=STEP_TAG))
         if msg.command is not Command.STOP:
             self._next = _post_frame()
         return msg

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model import TPContext
+from engine.model.pipeline import Sender
 from engine.runtime.messages import (
     FRAME_SIZE,
     HEADER_SIZE,
@@ -21,6 +22,7 @@ from engine.runtime.messages import (
     receive,
     send,
 )
+from engine.runtime.unicast import Unicast, UnicastReceiver
 from engine.sampling import make_generator, sample, top_p_filter
 from engine.scheduler import SamplingParams
 from tests.engine.test_model_tp import run_group
@@ -182,3 +184,28 @@ def test_send_and_receive_over_a_real_gloo_pair(tmp_path: Path) -> None:
     before."""
     _, follower = run_group(2, _exchange, (), tmp_path)
     assert follower["got"] == [_plain(msg) for msg in MESSAGES]
+
+
+def _exchange_unicast(tp: TPContext) -> dict[str, Any]:
+    """MESSAGES again, point to point: a pipelined unit's step channel."""
+    if tp.rank == 0:
+        sender = Sender()
+        send_step = Unicast(tp.world_size, sender)
+        for msg in MESSAGES:
+            send_step(msg)
+        sender.drain()
+        return {"got": []}
+    receive_step = UnicastReceiver()
+    got = [receive_step()]
+    while got[-1].command is not Command.STOP:
+        got.append(receive_step())
+    return {"got": [_plain(msg) for msg in got], "posted_after_stop": receive_step._next}
+
+
+def test_unicast_receiver_takes_each_body_before_posting_the_next_frame(tmp_path: Path) -> None:
+    """The follower posts each frame's receive ahead; a body that follows its frame (same
+    tag) must still land in its own receive, so overflowing messages in a row arrive intact,
+    and nothing is left posted after STOP."""
+    _, follower = run_group(2, _exchange_unicast, (), tmp_path)
+    assert follower["got"] == [_plain(msg) for msg in MESSAGES]
+    assert follower["posted_after_stop"] is None
