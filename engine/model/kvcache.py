@@ -185,6 +185,10 @@ class KVCache:
         self.k[layer, rows] = k
         self.v[layer, rows] = v
 
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values, (rows, kv_heads, head_dim) each: views, not copies."""
+        return self.k[layer], self.v[layer]
+
     def read(self, layer: int, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values at `rows` (a view for a range, a gathered copy otherwise)."""
         return self.k[layer, rows], self.v[layer, rows]
@@ -204,6 +208,9 @@ class KVCache:
         b, n = blocks.shape
         shape = (b, n * self.block_size, *self.k.shape[2:])
         paged = (-1, self.block_size, *self.k.shape[2:])
-        keys = self.k[layer].view(paged)[blocks].view(shape)
-        values = self.v[layer].view(paged)[blocks].view(shape)
+        # index_select on the flat block list: one copy per block, where indexing by the
+        # (B, blocks) table costs several times as much per element.
+        flat = blocks.reshape(-1)
+        keys = self.k[layer].view(paged).index_select(0, flat).view(shape)
+        values = self.v[layer].view(paged).index_select(0, flat).view(shape)
         return keys, values

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from engine.model import blocks, narrow
+from engine.model import blocks, decode_attention, narrow
 from engine.model.config import ModelConfig
 from engine.model.kvcache import KVCache, Span
 from engine.model.parallel import (
@@ -76,32 +76,38 @@ class Rotary(nn.Module):
 
 class Decode(NamedTuple):
     """The batch's leading single-token entries (decodes; a step with prompt chunks puts them
-    first), two or more, attended in one call: the cache row each one writes, the blocks each
-    reads (B, blocks), and which of those positions each may see (B, 1, 1, positions).
-    Planned once per step, for every layer; the entries after them are attended one by one."""
+    first), attended in one call: the cache row each one writes, the blocks each reads
+    (B, blocks) and how many positions it sees (B,), and for torch's path (`mask` None: the
+    kernel's) which of the gathered positions each may see (B, 1, 1, positions). Planned once
+    per step, for every layer; the entries after them are attended one by one."""
 
     rows: torch.Tensor
     blocks: torch.Tensor
-    mask: torch.Tensor
+    lengths: torch.Tensor
+    mask: torch.Tensor | None
 
     @property
     def num_entries(self) -> int:
         return len(self.rows)
 
     @classmethod
-    def plan(cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache) -> Decode | None:
-        """`positions`: the packed batch's, which for single-token entries are their starts."""
+    def plan(
+        cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache, kernel: bool
+    ) -> Decode | None:
+        """`positions`: the packed batch's, which for single-token entries are their starts.
+        With the kernel, one decode is batched too; torch's path attends a lone one without a
+        mask (`Attention._attend`), which is cheaper than gathering it."""
         n = 0
         while n < len(batch) and len(batch[n][1]) == 1:
             n += 1
-        if n < 2:
+        if n < (1 if kernel else 2):
             return None
-        singles, positions = batch[:n], positions[:n]
+        singles = batch[:n]
         starts = [start for _, _, start in singles]
         rows, blocks = cache.decode_rows([slot for slot, _, _ in singles], starts, max(starts) + 1)
-        visible = torch.arange(blocks.shape[1] * cache.block_size, device=positions.device)
-        mask = (visible[None, :] <= positions[:, None])[:, None, None, :]
-        return cls(rows, blocks, mask)
+        lengths = positions[:n] + 1
+        mask = None if kernel else decode_attention.visible(blocks, lengths, cache.block_size)
+        return cls(rows, blocks, lengths, mask)
 
 
 class Plan(NamedTuple):
@@ -112,8 +118,11 @@ class Plan(NamedTuple):
     spans: list[Span]
 
     @classmethod
-    def of(cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache) -> Plan:
-        decode = Decode.plan(batch, positions, cache)
+    def of(
+        cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache, kernel: bool
+    ) -> Plan:
+        """`kernel`: decodes attend by `decode_attention.attend` (else torch's path)."""
+        decode = Decode.plan(batch, positions, cache, kernel)
         rest = batch[decode.num_entries if decode is not None else 0 :]
         return cls(decode, [cache.span(slot, start, len(ids)) for slot, ids, start in rest])
 
@@ -160,16 +169,28 @@ class Attention(nn.Module):
         # One (tokens, q + k + v heads, head_dim) output; q and k rotated together.
         heads = self.qkv_proj.stacked(x).view(x.shape[0], -1, self.head_dim)
         rotated = self.num_heads + self.num_kv_heads
+        decode = plan.decode
+        if decode is not None and decode.mask is None and decode.num_entries == x.shape[0]:
+            # A decode step on the kernel: it rotates, writes and attends in one call.
+            q, k, v = (
+                heads[:, : self.num_heads],
+                heads[:, self.num_heads : rotated],
+                heads[:, rotated:],
+            )
+            batched = self._decode(q, k, v, cache, decode, angles)
+            out: torch.Tensor = self.o_proj(batched.reshape(x.shape[0], -1))
+            return out
         qk = angles.rotate(heads[:, :rotated])
         q, k, v = qk[:, : self.num_heads], qk[:, self.num_heads :], heads[:, rotated:]
-        outputs, offset, decode = [], 0, plan.decode
+        outputs: list[torch.Tensor] = []
+        offset = 0
         if decode is not None:
             offset = decode.num_entries
             batched = self._decode(q[:offset], k[:offset], v[:offset], cache, decode)
             if offset == x.shape[0]:  # a decode step: nothing else to attend
-                out: torch.Tensor = self.o_proj(batched.reshape(offset, -1))
+                out = self.o_proj(batched.reshape(offset, -1))
                 return out
-            outputs.append(batched[:, :, 0])
+            outputs.append(batched)
         for span in plan.spans:
             n = span.length
             cache.write(self.layer, span.write, k[offset : offset + n], v[offset : offset + n])
@@ -180,18 +201,33 @@ class Attention(nn.Module):
         return out
 
     def _decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, decode: Decode
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: KVCache,
+        decode: Decode,
+        angles: Angles | None = None,
     ) -> torch.Tensor:
-        """Every entry one new token: write them all, then one masked SDPA over the batch's
-        blocks (gathered up to the longest's), instead of a call per entry. (B, heads, 1, dim)."""
-        keys, values = cache.write_read(self.layer, decode.rows, decode.blocks, k, v)
-        out = nn.functional.scaled_dot_product_attention(
-            q[:, :, None],
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=decode.mask,
-            enable_gqa=True,
-        )
+        """Every entry one new token: write them all, then attend them in one call, by the
+        kernel over the cache's blocks where they are (rotating q and k first, given
+        `angles`), or by one masked SDPA over the blocks gathered (up to the longest's).
+        (B, heads, dim)."""
+        if decode.mask is None:
+            out = decode_attention.attend(
+                q,
+                k,
+                v,
+                cache.layer(self.layer),
+                decode.rows,
+                decode.blocks,
+                decode.lengths,
+                cache.block_size,
+                angles,
+            )
+        else:
+            keys, values = cache.write_read(self.layer, decode.rows, decode.blocks, k, v)
+            out = decode_attention.attend_gathered(q, keys, values, decode.mask)
         return out
 
     def _attend(
@@ -323,6 +359,8 @@ class Transformer(nn.Module):
             dtype,
             num_blocks=num_blocks,
         )
+        # Decodes attend by the C kernel where it builds and the cache is float32.
+        self.attention_kernel = decode_attention.available(dtype)
 
     @property
     def layers_run(self) -> int:
@@ -409,7 +447,7 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """The part's layers over the packed batch's hidden states, (tokens, hidden)."""
         angles = self.rotary.at(positions, x.dtype)
-        plan = Plan.of(batch, positions, self.cache)
+        plan = Plan.of(batch, positions, self.cache, self.attention_kernel)
         ran = self._ran
         for block in self.layers:
             x = block(x, angles, self.cache, plan)

@@ -1,12 +1,15 @@
 """The paged KV cache: incremental decoding equals recomputation, slots are isolated, and a
-slot reads its positions wherever its block table puts them (shared, scattered, copied)."""
+slot reads its positions wherever its block table puts them (shared, scattered, copied).
+
+Every test runs twice: decodes attended by the C kernel (`engine.model.decode_attention`),
+and by torch's gather and SDPA, which a machine without a C compiler runs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.model import ModelConfig, Transformer, init_from_seed
+from engine.model import ModelConfig, Transformer, decode_attention, init_from_seed
 from engine.model.transformer import Decode
 
 PROMPT = [256, 259, *b"The quick brown fox", 261, 260]
@@ -26,8 +29,20 @@ def config() -> ModelConfig:
     )
 
 
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def attention(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which way the models built in the test attend their decodes."""
+    if request.param == "torch":
+        monkeypatch.setattr(decode_attention, "available", lambda dtype: False)
+    return str(request.param)
+
+
 def fresh(config: ModelConfig) -> Transformer:
     return init_from_seed(config, seed=3, num_slots=4)
+
+
+def test_each_way_is_the_one_the_models_use(config: ModelConfig, attention: str) -> None:
+    assert fresh(config).attention_kernel is (attention == "kernel")
 
 
 def test_prefill_then_decode_equals_full_prefill(config: ModelConfig) -> None:
@@ -97,7 +112,7 @@ def test_decodes_then_a_prompt_chunk_in_one_call_as_each_alone(config: ModelConf
             m([(slot, ids, 0)])
     batch = [(0, [40], len(PROMPT)), (2, [41], len(MORE)), (3, PROMPT[7:12], 7)]
     positions = torch.tensor([len(PROMPT), len(MORE), *range(7, 12)])
-    plan = Decode.plan(batch, positions, model.cache)
+    plan = Decode.plan(batch, positions, model.cache, model.attention_kernel)
     assert plan is not None and plan.num_entries == 2
     together = model(batch)
     torch.testing.assert_close(together, torch.cat([ref([e]) for e in batch]), atol=1e-5, rtol=0)

@@ -1,4 +1,8 @@
-"""The engine's C kernels, compiled on first use with the host's C compiler and cached.
+"""The engine's C kernels, compiled on first use with the host's C compiler and cached: the
+matrices kept in a GGUF file's blocks (`blocks.c`, `engine.model.blocks`) and decode attention
+over the paged KV cache (`attention.c`, `engine.model.decode_attention`). Each is its own
+library: a machine without a compiler loses the first only with `weight_dtype = "gguf"`, and
+the second falls back to torch's attention.
 
 Why compiled here and not at install: the flags depend on the CPU that runs them (the AVX2
 and AVX-512 paths are picked at run time, but the compiler must know the targets), a source
@@ -21,6 +25,7 @@ from pathlib import Path
 from gateway.base.cbuild import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("blocks.c")
+ATTENTION = Path(__file__).with_name("attention.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
 
 
@@ -34,13 +39,23 @@ def cache_dir() -> Path:
 
 
 def build() -> Path:
-    """The compiled library's path, compiling it if this machine has not yet."""
+    """The block kernels' compiled library, compiling it if this machine has not yet."""
     missing = (
         "weight_dtype 'gguf' needs a C compiler to build its kernel, and none was found "
         "(install gcc or set CC; weight_dtype 'float16' or 'float32' need none)"
     )
+    return _build(SOURCE, "blocks", missing)
+
+
+def build_attention() -> Path:
+    """The decode attention kernel's compiled library (`engine.model.paged`)."""
+    missing = "no C compiler was found for the decode attention kernel (install gcc or set CC)"
+    return _build(ATTENTION, "attention", missing)
+
+
+def _build(source: Path, stem: str, missing: str) -> Path:
     try:
-        return compile_cached(SOURCE, FLAGS, cache_dir(), "blocks", ".so", missing)
+        return compile_cached(source, FLAGS, cache_dir(), stem, ".so", missing)
     except BuildError as exc:
         raise KernelUnavailable(str(exc)) from None
 
@@ -59,4 +74,19 @@ def library() -> ctypes.CDLL:
     for name in ("ug_accelerated", "ug_wide"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+@functools.cache
+def attention_library() -> ctypes.CDLL:
+    """The loaded decode attention kernel, built on the first call in this process."""
+    lib = ctypes.CDLL(str(build_attention()))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    arguments = [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr]
+    arguments += [ptr, i64, ptr, i64, ctypes.c_float, ptr]
+    for name in ("ug_attend_decode", "ug_attend_decode_portable"):
+        getattr(lib, name).argtypes = arguments
+        getattr(lib, name).restype = ctypes.c_int
+    lib.ug_attend_accelerated.argtypes = [i64]
+    lib.ug_attend_accelerated.restype = ctypes.c_int
     return lib
