@@ -26,10 +26,12 @@ from engine.model.config import ModelConfig
 
 # A decode step's cost of the head per value of its matrix (vocab x hidden), relative to a
 # layer's per value of its seven matrices. Measured for SmolLM2 with the file's blocks, one
-# thread, batch 1 and 8: a layer 0.82 / 1.94 ms, the head (norm, LM head) 2.74 / 8.6 ms, for
-# 8.0 times a layer's values: 0.41 / 0.55 a value. The head's Q8_0 blocks decode faster per
-# value than the layers' Q4_1, and a layer also runs attention and a dozen small ops; with
-# float weights the two are closer to 1, which moves a split by a layer at most.
+# thread, batch 1, 4 and 8 (2026-12-08, decode attention by its kernel): a layer 0.52 / 0.92
+# / 1.23 ms, the head (norm, LM head) 2.09 / 3.37 / 6.74 ms, for 8.0 times a layer's values:
+# 0.50 / 0.46 / 0.68 a value (4 rows is a PP 2 micro-batch at 8 streams). The head's Q8_0
+# blocks decode faster per value than the layers' Q4_1, and a layer also runs attention and a
+# dozen small ops; with float weights the two are closer to 1, which moves a split by a layer
+# at most.
 HEAD_VALUE_COST = 0.5
 
 
