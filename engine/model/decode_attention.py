@@ -11,7 +11,6 @@ the tests hold the two to each other.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -24,18 +23,109 @@ _PATHS = {"best": "ug_attend_decode", "portable": "ug_attend_decode_portable"}
 PATHS = tuple(_PATHS)
 
 
-@functools.cache
-def _kernel_builds() -> bool:
-    try:
-        kernels.attention_library()
-    except kernels.KernelUnavailable:
-        return False
-    return True
-
-
 def available(dtype: torch.dtype) -> bool:
     """Whether the kernel runs for a cache of `dtype` on this machine (built on first ask)."""
-    return dtype == torch.float32 and _kernel_builds()
+    return dtype == torch.float32 and kernels.builds("attention")
+
+
+class Step:
+    """A decode step's entries as the kernel takes them, prepared once for every layer: the
+    cache row each entry's new key and value go to (B,), the blocks each reads (B, width),
+    the positions each sees (B,: 0 .. length - 1, within its table), and the rotary angles at
+    each entry's position ((cos, sin), each (B, ..., dim)) to rotate the new query and key
+    first, or None if they come rotated. Calling it for a layer writes and attends."""
+
+    __slots__ = ("_fixed", "_function", "_held", "batch", "block_size", "rotates")
+
+    def __init__(
+        self,
+        rows: torch.Tensor,
+        tables: torch.Tensor,
+        lengths: torch.Tensor,
+        block_size: int,
+        angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+        path: str = "best",
+    ) -> None:
+        function = _PATHS.get(path)
+        if function is None:
+            raise ValueError(f"path: one of {PATHS}, not {path!r}")
+        self._function = getattr(kernels.optional_library("attention"), function)
+        self.batch, self.block_size, self.rotates = len(rows), block_size, angles is not None
+        rows, tables, lengths = (t.to(torch.int64).contiguous() for t in (rows, tables, lengths))
+        cos, sin = (None, None)
+        if angles is not None:
+            if any(t.dtype != torch.float32 for t in angles):
+                raise TypeError(f"dtype: the kernel rotates in float32, not {angles[0].dtype}")
+            cos, sin = (t.reshape(self.batch, -1).contiguous() for t in angles)
+        # The tensors whose addresses the kernel is given stay alive as long as this step.
+        self._held = (rows, tables, lengths, cos, sin)
+        self._fixed = (
+            None if cos is None else cos.data_ptr(),
+            None if sin is None else sin.data_ptr(),
+            rows.data_ptr(),
+            tables.data_ptr(),
+            tables.shape[1],
+            lengths.data_ptr(),
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Write each entry's key and value to its cache row, then attend: (B, heads, dim).
+
+        q: (B, heads, dim) and k, v: (B, kv_heads, dim), the entries' new query, key and
+        value (rows may be strided, heads not); cache: one layer's (keys, values), each
+        (cache rows, kv_heads, dim), contiguous, written in place."""
+        keys, values = cache
+        batch, heads, dim = q.shape
+        if q.dtype != torch.float32 or keys.dtype != torch.float32:
+            raise TypeError(f"dtype: the kernel attends in float32, got {q.dtype}, {keys.dtype}")
+        if k.dtype != torch.float32 or v.dtype != torch.float32:
+            raise TypeError(f"dtype: the kernel attends in float32, got {k.dtype}, {v.dtype}")
+        if not (keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError("cache: the layer's keys and values must be contiguous")
+        if batch != self.batch or len(k) != batch or len(v) != batch:
+            raise ValueError(f"q, k, v: {batch}, {len(k)}, {len(v)} rows for {self.batch} entries")
+        q, k, v = _rows(q), _rows(k), _rows(v)
+        cos, sin, rows, tables, width, lengths = self._fixed
+        out = torch.empty(batch, heads, dim, dtype=torch.float32)
+        status = self._function(
+            self.batch,
+            heads,
+            keys.shape[1],
+            dim,
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            cos,
+            sin,
+            rows,
+            keys.shape[0],
+            keys.data_ptr(),
+            values.data_ptr(),
+            tables,
+            width,
+            lengths,
+            self.block_size,
+            1.0 / math.sqrt(dim),
+            out.data_ptr(),
+        )
+        if status:
+            held_rows, _, held_lengths = self._held[:3]
+            raise ValueError(
+                f"attend: the kernel refused heads={heads}, kv_heads={keys.shape[1]}, "
+                f"dim={dim}, block_size={self.block_size}, rows {held_rows.tolist()}, "
+                f"lengths {held_lengths.tolist()} for tables of {width} blocks in a cache of "
+                f"{keys.shape[0]} rows (status {status}); nothing was written"
+            )
+        return out
 
 
 def attend(
@@ -50,68 +140,9 @@ def attend(
     angles: tuple[torch.Tensor, torch.Tensor] | None = None,
     path: str = "best",
 ) -> torch.Tensor:
-    """Write each entry's key and value to its cache row, then attend: (B, heads, dim).
-
-    q: (B, heads, dim) and k, v: (B, kv_heads, dim), each entry's new query, key and value
-    (rows may be strided, heads not); angles: the rotary (cos, sin) at each entry's position,
-    (B, ..., dim), to rotate q and k first, or None if they are rotated already; cache: one
-    layer's (keys, values), each (cache rows, kv_heads, dim), written in place; rows: (B,)
-    where each entry's key and value go; tables: (B, width) block ids; lengths: (B,)
-    positions each entry sees, 0 .. length - 1, all within its table."""
-    function = _PATHS.get(path)
-    if function is None:
-        raise ValueError(f"path: one of {PATHS}, not {path!r}")
-    keys, values = cache
-    batch, heads, dim = q.shape
-    kv_heads = keys.shape[1]
-    tensors = (q, k, v, keys, values, *(angles or ()))
-    if any(t.dtype != torch.float32 for t in tensors):
-        raise TypeError(f"dtype: the kernel attends in float32, got {[t.dtype for t in tensors]}")
-    if not (keys.is_contiguous() and values.is_contiguous()):
-        raise ValueError("cache: the layer's keys and values must be contiguous")
-    q, k, v = (_rows(t) for t in (q, k, v))
-    cos, sin = (None, None) if angles is None else (_packed(t, batch, dim) for t in angles)
-    rows = rows.to(torch.int64).contiguous()
-    tables = tables.to(torch.int64).contiguous()
-    lengths = lengths.to(torch.int64).contiguous()
-    out = torch.empty(batch, heads, dim, dtype=torch.float32)
-    status = getattr(kernels.attention_library(), function)(
-        batch,
-        heads,
-        kv_heads,
-        dim,
-        q.data_ptr(),
-        q.stride(0),
-        k.data_ptr(),
-        k.stride(0),
-        v.data_ptr(),
-        v.stride(0),
-        None if cos is None else cos.data_ptr(),
-        None if sin is None else sin.data_ptr(),
-        rows.data_ptr(),
-        keys.shape[0],
-        keys.data_ptr(),
-        values.data_ptr(),
-        tables.data_ptr(),
-        tables.shape[1],
-        lengths.data_ptr(),
-        block_size,
-        1.0 / math.sqrt(dim),
-        out.data_ptr(),
-    )
-    if status:
-        raise ValueError(
-            f"attend: the kernel refused heads={heads}, kv_heads={kv_heads}, dim={dim}, "
-            f"block_size={block_size}, rows {rows.tolist()}, lengths {lengths.tolist()} for "
-            f"tables of {tables.shape[1]} blocks in a cache of {keys.shape[0]} rows "
-            f"(status {status}); nothing was written"
-        )
-    return out
-
-
-def _packed(t: torch.Tensor, batch: int, dim: int) -> torch.Tensor:
-    """An angle table's rows as (B, dim), contiguous (a copy held here, not a temporary)."""
-    return t.reshape(batch, dim).contiguous()
+    """One layer of one step: `Step(rows, tables, lengths, block_size, angles, path)(q, k, v,
+    cache)`, (B, heads, dim)."""
+    return Step(rows, tables, lengths, block_size, angles, path)(q, k, v, cache)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

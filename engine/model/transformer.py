@@ -15,9 +15,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from engine.model import blocks, decode_attention, narrow
+from engine.model import blocks, decode_attention, narrow, norm
 from engine.model.config import ModelConfig
 from engine.model.kvcache import KVCache, Span
+from engine.model.norm import RMSNorm
 from engine.model.parallel import (
     ColumnParallelLinear,
     ReplicatedEmbedding,
@@ -31,24 +32,6 @@ from engine.model.stages import Part
 Entry = tuple[int, Sequence[int], int]
 # The layers whose weights may be stored narrower than the arithmetic (see `narrow`).
 _WEIGHTS = (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear, ReplicatedEmbedding)
-
-
-class RMSNorm(nn.Module):
-    """Normalise in float32 then cast back, like transformers' LlamaRMSNorm. In float32 it is
-    torch's fused op: the same arithmetic as the six ops spelled out, and a decode step is
-    short enough that each op's dispatch (~5 us here) counts."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -76,27 +59,31 @@ class Rotary(nn.Module):
 
 class Decode(NamedTuple):
     """The batch's leading single-token entries (decodes; a step with prompt chunks puts them
-    first), attended in one call: the cache row each one writes, the blocks each reads
-    (B, blocks) and how many positions it sees (B,), and for torch's path (`mask` None: the
-    kernel's) which of the gathered positions each may see (B, 1, 1, positions). Planned once
-    per step, for every layer; the entries after them are attended one by one."""
+    first), attended in one call. By the kernel: its `step` (`decode_attention.Step`), which
+    rotates their queries and keys too when they are the whole batch. By torch's path: the
+    cache row each one writes, the blocks each reads (B, blocks), and which of those positions
+    each may see (B, 1, 1, positions). Planned once per step, for every layer; the entries
+    after them are attended one by one."""
 
+    num_entries: int
+    step: decode_attention.Step | None
     rows: torch.Tensor
     blocks: torch.Tensor
-    lengths: torch.Tensor
     mask: torch.Tensor | None
-
-    @property
-    def num_entries(self) -> int:
-        return len(self.rows)
 
     @classmethod
     def plan(
-        cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache, kernel: bool
+        cls,
+        batch: Sequence[Entry],
+        positions: torch.Tensor,
+        cache: KVCache,
+        kernel: bool,
+        angles: Angles | None = None,
     ) -> Decode | None:
-        """`positions`: the packed batch's, which for single-token entries are their starts.
-        With the kernel, one decode is batched too; torch's path attends a lone one without a
-        mask (`Attention._attend`), which is cheaper than gathering it."""
+        """`positions`: the packed batch's, which for single-token entries are their starts;
+        `angles`: at those positions, for the kernel to rotate with. With the kernel, one
+        decode is batched too; torch's path attends a lone one without a mask
+        (`Attention._attend`), which is cheaper than gathering it."""
         n = 0
         while n < len(batch) and len(batch[n][1]) == 1:
             n += 1
@@ -106,8 +93,12 @@ class Decode(NamedTuple):
         starts = [start for _, _, start in singles]
         rows, blocks = cache.decode_rows([slot for slot, _, _ in singles], starts, max(starts) + 1)
         lengths = positions[:n] + 1
-        mask = None if kernel else decode_attention.visible(blocks, lengths, cache.block_size)
-        return cls(rows, blocks, lengths, mask)
+        if not kernel:
+            mask = decode_attention.visible(blocks, lengths, cache.block_size)
+            return cls(n, None, rows, blocks, mask)
+        rotate = angles if n == len(batch) else None
+        step = decode_attention.Step(rows, blocks, lengths, cache.block_size, rotate)
+        return cls(n, step, rows, blocks, None)
 
 
 class Plan(NamedTuple):
@@ -119,10 +110,15 @@ class Plan(NamedTuple):
 
     @classmethod
     def of(
-        cls, batch: Sequence[Entry], positions: torch.Tensor, cache: KVCache, kernel: bool
+        cls,
+        batch: Sequence[Entry],
+        positions: torch.Tensor,
+        cache: KVCache,
+        kernel: bool,
+        angles: Angles | None = None,
     ) -> Plan:
-        """`kernel`: decodes attend by `decode_attention.attend` (else torch's path)."""
-        decode = Decode.plan(batch, positions, cache, kernel)
+        """`kernel`: decodes attend by `decode_attention.Step` (else torch's path)."""
+        decode = Decode.plan(batch, positions, cache, kernel, angles)
         rest = batch[decode.num_entries if decode is not None else 0 :]
         return cls(decode, [cache.span(slot, start, len(ids)) for slot, ids, start in rest])
 
@@ -170,14 +166,14 @@ class Attention(nn.Module):
         heads = self.qkv_proj.stacked(x).view(x.shape[0], -1, self.head_dim)
         rotated = self.num_heads + self.num_kv_heads
         decode = plan.decode
-        if decode is not None and decode.mask is None and decode.num_entries == x.shape[0]:
+        if decode is not None and decode.step is not None and decode.step.rotates:
             # A decode step on the kernel: it rotates, writes and attends in one call.
             q, k, v = (
                 heads[:, : self.num_heads],
                 heads[:, self.num_heads : rotated],
                 heads[:, rotated:],
             )
-            batched = self._decode(q, k, v, cache, decode, angles)
+            batched = decode.step(q, k, v, cache.layer(self.layer))
             out: torch.Tensor = self.o_proj(batched.reshape(x.shape[0], -1))
             return out
         qk = angles.rotate(heads[:, :rotated])
@@ -201,31 +197,15 @@ class Attention(nn.Module):
         return out
 
     def _decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        decode: Decode,
-        angles: Angles | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, decode: Decode
     ) -> torch.Tensor:
-        """Every entry one new token: write them all, then attend them in one call, by the
-        kernel over the cache's blocks where they are (rotating q and k first, given
-        `angles`), or by one masked SDPA over the blocks gathered (up to the longest's).
-        (B, heads, dim)."""
-        if decode.mask is None:
-            out = decode_attention.attend(
-                q,
-                k,
-                v,
-                cache.layer(self.layer),
-                decode.rows,
-                decode.blocks,
-                decode.lengths,
-                cache.block_size,
-                angles,
-            )
+        """Every entry one new token, rotated: write them all, then attend them in one call,
+        by the kernel over the cache's blocks where they are, or by one masked SDPA over the
+        blocks gathered (up to the longest's). (B, heads, dim)."""
+        if decode.step is not None:
+            out = decode.step(q, k, v, cache.layer(self.layer))
         else:
+            assert decode.mask is not None
             keys, values = cache.write_read(self.layer, decode.rows, decode.blocks, k, v)
             out = decode_attention.attend_gathered(q, keys, values, decode.mask)
         return out
@@ -282,11 +262,26 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, tp)
 
-    def forward(self, x: torch.Tensor, angles: Angles, cache: KVCache, plan: Plan) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), angles, cache, plan)
-        h: torch.Tensor = x + attended
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        angles: Angles,
+        cache: KVCache,
+        plan: Plan,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input is x + residual (x alone for the first layer); it returns its
+        MLP's output and the residual stream so far, whose sum is its output. Each add is
+        fused into the norm after it; the sums are the same as h = x + attn(norm(x)),
+        h + mlp(norm(h))."""
+        if residual is None:
+            residual, normed = x, self.input_layernorm(x)
+        else:
+            normed, residual = self.input_layernorm.add(x, residual)
+        attended = self.self_attn(normed, angles, cache, plan)
+        normed, residual = self.post_attention_layernorm.add(attended, residual)
+        out: torch.Tensor = self.mlp(normed)
+        return out, residual
 
     def load(self, source: WeightSource, prefix: str) -> None:
         """Module attribute names follow the HF checkpoint, so names map one to one (the
@@ -359,8 +354,13 @@ class Transformer(nn.Module):
             dtype,
             num_blocks=num_blocks,
         )
-        # Decodes attend by the C kernel where it builds and the cache is float32.
+        # Decodes attend by the C kernel where it builds and the cache is float32; the norms
+        # (and the adds before them) likewise.
         self.attention_kernel = decode_attention.available(dtype)
+        self.norm_kernel = norm.available(dtype)
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.use("best" if self.norm_kernel else "torch")
 
     @property
     def layers_run(self) -> int:
@@ -447,12 +447,13 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """The part's layers over the packed batch's hidden states, (tokens, hidden)."""
         angles = self.rotary.at(positions, x.dtype)
-        plan = Plan.of(batch, positions, self.cache, self.attention_kernel)
+        plan = Plan.of(batch, positions, self.cache, self.attention_kernel, angles)
         ran = self._ran
+        residual = None
         for block in self.layers:
-            x = block(x, angles, self.cache, plan)
+            x, residual = block(x, residual, angles, self.cache, plan)
             ran[0] += 1
-        return x
+        return x if residual is None else x + residual
 
     def last_tokens(self, x: torch.Tensor, batch: Sequence[Entry]) -> torch.Tensor:
         """Each entry's last token's row of the packed (tokens, hidden), (entries, hidden)."""

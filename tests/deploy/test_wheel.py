@@ -63,6 +63,6 @@ def test_every_command_and_data_file_ships(wheel: list[str]) -> None:
     static = [p.relative_to(ROOT).as_posix() for p in (ROOT / "gateway/status/static").iterdir()]
     assert static and set(static) <= names  # the status page
     for folder in ("engine/model/kernels", "gateway/relay/native"):
-        sources = [p.relative_to(ROOT).as_posix() for p in (ROOT / folder).glob("*.c")]
+        sources = [p.relative_to(ROOT).as_posix() for p in (ROOT / folder).glob("*.[ch]")]
         assert sources and set(sources) <= names, folder  # compiled at set-up or first use
     assert any(n.endswith(".dist-info/entry_points.txt") for n in names)

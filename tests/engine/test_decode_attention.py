@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model import decode_attention, kernels
+from engine.model import ModelConfig, decode_attention, init_from_seed, kernels
 from engine.model.transformer import Angles
 
 BLOCK = 16
@@ -114,12 +114,29 @@ def test_the_kernel_writes_and_attends_as_torch(
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
+def test_one_step_serves_every_layer() -> None:
+    """A model plans a step once and calls it for each layer's cache and new q, k, v."""
+    cases = [setup(9, 3, 64, [5, 40, 17], seed=layer) for layer in range(3)]
+    first = cases[0]
+    step = decode_attention.Step(
+        first["rows"], first["tables"], first["lengths"], BLOCK, (first["cos"], first["sin"])
+    )
+    for case in cases:
+        case.update({k: first[k] for k in ("rows", "tables", "lengths", "cos", "sin")})
+        keys, values = case["keys"].clone(), case["values"].clone()
+        qkv = case["qkv"]
+        out = step(qkv[:, :9], qkv[:, 9:12], qkv[:, 12:], (keys, values))
+        expected, expected_keys, expected_values = by_torch(case, 9, 3)
+        assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+        torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
 def test_the_paths_agree_where_the_cpu_has_avx2() -> None:
     case = setup(9, 3, 64, [40, 3, 129])
     best = by_kernel(case, 9, 3, "best")[0]
     portable = by_kernel(case, 9, 3, "portable")[0]
     torch.testing.assert_close(best, portable, atol=2e-6, rtol=1e-5)
-    lib = kernels.attention_library()
+    lib = kernels.optional_library("attention")
     assert lib.ug_attend_accelerated(100) == 0  # not a multiple of 8: the portable path
     assert lib.ug_attend_accelerated(256) == 0  # wider than its registers hold
 
@@ -163,21 +180,21 @@ def test_bad_arguments_are_named() -> None:
         by_kernel(half, 4, 2, "best")
     with pytest.raises(ValueError, match="heads=3, kv_heads=2"):
         by_kernel(case, 3, 2, "best")  # 3 query heads do not group over 2
+    step = decode_attention.Step(case["rows"], case["tables"], case["lengths"], BLOCK)
+    two = torch.randn(2, 8, 32)
+    with pytest.raises(ValueError, match="2, 2, 2 rows for 1 entries"):
+        step(two[:, :4], two[:, 4:6], two[:, 6:], (case["keys"], case["values"]))
     strided = {**case, "keys": case["keys"].transpose(0, 1).contiguous().transpose(0, 1)}
     with pytest.raises(ValueError, match="contiguous"):
         by_kernel(strided, 4, 2, "best")
 
 
-def test_without_a_compiler_the_models_attend_by_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kernel_runs_for_a_float32_cache_where_it_builds() -> None:
     assert decode_attention.available(torch.float32)
     assert not decode_attention.available(torch.float16)
 
-    def no_compiler() -> None:
-        raise kernels.KernelUnavailable("no C compiler")
 
-    monkeypatch.setattr(kernels, "attention_library", no_compiler)
-    decode_attention._kernel_builds.cache_clear()
-    try:
-        assert not decode_attention.available(torch.float32)
-    finally:
-        decode_attention._kernel_builds.cache_clear()
+@pytest.mark.usefixtures("no_compiler")
+def test_without_a_compiler_the_models_attend_by_torch() -> None:
+    assert not decode_attention.available(torch.float32)
+    assert not init_from_seed(ModelConfig.tiny(), seed=1).attention_kernel

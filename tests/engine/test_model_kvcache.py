@@ -1,15 +1,16 @@
 """The paged KV cache: incremental decoding equals recomputation, slots are isolated, and a
 slot reads its positions wherever its block table puts them (shared, scattered, copied).
 
-Every test runs twice: decodes attended by the C kernel (`engine.model.decode_attention`),
-and by torch's gather and SDPA, which a machine without a C compiler runs."""
+Every test runs twice: on the C kernels (decode attention, `engine.model.decode_attention`,
+and the norms, `engine.model.norm`), and on torch's ways, which a machine without a C compiler
+runs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.model import ModelConfig, Transformer, decode_attention, init_from_seed
+from engine.model import ModelConfig, Transformer, decode_attention, init_from_seed, norm
 from engine.model.transformer import Decode
 
 PROMPT = [256, 259, *b"The quick brown fox", 261, 260]
@@ -31,9 +32,10 @@ def config() -> ModelConfig:
 
 @pytest.fixture(autouse=True, params=["kernel", "torch"])
 def attention(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which way the models built in the test attend their decodes."""
+    """Which way the models built in the test attend their decodes and norm."""
     if request.param == "torch":
         monkeypatch.setattr(decode_attention, "available", lambda dtype: False)
+        monkeypatch.setattr(norm, "available", lambda dtype: False)
     return str(request.param)
 
 
@@ -42,7 +44,8 @@ def fresh(config: ModelConfig) -> Transformer:
 
 
 def test_each_way_is_the_one_the_models_use(config: ModelConfig, attention: str) -> None:
-    assert fresh(config).attention_kernel is (attention == "kernel")
+    model = fresh(config)
+    assert model.attention_kernel is model.norm_kernel is (attention == "kernel")
 
 
 def test_prefill_then_decode_equals_full_prefill(config: ModelConfig) -> None:

@@ -1,8 +1,9 @@
 """The engine's C kernels, compiled on first use with the host's C compiler and cached: the
-matrices kept in a GGUF file's blocks (`blocks.c`, `engine.model.blocks`) and decode attention
-over the paged KV cache (`attention.c`, `engine.model.decode_attention`). Each is its own
-library: a machine without a compiler loses the first only with `weight_dtype = "gguf"`, and
-the second falls back to torch's attention.
+matrices kept in a GGUF file's blocks (`blocks.c`, `engine.model.blocks`), and the optional
+ones of a decode step, attention over the paged KV cache (`attention.c`,
+`engine.model.decode_attention`) and RMSNorm with its residual add (`norm.c`). Each is its
+own library: a machine without a compiler loses the first only with `weight_dtype = "gguf"`,
+and the optional ones fall back to torch.
 
 Why compiled here and not at install: the flags depend on the CPU that runs them (the AVX2
 and AVX-512 paths are picked at run time, but the compiler must know the targets), a source
@@ -20,13 +21,39 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.base.cbuild import BuildError, cache_root, compile_cached
 
 SOURCE = Path(__file__).with_name("blocks.c")
-ATTENTION = Path(__file__).with_name("attention.c")
+SIMD = Path(__file__).with_name("simd.h")  # included by every source
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
+
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+_ATTEND = [_I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]
+_ATTEND += [_PTR, _PTR, _PTR, _I64, _PTR, _I64, ctypes.c_float, _PTR]
+_NORM = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float, _PTR]
+Signatures = dict[str, tuple[Sequence[type], type | None]]
+# The optional kernels: name -> (source, {function: (argument types, result type)}).
+OPTIONAL: dict[str, tuple[Path, Signatures]] = {
+    "attention": (
+        Path(__file__).with_name("attention.c"),
+        {
+            "ug_attend_decode": (_ATTEND, _INT),
+            "ug_attend_decode_portable": (_ATTEND, _INT),
+            "ug_attend_accelerated": ([_I64], _INT),
+        },
+    ),
+    "norm": (
+        Path(__file__).with_name("norm.c"),
+        {
+            "ug_rms_norm": (_NORM, None),
+            "ug_rms_norm_portable": (_NORM, None),
+            "ug_norm_accelerated": ([_I64], _INT),
+        },
+    ),
+}
 
 
 class KernelUnavailable(RuntimeError):
@@ -47,15 +74,15 @@ def build() -> Path:
     return _build(SOURCE, "blocks", missing)
 
 
-def build_attention() -> Path:
-    """The decode attention kernel's compiled library (`engine.model.paged`)."""
-    missing = "no C compiler was found for the decode attention kernel (install gcc or set CC)"
-    return _build(ATTENTION, "attention", missing)
+def build_optional(name: str) -> Path:
+    """One of the `OPTIONAL` kernels' compiled library, compiling it if needed."""
+    missing = f"no C compiler was found for the {name} kernel (install gcc or set CC)"
+    return _build(OPTIONAL[name][0], name, missing)
 
 
 def _build(source: Path, stem: str, missing: str) -> Path:
     try:
-        return compile_cached(source, FLAGS, cache_dir(), stem, ".so", missing)
+        return compile_cached(source, FLAGS, cache_dir(), stem, ".so", missing, depends=(SIMD,))
     except BuildError as exc:
         raise KernelUnavailable(str(exc)) from None
 
@@ -78,15 +105,20 @@ def library() -> ctypes.CDLL:
 
 
 @functools.cache
-def attention_library() -> ctypes.CDLL:
-    """The loaded decode attention kernel, built on the first call in this process."""
-    lib = ctypes.CDLL(str(build_attention()))
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    arguments = [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr]
-    arguments += [ptr, i64, ptr, i64, ctypes.c_float, ptr]
-    for name in ("ug_attend_decode", "ug_attend_decode_portable"):
-        getattr(lib, name).argtypes = arguments
-        getattr(lib, name).restype = ctypes.c_int
-    lib.ug_attend_accelerated.argtypes = [i64]
-    lib.ug_attend_accelerated.restype = ctypes.c_int
+def optional_library(name: str) -> ctypes.CDLL:
+    """One of the `OPTIONAL` kernels, loaded (built on the first call in this process)."""
+    lib = ctypes.CDLL(str(build_optional(name)))
+    for function, (arguments, result) in OPTIONAL[name][1].items():
+        getattr(lib, function).argtypes = arguments
+        getattr(lib, function).restype = result
     return lib
+
+
+@functools.cache
+def builds(name: str) -> bool:
+    """Whether the `OPTIONAL` kernel `name` builds and loads here (asked once a process)."""
+    try:
+        optional_library(name)
+    except KernelUnavailable:
+        return False
+    return True

@@ -94,16 +94,9 @@ static void attend_portable(int64_t heads, int64_t kv_heads, int64_t dim, const 
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "simd.h"
 
 #define AVX2 __attribute__((target("avx2,fma")))
-
-static inline AVX2 float hsum(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* exp(x) for eight floats: Cephes' expf (range reduction by ln 2 in two parts, a degree-5
  * polynomial, the power of two put in the exponent bits), within about 2 ulp of expf. */
@@ -135,7 +128,7 @@ static AVX2 float softmax_numerators_avx2(float *scores, int64_t n) {
         _mm256_storeu_ps(scores + j, e);
         total = _mm256_add_ps(total, e);
     }
-    float sum = hsum(total);
+    float sum = ug_hsum8(total);
     for (; j < n; j++) {
         scores[j] = expf(scores[j] - max);
         sum += scores[j];
@@ -181,7 +174,7 @@ static AVX2 void attend_avx2(int64_t heads, int64_t kv_heads, int64_t dim, const
             __m256 a = _mm256_mul_ps(qh[0], _mm256_loadu_ps(kr));
             for (int64_t c = 1; c < chunks; c++)
                 a = _mm256_add_ps(a, _mm256_mul_ps(qh[c], _mm256_loadu_ps(kr + 8 * c)));
-            scores[j] = hsum(a) * scale;
+            scores[j] = ug_hsum8(a) * scale;
         }
         __m256 inv = _mm256_set1_ps(1.0f / softmax_numerators_avx2(scores, length));
         __m256 o[8];

@@ -109,7 +109,7 @@ static void matmul_portable(int format, const float *x, int64_t m, int64_t cols,
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "simd.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -147,13 +147,6 @@ static AVX2 void dequant_avx2(int format, const uint8_t *w, int64_t cols, const 
             for (int p = 0; p < 4; p++) _mm256_storeu_ps(out + r * cols + k * QK + 8 * p, v[p]);
         }
     }
-}
-
-static inline AVX2 float hsum(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* The block's 32 quants as floats, not yet scaled (q for Q4_1, the int8 values for Q8_0). */
@@ -208,7 +201,7 @@ static inline AVX2 __attribute__((always_inline)) void single_avx2(int format, c
         }
         __m256 total = _mm256_add_ps(_mm256_add_ps(scaled[0], scaled[1]),
                                      _mm256_add_ps(minimum[0], minimum[1]));
-        y[o] = hsum(total);
+        y[o] = ug_hsum8(total);
     }
 }
 
@@ -239,7 +232,7 @@ static inline AVX2 __attribute__((always_inline)) void pass_avx2(int format, con
         for (int64_t i = 0; i < rows; i++) {
             __m256 sum = acc[i][0];
             for (int c = 1; c < chains; c++) sum = _mm256_add_ps(sum, acc[i][c]);
-            y[i * n + o] = hsum(sum);
+            y[i * n + o] = ug_hsum8(sum);
         }
     }
 }
