@@ -2,11 +2,11 @@
 position it may see, read through its block table where the keys and values live.
 
 Two ways give the same values up to the order of the sums: the C kernel
-(`engine/model/kernels/attention.c`, `attend`), which reads each cached row once and copies
-nothing, and torch's (`KVCache.write_read` gathers each entry's blocks into a padded copy,
-`attend_gathered` runs one masked SDPA over it), which runs where the kernel cannot: no C
-compiler, or an arithmetic other than float32. The model picks once, at start (`available`);
-the tests hold the two to each other.
+(`engine/model/kernels/attention.c`, called through a `Step`), which reads each cached row
+once and copies nothing, and torch's (`KVCache.write_read` gathers each entry's blocks into a
+padded copy, `attend_gathered` runs one masked SDPA over it), which runs where the kernel
+cannot: no C compiler, or an arithmetic other than float32. The model picks once, at start
+(`available`); the tests hold the two to each other.
 """
 
 from __future__ import annotations
@@ -126,23 +126,6 @@ class Step:
                 f"{keys.shape[0]} rows (status {status}); nothing was written"
             )
         return out
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: tuple[torch.Tensor, torch.Tensor],
-    rows: torch.Tensor,
-    tables: torch.Tensor,
-    lengths: torch.Tensor,
-    block_size: int,
-    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
-    path: str = "best",
-) -> torch.Tensor:
-    """One layer of one step: `Step(rows, tables, lengths, block_size, angles, path)(q, k, v,
-    cache)`, (B, heads, dim)."""
-    return Step(rows, tables, lengths, block_size, angles, path)(q, k, v, cache)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

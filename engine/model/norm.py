@@ -66,8 +66,10 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.contiguous()
         cols = x.shape[-1]
-        if cols != self.weight.shape[0] or self.weight.dtype != torch.float32:
+        if cols != self.weight.shape[0]:
             raise ValueError(f"x: rows of {cols} for a norm of {tuple(self.weight.shape)}")
+        if self.weight.dtype != torch.float32:
+            raise ValueError(f"weight: the kernel norms float32, not {self.weight.dtype}")
         out = torch.empty_like(x)
         total = x
         if residual is not None:

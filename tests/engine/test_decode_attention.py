@@ -81,18 +81,8 @@ def by_kernel(
     if rotated:
         qk = Angles(case["cos"], case["sin"]).rotate(qkv[:, : heads + kv_heads])
         q, k, angles = qk[:, :heads], qk[:, heads:], None
-    out = decode_attention.attend(
-        q,
-        k,
-        qkv[:, heads + kv_heads :],
-        (keys, values),
-        case["rows"],
-        case["tables"],
-        case["lengths"],
-        BLOCK,
-        angles,
-        path,
-    )
+    step = decode_attention.Step(case["rows"], case["tables"], case["lengths"], BLOCK, angles, path)
+    out = step(q, k, qkv[:, heads + kv_heads :], (keys, values))
     return out, keys, values
 
 
